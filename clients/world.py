@@ -1,0 +1,199 @@
+"""A Python client for world.v1 sessions (asyncio + websockets).
+
+Use it from code::
+
+    async with WorldClient.connect("ws://127.0.0.1:8000/v1/realtime/world") as client:
+        created = await client.create("w1", credits=4)
+        await client.hold_keys(["w"])          # keys.v1 state event
+        chunk = await client.next_chunk()      # header dict + decoded frames
+        await client.credit(1)
+
+or from a shell: ``python -m clients.world --keys w --chunks 30 --out last.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import websockets
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/world"
+
+
+class ServerError(Exception):
+    """An ``error`` message from the server."""
+
+    def __init__(self, msg: dict[str, Any]) -> None:
+        super().__init__(f"{msg.get('code')}: {msg.get('message')}")
+        self.code = msg.get("code")
+        self.message = msg.get("message")
+        self.event_id = msg.get("event_id")
+        self.raw = msg
+
+
+@dataclass
+class Chunk:
+    header: dict[str, Any]
+    payloads: list[bytes] = field(repr=False)
+
+    @property
+    def chunk_index(self) -> int:
+        return self.header["chunk_index"]
+
+    @property
+    def applied_event_ids(self) -> list[int]:
+        return self.header["applied_event_ids"]
+
+    def frames(self) -> list[np.ndarray]:
+        """Decode the payloads to ``[H, W, 3]`` uint8 arrays."""
+        h, w, fmt = self.header["height"], self.header["width"], self.header["format"]
+        if fmt == "rgb8":
+            return [np.frombuffer(p, np.uint8).reshape(h, w, 3) for p in self.payloads]
+        from PIL import Image  # jpeg/png decoding only
+
+        return [np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in self.payloads]
+
+
+class WorldClient:
+    """One world session over one WebSocket. Messages other than chunks are queued
+    on ``messages``; chunks on ``chunks``; errors raise where they are awaited."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.chunks: asyncio.Queue[Chunk] = asyncio.Queue()
+        self.errors: list[dict[str, Any]] = []
+        self._next_event_id = 0
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    def connect(cls, url: str = DEFAULT_URL, **kwargs: Any) -> "_Connector":
+        return _Connector(url, kwargs)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                msg = await self.ws.recv()
+                if isinstance(msg, bytes):
+                    raise RuntimeError("binary frame outside a chunk")
+                data = json.loads(msg)
+                if data.get("type") == "chunk":
+                    payloads = [await self.ws.recv() for _ in range(data["frames"])]
+                    await self.chunks.put(Chunk(data, payloads))
+                else:
+                    if data.get("type") == "error":
+                        self.errors.append(data)
+                    await self.messages.put(data)
+        except websockets.ConnectionClosed:
+            pass
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        await self.ws.send(json.dumps(msg))
+
+    async def expect(self, *types: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The next non-chunk message; raises ServerError for an unexpected error."""
+        msg = await asyncio.wait_for(self.messages.get(), timeout)
+        if msg["type"] == "error" and "error" not in types:
+            raise ServerError(msg)
+        if types and msg["type"] not in types:
+            raise AssertionError(f"expected {types}, got {msg}")
+        return msg
+
+    async def create(self, session_id: str, **options: Any) -> dict[str, Any]:
+        await self.send({"type": "session.create", "session_id": session_id, **options})
+        return await self.expect("session.created")
+
+    async def event(self, *, event_id: int | None = None, prompt: str | None = None,
+                    controls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        if event_id is None:
+            event_id = self._next_event_id
+        self._next_event_id = max(self._next_event_id, event_id + 1)
+        msg: dict[str, Any] = {"type": "event", "event_id": event_id, "controls": list(controls)}
+        if prompt is not None:
+            msg["prompt"] = prompt
+        await self.send(msg)
+        return await self.expect("event.accepted")
+
+    async def hold_keys(self, keys: Sequence[str], **kw: Any) -> dict[str, Any]:
+        control = {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": list(keys)}}
+        return await self.event(controls=[control], **kw)
+
+    async def script_keys(self, frames: Sequence[Sequence[str]], **kw: Any) -> dict[str, Any]:
+        control = {"track": "keys", "schema": "keys.v1", "data": {"mode": "script", "frames": [list(f) for f in frames]}}
+        return await self.event(controls=[control], **kw)
+
+    async def credit(self, chunks: int = 1) -> None:
+        await self.send({"type": "credit", "chunks": chunks})
+
+    async def next_chunk(self, timeout: float = 30.0, *, credit: bool = True) -> Chunk:
+        chunk = await asyncio.wait_for(self.chunks.get(), timeout)
+        if credit:
+            await self.credit(1)
+        return chunk
+
+    async def reset(self) -> dict[str, Any]:
+        await self.send({"type": "session.reset"})
+        return await self.expect("session.reset")
+
+    async def close(self) -> dict[str, Any]:
+        await self.send({"type": "session.close"})
+        return await self.expect("session.closed")
+
+
+class _Connector:
+    def __init__(self, url: str, kwargs: dict[str, Any]) -> None:
+        self.url, self.kwargs, self.client = url, kwargs, None
+
+    async def __aenter__(self) -> WorldClient:
+        ws = await websockets.connect(self.url, max_size=None, **self.kwargs)
+        self.client = WorldClient(ws)
+        return self.client
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self.client is not None
+        self.client._reader.cancel()
+        await self.client.ws.close()
+
+
+async def _main(args: argparse.Namespace) -> None:
+    async with WorldClient.connect(args.url) as client:
+        created = await client.create(args.session, model=args.model, credits=4, format="png") if args.model \
+            else await client.create(args.session, credits=4, format="png")
+        print(json.dumps(created))
+        if args.keys:
+            await client.hold_keys(list(args.keys))
+        started = time.perf_counter()
+        last = None
+        for _ in range(args.chunks):
+            last = await client.next_chunk()
+        elapsed = time.perf_counter() - started
+        frames = args.chunks * created["frames_per_chunk"]
+        print(f"{frames} frames in {elapsed:.2f} s: {frames / elapsed:.1f} frames/s; last chunk {last.header}")
+        if args.out and last is not None:
+            from PIL import Image
+
+            Image.fromarray(last.frames()[-1]).resize((256, 256), Image.NEAREST).save(args.out)
+            print(f"wrote {args.out}")
+        await client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Play a world session from the terminal.")
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--session", default="cli")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--keys", default="w", help="keys to hold, e.g. 'wj'")
+    parser.add_argument("--chunks", type=int, default=30)
+    parser.add_argument("--out", default=None, help="write the last frame as PNG")
+    asyncio.run(_main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""world.v1: the wire format of ``WS /v1/realtime/world`` (see docs/protocols.md).
+
+Text frames carry JSON objects with a ``type``; binary frames carry encoded
+frames, exactly ``frames`` of them right after each ``chunk`` message. This
+module only parses and builds messages; it knows nothing of sessions or models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+PATH = "/v1/realtime/world"
+MAX_TEXT_BYTES = 64 * 1024
+MAX_CREDITS = 64
+DEFAULT_CREDITS = 4
+FORMATS = ("jpeg", "png", "rgb8")
+
+# WebSocket close codes for protocol violations (RFC 6455).
+CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
+CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
+
+CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
+
+# Error codes: every `error` message carries one of these.
+BAD_REQUEST = "bad_request"
+UNKNOWN_TYPE = "unknown_type"
+STALE_EVENT = "stale_event"
+QUEUE_FULL = "queue_full"
+SESSION_EXISTS = "session_exists"
+NO_SESSION = "no_session"
+SESSION_FAILED = "session_failed"
+SESSION_EVICTED = "session_evicted"
+MESSAGE_TOO_LARGE = "message_too_large"
+INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A client message that cannot be accepted; answered with an ``error``."""
+
+    def __init__(self, code: str, message: str, *, event_id: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.event_id = event_id
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    session_id: str
+    model: str | None
+    prompt: str | None
+    seed: int
+    format: str
+    credits: int
+
+
+def parse(text: str) -> dict[str, Any]:
+    """Decode one client text frame into a JSON object with a known ``type``."""
+    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
+        raise ProtocolError(MESSAGE_TOO_LARGE, f"text frame over {MAX_TEXT_BYTES} bytes")
+    try:
+        msg = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(BAD_REQUEST, f"malformed JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
+    kind = msg.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(BAD_REQUEST, "a message needs a string 'type'")
+    if kind not in CLIENT_TYPES:
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {kind!r}")
+    return msg
+
+
+def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest:
+    session_id = msg.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        raise ProtocolError(BAD_REQUEST, "session.create needs a non-empty string session_id")
+    model = msg.get("model", default_model)
+    if model is not None and not isinstance(model, str):
+        raise ProtocolError(BAD_REQUEST, "model must be a string")
+    prompt = msg.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ProtocolError(BAD_REQUEST, "prompt must be a string")
+    seed = msg.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ProtocolError(BAD_REQUEST, "seed must be an integer in [0, 2^31)")
+    fmt = msg.get("format", "jpeg")
+    if fmt not in FORMATS:
+        raise ProtocolError(BAD_REQUEST, f"format must be one of {', '.join(FORMATS)}")
+    credits = _credits(msg.get("credits", DEFAULT_CREDITS), "credits")
+    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits)
+
+
+def parse_credit(msg: Mapping[str, Any]) -> int:
+    return _credits(msg.get("chunks"), "chunks", minimum=1)
+
+
+def _credits(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CREDITS:
+        raise ProtocolError(BAD_REQUEST, f"{name} must be an integer in [{minimum}, {MAX_CREDITS}]")
+    return value
+
+
+# ---------------------------------------------------------------- server messages
+def dumps(msg: Mapping[str, Any]) -> str:
+    return json.dumps(msg, separators=(",", ":"))
+
+
+def error(code: str, message: str, *, event_id: int | None = None, **extra: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"type": "error", "code": code, "message": message}
+    if event_id is not None:
+        msg["event_id"] = event_id
+    msg.update(extra)
+    return msg
+
+
+def created(session_id: str, model: str, *, height: int, width: int, frames_per_chunk: int, fps: float,
+            format: str, credits: int) -> dict[str, Any]:
+    return {
+        "type": "session.created",
+        "session_id": session_id,
+        "model": model,
+        "height": height,
+        "width": width,
+        "frames_per_chunk": frames_per_chunk,
+        "fps": fps,
+        "format": format,
+        "credits": credits,
+    }
+
+
+def event_accepted(event_id: int, status: str) -> dict[str, Any]:
+    return {"type": "event.accepted", "event_id": event_id, "status": status}
+
+
+def chunk(session_id: str, request_id: str, chunk_index: int, applied_event_ids: list[int], *, frames: int,
+          format: str, height: int, width: int, tick_ms: float) -> dict[str, Any]:
+    return {
+        "type": "chunk",
+        "session_id": session_id,
+        "request_id": request_id,
+        "chunk_index": chunk_index,
+        "applied_event_ids": applied_event_ids,
+        "frames": frames,
+        "format": format,
+        "height": height,
+        "width": width,
+        "tick_ms": round(tick_ms, 3),
+    }
+
+
+def reset_done(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:
+    return {"type": "session.reset", "session_id": session_id, "chunk_index": 0,
+            "dropped_event_ids": dropped_event_ids}
+
+
+def closed(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:
+    return {"type": "session.closed", "session_id": session_id, "dropped_event_ids": dropped_event_ids}

@@ -1,0 +1,7 @@
+"""``python -m realtime serve ...`` is the same as the ``realtime`` console script."""
+
+import sys
+
+from realtime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,107 @@
+"""The Starlette app: HTTP endpoints, WebSocket endpoints and the engine's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from realtime.config import ServerConfig
+from realtime.engine import Engine
+from realtime.metrics import render_metrics
+from realtime.registry import Inventory, build_inventory
+from realtime.world_ws import world_endpoint
+from sessions import SessionManager
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
+
+
+def build_app(config: ServerConfig | None = None, inventory: Inventory | None = None) -> Starlette:
+    """Build the app. Models load here (not at import) so tests can pass their own."""
+    config = config or ServerConfig()
+    inventory = inventory or build_inventory(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms)
+        app.state.engine = engine
+        for adapter in inventory.adapters.values():
+            # Adapters that drop sessions on their own (LRU eviction) report through the engine.
+            if hasattr(adapter, "set_drop_listener"):
+                adapter.set_drop_listener(lambda sid, why, m=adapter.name: engine.notify_dropped(m, sid, why))
+        loop = asyncio.get_running_loop()
+
+        def on_dropped(model: str, session_id: str, reason: str) -> None:
+            conn = app.state.world_connections.get(session_id)
+            if conn is not None:
+                loop.call_soon_threadsafe(conn.evicted, reason)
+
+        engine.add_listener(on_dropped)
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/v1/models", list_models),
+        Route("/metrics", metrics),
+        WebSocketRoute("/v1/realtime/world", world_endpoint),
+    ]
+    routes += _optional_routes()
+    if WEB_DIR.is_dir():
+        routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.config = config
+    app.state.inventory = inventory
+    app.state.world_models = inventory.names("world")
+    app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
+    app.state.world_connections = {}
+    return app
+
+
+def _optional_routes() -> list[WebSocketRoute]:
+    """Endpoints whose modules may not exist in a trimmed install."""
+    routes = []
+    with contextlib.suppress(ImportError):
+        from realtime.openpi_ws import openpi_endpoint
+
+        routes.append(WebSocketRoute("/v1/realtime/robot/openpi", openpi_endpoint))
+    with contextlib.suppress(ImportError):
+        from realtime.tts_ws import tts_endpoint
+
+        routes.append(WebSocketRoute("/v1/realtime/tts", tts_endpoint))
+    return routes
+
+
+async def healthz(request: Request) -> Response:
+    engine: Engine = request.app.state.engine
+    if engine.healthy:
+        return PlainTextResponse("OK")
+    return PlainTextResponse(f"engine unavailable: {engine.dead_reason or 'stopped'}", status_code=503)
+
+
+async def list_models(request: Request) -> Response:
+    inventory: Inventory = request.app.state.inventory
+    models = [{**a.describe(), "available": True} for a in inventory.adapters.values()]
+    models += list(inventory.unavailable.values())
+    return JSONResponse({"object": "list", "data": models})
+
+
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(render_metrics(request.app.state), media_type="text/plain; version=0.0.4")
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(WEB_DIR / "index.html")

@@ -1,0 +1,52 @@
+"""One frozen root config made of sub-configs (built by the CLI or by tests)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    device: str = "cpu"
+    # How long the engine waits for more ticks of the same model to fill a batch.
+    batch_wait_ms: float = 2.0
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    # Which world models to load, first one is the default ("maze", "tiny").
+    models: tuple[str, ...] = ("maze", "tiny")
+    max_batch: int = 32
+    frames_per_chunk: int = 1
+    # Denoising steps per frame for the maze model (None: the model's default).
+    steps: int | None = None
+    max_pending_events: int = 64
+    max_sessions: int = 256
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    # "default", "dummy" or a user policy as "module:factory"; empty disables the endpoint.
+    policy: str = "default"
+    max_batch: int = 32
+    batch_wait_ms: float = 3.0
+
+
+@dataclass(frozen=True)
+class TTSConfig:
+    enabled: bool = True
+    max_batch: int = 32
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    world: WorldConfig = field(default_factory=WorldConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    tts: TTSConfig = field(default_factory=TTSConfig)
+    # The largest WebSocket message uvicorn accepts at all; endpoints enforce their
+    # own, smaller limits with a protocol error (OpenPI must see 64 MiB+ bodies to
+    # answer them with its error rule).
+    ws_max_bytes: int = 80 * 1024 * 1024

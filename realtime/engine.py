@@ -1,0 +1,377 @@
+"""The engine loop: one thread that owns every model, tensor and KV pool.
+
+asyncio code never touches a tensor. It hands work to the engine with
+``await engine.submit(...)`` (the tick lane) or ``await engine.control(...)``
+(the control lane: reset, close, release) and gets the answer through a future
+that the engine resolves with ``loop.call_soon_threadsafe``.
+
+One step of the loop::
+
+    controls first ──> pick the model whose oldest tick waited longest
+                   ──> take up to adapter.max_batch ticks of that model
+                       (waiting at most batch_wait_ms for more to arrive)
+                   ──> adapter.run_batch(works) ──> validate each result
+                   ──> adapter.end_tick(session, committed) ──> resolve futures
+
+A batch that raises is re-run one work at a time, so one bad session fails
+alone. An ``EngineDeadError`` (or a dead CUDA context) marks the engine dead:
+``healthy`` turns False, every queued and future call fails fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TypeVar
+
+from models.base import EngineDeadError, ModelAdapter, ModelError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# CUDA errors after which no kernel can run in this process again.
+_FATAL_MARKERS = ("CUDA error", "CUBLAS_STATUS", "device-side assert", "cudaErrorLaunchFailure")
+
+
+class EngineStopped(Exception):
+    """The engine is stopped or dead; nothing more runs."""
+
+
+class TickCancelled(Exception):
+    """A queued tick was dropped by a control-lane purge (reset, close)."""
+
+
+@dataclass
+class _Job:
+    model: str
+    work: Any
+    session_id: str | None
+    validate: Callable[[Any], None] | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Control:
+    fn: Callable[[], Any]
+    future: asyncio.Future | None
+    loop: asyncio.AbstractEventLoop | None
+
+
+@dataclass
+class EngineStats:
+    """Counters read by /metrics (written only by the engine thread)."""
+
+    batches: int = 0
+    works: int = 0
+    failed_works: int = 0
+    controls: int = 0
+    busy_seconds: float = 0.0
+    batch_sizes: collections.Counter = field(default_factory=collections.Counter)
+    last_batch_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Engine:
+    """Runs every model on one thread and batches work across sessions."""
+
+    def __init__(self, adapters: Mapping[str, ModelAdapter], *, batch_wait_ms: float = 2.0) -> None:
+        self._adapters = dict(adapters)
+        self._batch_wait = batch_wait_ms / 1000.0
+        self._ticks: dict[str, collections.deque[_Job]] = {n: collections.deque() for n in self._adapters}
+        self._controls: collections.deque[_Control] = collections.deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._dead: str | None = None
+        self._thread: threading.Thread | None = None
+        self.stats = EngineStats()
+        self._listeners: list[Callable[[str, str, str], None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+        log.info("engine started with models %s", sorted(self._adapters))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._fail_all(EngineStopped("engine stopped"))
+        log.info("engine stopped")
+
+    @property
+    def healthy(self) -> bool:
+        return self._dead is None and not self._stopping
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self._dead
+
+    def adapter(self, name: str) -> ModelAdapter:
+        return self._adapters[name]
+
+    @property
+    def adapters(self) -> Mapping[str, ModelAdapter]:
+        return self._adapters
+
+    def add_listener(self, fn: Callable[[str, str, str], None]) -> None:
+        """``fn(model, session_id, reason)`` runs on the engine thread when a model
+        drops a session's state on its own (LRU eviction); it must only enqueue."""
+        self._listeners.append(fn)
+
+    def notify_dropped(self, model: str, session_id: str, reason: str) -> None:
+        """Called by adapters (on the engine thread) when they drop a session."""
+        for fn in self._listeners:
+            fn(model, session_id, reason)
+
+    # ------------------------------------------------------------------ asyncio side
+    async def submit(
+        self,
+        model: str,
+        work: Any,
+        *,
+        session_id: str | None = None,
+        validate: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Queue ``work`` on the tick lane of ``model`` and wait for its result.
+
+        ``validate(result)`` runs on the engine thread before the tick counts as
+        done; if it raises, the adapter is told the tick was not committed and the
+        caller gets a ``ModelError``. With ``session_id`` the adapter's
+        ``end_tick(session_id, committed)`` is called either way.
+        """
+        if model not in self._adapters:
+            raise KeyError(model)
+        self._raise_if_down()
+        loop = asyncio.get_running_loop()
+        job = _Job(model, work, session_id, validate, loop.create_future(), loop)
+        with self._cv:
+            self._ticks[model].append(job)
+            self._cv.notify()
+        return await job.future
+
+    async def control(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread ahead of every queued tick."""
+        self._raise_if_down()
+        loop = asyncio.get_running_loop()
+        item = _Control(fn, loop.create_future(), loop)
+        with self._cv:
+            self._controls.append(item)
+            self._cv.notify()
+        return await item.future
+
+    def post_control(self, fn: Callable[[], Any]) -> None:
+        """Like ``control`` but fire-and-forget; safe to call from any thread."""
+        if self._stopping:
+            return
+        with self._cv:
+            self._controls.append(_Control(fn, None, None))
+            self._cv.notify()
+
+    def release_session(self, model: str, session_id: str) -> Callable[[], None]:
+        """A control-lane job that drops the session's queued ticks and its model state."""
+
+        def job() -> None:
+            self.purge(model, session_id)
+            self._adapters[model].release(session_id)
+
+        return job
+
+    def queued(self, model: str) -> int:
+        return len(self._ticks[model])
+
+    # ------------------------------------------------------------------ engine thread
+    def _raise_if_down(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        if self._stopping:
+            raise EngineStopped("engine stopped")
+
+    def purge(self, model: str, session_id: str) -> None:
+        queue = self._ticks[model]
+        with self._cv:
+            keep = [j for j in queue if j.session_id != session_id]
+            dropped = [j for j in queue if j.session_id == session_id]
+            queue.clear()
+            queue.extend(keep)
+        for job in dropped:
+            _reject(job.loop, job.future, TickCancelled(f"tick of {session_id} cancelled"))
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._controls and not any(self._ticks.values()):
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                controls = list(self._controls)
+                self._controls.clear()
+            for item in controls:
+                self._run_control(item)
+            if self._dead is not None:
+                continue
+            batch = self._take_batch()
+            if batch:
+                self._run_batch(batch)
+
+    def _run_control(self, item: _Control) -> None:
+        self.stats.controls += 1
+        try:
+            value = item.fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            log.exception("control job failed")
+            if item.future is not None:
+                _reject(item.loop, item.future, exc)
+            return
+        if item.future is not None:
+            _resolve(item.loop, item.future, value)
+
+    def _take_batch(self) -> list[_Job]:
+        """Oldest-first across models; wait up to batch_wait for a fuller batch."""
+        with self._cv:
+            ready = [(q[0].enqueued, name) for name, q in self._ticks.items() if q]
+            if not ready:
+                return []
+            _, name = min(ready)
+            queue = self._ticks[name]
+            limit = max(1, self._adapters[name].max_batch)
+            if limit > 1 and len(queue) < limit and self._batch_wait > 0:
+                deadline = queue[0].enqueued + self._batch_wait
+                while len(queue) < limit and not self._controls and not self._stopping:
+                    remaining = deadline - time.perf_counter()
+                    if remaining <= 0:
+                        break
+                    self._cv.wait(remaining)
+                if self._controls or self._stopping or not queue:
+                    return []  # serve controls first; the ticks stay queued
+            batch: list[_Job] = []
+            seen: set[str] = set()
+            skipped: list[_Job] = []
+            while queue and len(batch) < limit:
+                job = queue.popleft()
+                # One work per session per forward: a session's next tick needs this one's KV.
+                if job.session_id is not None and job.session_id in seen:
+                    skipped.append(job)
+                    continue
+                if job.future.cancelled():
+                    continue
+                if job.session_id is not None:
+                    seen.add(job.session_id)
+                batch.append(job)
+            queue.extendleft(reversed(skipped))
+            return batch
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        adapter = self._adapters[batch[0].model]
+        started = time.perf_counter()
+        try:
+            results = adapter.run_batch([j.work for j in batch])
+            if len(results) != len(batch):
+                raise ModelError(f"{adapter.name} returned {len(results)} results for {len(batch)} works")
+        except BaseException as exc:  # noqa: BLE001 - classified below
+            if self._is_fatal(exc):
+                self._die(f"{adapter.name}: {exc!r}")
+                return
+            for job in batch:
+                self._end(adapter, job, committed=False)
+            if len(batch) > 1:
+                log.warning("batch of %d on %s failed (%r); re-running one by one", len(batch), adapter.name, exc)
+                for job in batch:
+                    self._run_batch([job])
+                return
+            self._fail(batch[0], exc)
+            return
+        finally:
+            elapsed = time.perf_counter() - started
+            self.stats.busy_seconds += elapsed
+            self.stats.last_batch_ms[adapter.name] = elapsed * 1000.0
+        self.stats.batches += 1
+        self.stats.batch_sizes[len(batch)] += 1
+        for job, result in zip(batch, results):
+            try:
+                if job.validate is not None:
+                    job.validate(result)
+            except BaseException as exc:  # noqa: BLE001 - the tick is not committed
+                self._end(adapter, job, committed=False)
+                self._fail(job, exc)
+                continue
+            if not self._end(adapter, job, committed=True):
+                continue
+            self.stats.works += 1
+            _resolve(job.loop, job.future, result)
+
+    def _end(self, adapter: ModelAdapter, job: _Job, *, committed: bool) -> bool:
+        if job.session_id is None:
+            return True
+        try:
+            adapter.end_tick(job.session_id, committed)
+        except BaseException as exc:  # noqa: BLE001
+            if self._is_fatal(exc):
+                self._die(f"{adapter.name}: {exc!r}")
+            else:
+                self._fail(job, exc)
+            return False
+        return True
+
+    def _fail(self, job: _Job, exc: BaseException) -> None:
+        self.stats.failed_works += 1
+        log.warning("session %s: tick on %s failed: %r", job.session_id, job.model, exc)
+        error = exc if isinstance(exc, (ModelError, EngineDeadError)) else ModelError(f"{type(exc).__name__}: {exc}")
+        _reject(job.loop, job.future, error)
+
+    def _is_fatal(self, exc: BaseException) -> bool:
+        if isinstance(exc, EngineDeadError):
+            return True
+        text = str(exc)
+        return any(marker in text for marker in _FATAL_MARKERS)
+
+    def _die(self, reason: str) -> None:
+        log.error("engine is dead: %s", reason)
+        self._dead = reason
+        self._fail_all(EngineDeadError(reason))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cv:
+            jobs = [j for q in self._ticks.values() for j in q]
+            for q in self._ticks.values():
+                q.clear()
+            controls = list(self._controls)
+            self._controls.clear()
+        for job in jobs:
+            _reject(job.loop, job.future, exc)
+        for item in controls:
+            if item.future is not None:
+                _reject(item.loop, item.future, exc)
+
+
+def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:
+    def set_result() -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    _call(loop, set_result)
+
+
+def _reject(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, exc: BaseException) -> None:
+    def set_exception() -> None:
+        if not fut.done():
+            fut.set_exception(exc)
+
+    _call(loop, set_exception)
+
+
+def _call(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], None]) -> None:
+    if loop is None or loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the loop closed between the check and the call
+        pass
