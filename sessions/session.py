@@ -1,0 +1,484 @@
+"""The Session: one client's event queue, tick transaction and lifecycle.
+
+A tick is a transaction (see DESIGN.md, "Tick lifecycle")::
+
+    accept_event ... accept_event      events wait in the pending queue
+    begin_tick   -> TickRequest        snapshot: pending events, prompt, prepared controls
+        (engine runs the model; more events may arrive and wait for the next tick)
+    complete_tick(metadata)            metadata == snapshot: commit everything
+      or fail_tick(reason)             commit nothing, FAILED until reset or close
+
+States and the transitions allowed between them::
+
+    ACTIVE --fail--> FAILED --reset--> ACTIVE        (reset also ACTIVE -> ACTIVE)
+    ACTIVE | FAILED | CLEANUP_FAILED --begin_close--> CLOSING
+    CLOSING --finish_close(ok)--> CLOSED | CLEANUP_FAILED
+
+A Session is not thread-safe: one owner (the asyncio loop) calls it; the engine
+thread only ever sees the immutable TickRequest.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from sessions.applied import AppliedIds
+from sessions.errors import ErrorCode, SessionError
+from sessions.events import SessionEvent, check_prompt
+from sessions.frozen import FrozenDict
+from sessions.reducers import ControlReducer, Prepared
+from sessions.ticks import ChunkMetadata, TickRequest
+
+log = logging.getLogger(__name__)
+
+
+class SessionStateError(RuntimeError):
+    """Server code used a session wrongly (an illegal transition, completing a tick
+    that was never begun). A bug, not something to tell the client."""
+
+
+class SessionState(enum.Enum):
+    ACTIVE = "active"
+    FAILED = "failed"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    CLEANUP_FAILED = "cleanup_failed"
+
+    def can_become(self, other: SessionState) -> bool:
+        return other in _TRANSITIONS[self]
+
+
+_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.ACTIVE: frozenset(
+        {SessionState.ACTIVE, SessionState.FAILED, SessionState.CLOSING}
+    ),
+    SessionState.FAILED: frozenset({SessionState.ACTIVE, SessionState.CLOSING}),
+    SessionState.CLOSING: frozenset({SessionState.CLOSED, SessionState.CLEANUP_FAILED}),
+    SessionState.CLOSED: frozenset(),
+    SessionState.CLEANUP_FAILED: frozenset({SessionState.CLOSING}),
+}
+
+_CLOSED_STATES = frozenset(
+    {SessionState.CLOSING, SessionState.CLOSED, SessionState.CLEANUP_FAILED}
+)
+
+
+class AcceptResult(str, enum.Enum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+
+
+class Session:
+    """One session's events, ticks and lifecycle.
+
+    ``reducers`` maps each track to a reducer instance owned by this session alone.
+    ``release`` is called (at most once per begun worker state) when the worker
+    state a tick created must be dropped: on tick failure, reset, and close.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        reducers: Mapping[str, ControlReducer],
+        prompt: str | None = None,
+        max_pending: int = 64,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        if type(session_id) is not str or not session_id:
+            raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
+        for track, reducer in reducers.items():
+            if reducer.track != track:
+                raise ValueError(f"reducer for track {track!r} declares track {reducer.track!r}")
+        if type(max_pending) is not int or max_pending < 1:
+            raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        check_prompt(prompt)
+        self._session_id = session_id
+        self._reducers: dict[str, ControlReducer] = dict(reducers)
+        self._initial_prompt = prompt
+        self._prompt = prompt
+        self._max_pending = max_pending
+        self._release = release
+        self._state = SessionState.ACTIVE
+        self._chunk_index = 0
+        # Every accepted, uncommitted event, in-flight ones included, by id.
+        self._pending: dict[int, SessionEvent] = {}
+        self._applied = AppliedIds()
+        self._floor = -1  # highest committed (applied) event id
+        self._in_flight: TickRequest | None = None
+        self._prepared: dict[str, Prepared] = {}
+        self._ticks_begun = 0  # never reset: request ids stay unique for the object
+        self._worker_live = False
+        self._failure: str | None = None
+
+    # -- read-only views -------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        return self._session_id
+
+    @property
+    def state(self) -> SessionState:
+        return self._state
+
+    @property
+    def chunk_index(self) -> int:
+        """Index of the next chunk to commit (= number committed since the last reset)."""
+        return self._chunk_index
+
+    @property
+    def event_floor(self) -> int:
+        """Highest event id applied or in flight; -1 before any. Ids at or below it
+        are refused as stale (or answered duplicate if they were applied)."""
+        if self._in_flight is not None and self._in_flight.applied_event_ids:
+            return max(self._floor, self._in_flight.applied_event_ids[-1])
+        return self._floor
+
+    @property
+    def in_flight(self) -> TickRequest | None:
+        return self._in_flight
+
+    @property
+    def pending_event_ids(self) -> tuple[int, ...]:
+        """Accepted, uncommitted event ids, ascending; includes those in flight."""
+        return tuple(sorted(self._pending))
+
+    @property
+    def waiting_event_ids(self) -> tuple[int, ...]:
+        """Pending ids not in the in-flight snapshot: they go into the next tick."""
+        taken = set(self._in_flight.applied_event_ids) if self._in_flight else set()
+        return tuple(i for i in sorted(self._pending) if i not in taken)
+
+    @property
+    def prompt(self) -> str | None:
+        """The committed prompt."""
+        return self._prompt
+
+    @property
+    def initial_prompt(self) -> str | None:
+        return self._initial_prompt
+
+    @property
+    def max_pending(self) -> int:
+        return self._max_pending
+
+    @property
+    def reducers(self) -> Mapping[str, ControlReducer]:
+        return MappingProxyType(self._reducers)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the session failed, while it is FAILED (or closing after a failure)."""
+        return self._failure
+
+    @property
+    def worker_live(self) -> bool:
+        """True from a begun tick until the release hook has run."""
+        return self._worker_live
+
+    def __repr__(self) -> str:
+        return (
+            f"Session({self._session_id!r}, state={self._state.name}, "
+            f"chunk_index={self._chunk_index}, floor={self.event_floor}, "
+            f"pending={len(self._pending)}, in_flight={self._in_flight is not None})"
+        )
+
+    # -- events ----------------------------------------------------------------
+
+    def accept_event(self, event: SessionEvent) -> AcceptResult:
+        """Queue ``event`` for the next tick that begins.
+
+        Answers DUPLICATE for an id already pending, in flight or applied. Raises
+        SessionError (with ``event_id``) for a failed or closed session, a stale id,
+        an invalid control, or a full queue; a refused event changes nothing.
+        """
+        if not isinstance(event, SessionEvent):
+            raise TypeError(f"accept_event takes a SessionEvent, got {type(event).__name__}")
+        eid = event.event_id
+        self._check_open(eid)
+        if eid in self._pending or eid in self._applied:
+            log.debug("session %s: event %d is a duplicate", self._session_id, eid)
+            return AcceptResult.DUPLICATE
+        floor = self.event_floor
+        if eid <= floor:
+            raise SessionError(
+                ErrorCode.STALE_EVENT,
+                f"event {eid} is at or below the event floor {floor}; "
+                f"event ids must be above {floor}",
+                event_id=eid,
+            )
+        for i, control in enumerate(event.controls):
+            reducer = self._reducers.get(control.track)
+            if reducer is None:
+                raise SessionError(
+                    ErrorCode.BAD_REQUEST,
+                    f"controls[{i}]: unknown track {control.track!r}; "
+                    f"tracks are {', '.join(sorted(self._reducers)) or '(none)'}",
+                    event_id=eid,
+                )
+            if control.schema != reducer.schema:
+                raise SessionError(
+                    ErrorCode.BAD_REQUEST,
+                    f"controls[{i}]: track {control.track!r} takes schema "
+                    f"{reducer.schema!r}, got {control.schema!r}",
+                    event_id=eid,
+                )
+            try:
+                reducer.validate(control.data)
+            except SessionError as exc:
+                raise SessionError(
+                    exc.code, f"controls[{i}].data: {exc.message}", event_id=eid
+                ) from None
+        if len(self._pending) >= self._max_pending:
+            raise SessionError(
+                ErrorCode.QUEUE_FULL,
+                f"{len(self._pending)} events pending, at most {self._max_pending}",
+                event_id=eid,
+            )
+        for i, control in enumerate(event.controls):
+            queued = [c.data for c in self._pending_controls(control.track)]
+            try:
+                self._reducers[control.track].admit([*queued, control.data])
+            except SessionError as exc:
+                raise SessionError(
+                    exc.code, f"controls[{i}]: {exc.message}", event_id=eid
+                ) from None
+        self._pending[eid] = event
+        log.debug(
+            "session %s: accepted event %d (%d pending)", self._session_id, eid, len(self._pending)
+        )
+        return AcceptResult.ACCEPTED
+
+    def _check_open(self, eid: int | None) -> None:
+        if self._state is SessionState.FAILED:
+            raise SessionError(
+                ErrorCode.SESSION_FAILED,
+                f"session {self._session_id} failed ({self._failure}); reset or close it",
+                event_id=eid,
+            )
+        if self._state in _CLOSED_STATES:
+            raise SessionError(
+                ErrorCode.SESSION_CLOSED,
+                f"session {self._session_id} is {self._state.value}",
+                event_id=eid,
+            )
+
+    def _pending_controls(self, track: str) -> list:
+        return [
+            control
+            for eid in sorted(self._pending)
+            for control in self._pending[eid].controls
+            if control.track == track
+        ]
+
+    # -- ticks -----------------------------------------------------------------
+
+    def begin_tick(self) -> TickRequest:
+        """Snapshot every pending event into the next tick. Needs ACTIVE and no tick
+        in flight (a SessionStateError otherwise: the caller's bug)."""
+        if self._state is not SessionState.ACTIVE:
+            raise SessionStateError(
+                f"session {self._session_id}: begin_tick in state {self._state.name}"
+            )
+        if self._in_flight is not None:
+            raise SessionStateError(
+                f"session {self._session_id}: begin_tick while {self._in_flight.request_id} "
+                "is in flight"
+            )
+        events = [self._pending[eid] for eid in sorted(self._pending)]
+        prompt = self._prompt
+        for event in events:
+            if event.prompt is not None:
+                prompt = event.prompt
+        prepared: dict[str, Prepared] = {}
+        for track, reducer in self._reducers.items():
+            updates = [c.data for e in events for c in e.controls if c.track == track]
+            try:
+                # Every track, even without updates: held keys carry on.
+                prepared[track] = reducer.prepare(updates)
+            except Exception as exc:
+                reason = f"reducer {track!r} prepare failed: {exc!r}"
+                self.fail_tick(reason)
+                raise SessionError(ErrorCode.SESSION_FAILED, reason) from exc
+        request = TickRequest(
+            session_id=self._session_id,
+            request_id=f"{self._session_id}:{self._ticks_begun}",
+            chunk_index=self._chunk_index,
+            applied_event_ids=tuple(e.event_id for e in events),
+            prompt=prompt,
+            controls=FrozenDict({track: p.value for track, p in prepared.items()}),
+        )
+        self._ticks_begun += 1
+        self._in_flight = request
+        self._prepared = prepared
+        self._worker_live = True
+        log.debug(
+            "session %s: begin tick %s chunk %d events %s",
+            self._session_id,
+            request.request_id,
+            request.chunk_index,
+            request.applied_event_ids,
+        )
+        return request
+
+    def complete_tick(self, metadata: ChunkMetadata) -> TickRequest:
+        """Commit the in-flight tick if ``metadata`` matches it; returns its snapshot.
+
+        A mismatch or a reducer commit failure commits nothing, fails the session
+        (as :meth:`fail_tick`) and raises ``SessionError(SESSION_FAILED)``.
+        """
+        if not isinstance(metadata, ChunkMetadata):
+            raise TypeError(f"complete_tick takes ChunkMetadata, got {type(metadata).__name__}")
+        request = self._in_flight
+        if request is None:
+            # A result for a tick already abandoned by a failure or a close.
+            self._check_open(None)
+            raise SessionStateError(f"session {self._session_id}: no tick in flight")
+        if not metadata.matches(request):
+            reason = "metadata mismatch: " + "; ".join(metadata.mismatch(request))
+            self.fail_tick(reason)
+            raise SessionError(ErrorCode.SESSION_FAILED, reason)
+        # All or nothing across reducers: save each before its commit, and put back
+        # every saved one (the failing one too, it may be half-written) on failure.
+        saved: dict[str, object] = {}
+        for track, reducer in self._reducers.items():
+            try:
+                saved[track] = reducer.save()
+                reducer.commit(self._prepared[track])
+            except Exception as exc:
+                for done, state in saved.items():
+                    try:
+                        self._reducers[done].restore(state)
+                    except Exception:
+                        log.exception(
+                            "session %s: restoring reducer %r failed", self._session_id, done
+                        )
+                reason = f"reducer {track!r} commit failed: {exc!r}"
+                self.fail_tick(reason)
+                raise SessionError(ErrorCode.SESSION_FAILED, reason) from exc
+        for eid in request.applied_event_ids:
+            del self._pending[eid]
+            self._applied.add(eid)
+        if request.applied_event_ids:
+            self._floor = request.applied_event_ids[-1]
+        self._prompt = request.prompt
+        self._chunk_index += 1
+        self._in_flight = None
+        self._prepared = {}
+        log.debug(
+            "session %s: committed %s chunk %d floor %d",
+            self._session_id,
+            request.request_id,
+            request.chunk_index,
+            self._floor,
+        )
+        return request
+
+    def fail_tick(self, reason: str) -> None:
+        """ACTIVE -> FAILED: drop the in-flight tick uncommitted and release worker
+        state; chunk index and pending queue stay as they were. Failing a session
+        that is already failed or closing changes nothing (a late engine report)."""
+        if self._state is not SessionState.ACTIVE:
+            log.info(
+                "session %s: tick failure ignored in state %s: %s",
+                self._session_id,
+                self._state.name,
+                reason,
+            )
+            return
+        self._transition(SessionState.FAILED)
+        abandoned = self._in_flight.request_id if self._in_flight else None
+        self._in_flight = None
+        self._prepared = {}
+        self._failure = reason
+        log.warning(
+            "session %s: failed at chunk %d (request %s): %s",
+            self._session_id,
+            self._chunk_index,
+            abandoned,
+            reason,
+        )
+        self._release_worker()
+
+    # -- reset and close -------------------------------------------------------
+
+    def reset(self) -> tuple[int, ...]:
+        """Back to chunk 0 with the initial prompt and fresh reducers; returns the
+        dropped pending event ids (never applied). Event floor and duplicate memory
+        are kept, so old ids stay refused. Needs ACTIVE without a tick in flight
+        (else BUSY) or FAILED; a closing or closed session answers SESSION_CLOSED."""
+        if self._state in _CLOSED_STATES:
+            raise SessionError(
+                ErrorCode.SESSION_CLOSED, f"session {self._session_id} is {self._state.value}"
+            )
+        if self._in_flight is not None:
+            raise SessionError(
+                ErrorCode.BUSY,
+                f"session {self._session_id}: tick {self._in_flight.request_id} is in flight",
+            )
+        self._transition(SessionState.ACTIVE)
+        dropped = tuple(sorted(self._pending))
+        self._pending.clear()
+        self._chunk_index = 0
+        self._prompt = self._initial_prompt
+        self._failure = None
+        for reducer in self._reducers.values():
+            reducer.reset()
+        self._release_worker()
+        log.info(
+            "session %s: reset; dropped events %s; floor %d",
+            self._session_id,
+            dropped,
+            self._floor,
+        )
+        return dropped
+
+    def begin_close(self) -> None:
+        """ACTIVE/FAILED/CLEANUP_FAILED -> CLOSING; an in-flight tick is abandoned."""
+        self._transition(SessionState.CLOSING)
+        if self._in_flight is not None:
+            log.info(
+                "session %s: close abandons tick %s", self._session_id, self._in_flight.request_id
+            )
+            self._in_flight = None
+            self._prepared = {}
+
+    def finish_close(self, ok: bool) -> None:
+        """CLOSING -> CLOSED (releasing live worker state) or, if cleanup failed,
+        CLEANUP_FAILED: a tombstone until a close retry succeeds."""
+        if self._state is not SessionState.CLOSING:
+            raise SessionStateError(
+                f"session {self._session_id}: finish_close in state {self._state.name}"
+            )
+        if ok:
+            self._transition(SessionState.CLOSED)
+            self._release_worker()
+            log.info("session %s: closed", self._session_id)
+        else:
+            self._transition(SessionState.CLEANUP_FAILED)
+            log.warning("session %s: cleanup failed; kept as a tombstone", self._session_id)
+
+    # -- internals -------------------------------------------------------------
+
+    def _transition(self, new: SessionState) -> None:
+        if not self._state.can_become(new):
+            raise SessionStateError(
+                f"session {self._session_id}: illegal transition "
+                f"{self._state.name} -> {new.name}"
+            )
+        self._state = new
+
+    def _release_worker(self) -> None:
+        # Cleared before the call: exactly once even if the hook raises.
+        if not self._worker_live:
+            return
+        self._worker_live = False
+        if self._release is None:
+            return
+        try:
+            self._release()
+        except Exception:
+            log.exception("session %s: release hook failed", self._session_id)
