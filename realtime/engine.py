@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from models.base import EngineDeadError, ModelAdapter, ModelError
 
@@ -278,7 +278,7 @@ class Engine:
                 raise ModelError(f"{adapter.name} returned {len(results)} results for {len(batch)} works")
         except BaseException as exc:  # noqa: BLE001 - classified below
             if self._is_fatal(exc):
-                self._die(f"{adapter.name}: {exc!r}")
+                self._die(f"{adapter.name}: {exc!r}", batch)
                 return
             for job in batch:
                 self._end(adapter, job, committed=False)
@@ -315,7 +315,7 @@ class Engine:
             adapter.end_tick(job.session_id, committed)
         except BaseException as exc:  # noqa: BLE001
             if self._is_fatal(exc):
-                self._die(f"{adapter.name}: {exc!r}")
+                self._die(f"{adapter.name}: {exc!r}", [job])
             else:
                 self._fail(job, exc)
             return False
@@ -333,10 +333,13 @@ class Engine:
         text = str(exc)
         return any(marker in text for marker in _FATAL_MARKERS)
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, running: Sequence[_Job] = ()) -> None:
         log.error("engine is dead: %s", reason)
         self._dead = reason
-        self._fail_all(EngineDeadError(reason))
+        error = EngineDeadError(reason)
+        for job in running:
+            _reject(job.loop, job.future, error)
+        self._fail_all(error)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cv:

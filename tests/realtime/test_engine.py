@@ -1,0 +1,180 @@
+"""The engine loop with small real adapters: lanes, batching, failure isolation, death."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import pytest
+
+from models.base import EngineDeadError, ModelAdapter, ModelError
+from realtime.engine import Engine, EngineStopped, TickCancelled
+
+
+class Doubler(ModelAdapter[int, int]):
+    """Doubles ints; fails on 13; kills the engine on 666; records batches and end_ticks."""
+
+    kind = "test"
+
+    def __init__(self, name: str = "doubler", max_batch: int = 4, delay: float = 0.0) -> None:
+        self.name, self.max_batch, self.delay = name, max_batch, delay
+        self.batches: list[list[int]] = []
+        self.ended: list[tuple[str, bool]] = []
+        self.released: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def describe(self) -> Mapping[str, Any]:
+        return {"name": self.name}
+
+    def run_batch(self, works: Sequence[int]) -> list[int]:
+        self.gate.wait(5)
+        self.batches.append(list(works))
+        if self.delay:
+            time.sleep(self.delay)
+        if 666 in works:
+            raise EngineDeadError("device lost")
+        if 13 in works:
+            raise ValueError("unlucky")
+        return [w * 2 for w in works]
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        self.ended.append((session_id, committed))
+
+    def release(self, session_id: str) -> None:
+        self.released.append(session_id)
+
+
+def with_engine(adapter: ModelAdapter, coro_fn, batch_wait_ms: float = 20.0):
+    engine = Engine({adapter.name: adapter}, batch_wait_ms=batch_wait_ms)
+    engine.start()
+    try:
+        return asyncio.run(asyncio.wait_for(coro_fn(engine), 20))
+    finally:
+        engine.stop()
+
+
+def test_ticks_of_sessions_are_batched_and_end_ticks_reported():
+    model = Doubler(max_batch=4)
+
+    async def main(engine: Engine):
+        return await asyncio.gather(*(engine.submit("doubler", i, session_id=f"s{i}") for i in range(4)))
+
+    assert with_engine(model, main) == [0, 2, 4, 6]
+    assert model.batches == [[0, 1, 2, 3]]
+    assert sorted(model.ended) == [(f"s{i}", True) for i in range(4)]
+
+
+def test_one_session_never_twice_in_a_batch():
+    model = Doubler(max_batch=4)
+
+    async def main(engine: Engine):
+        return await asyncio.gather(*(engine.submit("doubler", i, session_id="same") for i in range(3)))
+
+    assert with_engine(model, main) == [0, 2, 4]
+    assert model.batches == [[0], [1], [2]]
+
+
+def test_a_failing_work_fails_alone():
+    model = Doubler(max_batch=4)
+
+    async def main(engine: Engine):
+        return await asyncio.gather(
+            *(engine.submit("doubler", w, session_id=f"s{w}") for w in (1, 13, 3)), return_exceptions=True
+        )
+
+    one, bad, three = with_engine(model, main)
+    assert (one, three) == (2, 6)
+    assert isinstance(bad, ModelError) and "unlucky" in str(bad)
+    # The batch failed whole, then each work ran alone.
+    assert model.batches == [[1, 13, 3], [1], [13], [3]]
+    assert ("s13", False) in model.ended and ("s1", True) in model.ended
+
+
+def test_validate_failure_is_not_committed():
+    model = Doubler(max_batch=1)
+
+    def reject_odd(result: int) -> None:
+        if result % 4:
+            raise ValueError("metadata mismatch")
+
+    async def main(engine: Engine):
+        ok = await engine.submit("doubler", 2, session_id="a", validate=reject_odd)
+        with pytest.raises(ModelError):
+            await engine.submit("doubler", 1, session_id="b", validate=reject_odd)
+        return ok
+
+    assert with_engine(model, main) == 4
+    assert model.ended == [("a", True), ("b", False)]
+
+
+def test_control_lane_runs_before_queued_ticks_and_purges():
+    model = Doubler(max_batch=1)
+    order: list[str] = []
+
+    async def main(engine: Engine):
+        model.gate.clear()  # hold the engine inside the first batch
+        first = asyncio.ensure_future(engine.submit("doubler", 1, session_id="a"))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(engine.submit("doubler", i, session_id="b")) for i in (2, 3)]
+        await asyncio.sleep(0.05)
+        control = asyncio.ensure_future(engine.control(lambda: order.append("control") or "done"))
+        release = asyncio.ensure_future(engine.control(engine.release_session("doubler", "b")))
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        assert await first == 2
+        assert await control == "done"
+        await release
+        for q in queued:
+            with pytest.raises(TickCancelled):
+                await q
+
+    with_engine(model, main)
+    assert order == ["control"]
+    assert model.batches == [[1]]
+    assert model.released == ["b"]
+
+
+def test_dead_engine_fails_everything_fast():
+    model = Doubler(max_batch=1)
+
+    async def main(engine: Engine):
+        with pytest.raises(EngineDeadError):
+            await engine.submit("doubler", 666, session_id="x")
+        assert not engine.healthy and "device lost" in engine.dead_reason
+        with pytest.raises(EngineDeadError):
+            await engine.submit("doubler", 1, session_id="y")
+        with pytest.raises(EngineDeadError):
+            await engine.control(lambda: None)
+
+    with_engine(model, main)
+
+
+def test_stop_rejects_waiting_work():
+    model = Doubler(max_batch=1)
+    engine = Engine({model.name: model})
+    engine.start()
+    engine.stop()
+
+    async def main():
+        with pytest.raises(EngineStopped):
+            await engine.submit("doubler", 1)
+
+    asyncio.run(main())
+
+
+def test_models_never_run_on_the_event_loop_thread():
+    seen: list[str] = []
+
+    class Where(Doubler):
+        def run_batch(self, works):
+            seen.append(threading.current_thread().name)
+            return super().run_batch(works)
+
+    async def main(engine: Engine):
+        await engine.submit("doubler", 1)
+
+    with_engine(Where(), main)
+    assert seen == ["engine"]
