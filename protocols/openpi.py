@@ -1,0 +1,462 @@
+"""OpenPI wire format: msgpack with numpy arrays, byte-compatible with ``openpi-client``.
+
+The rules below were read off the installed client (``openpi_client`` 0.1.2:
+``websocket_client_policy.py``, ``msgpack_numpy.py``) and the reference server
+(``openpi_server`` 0.1.0, identical to openpi's ``websocket_policy_server.py``):
+
+* The client connects with ``compression=None, max_size=None`` and no subprotocol,
+  then reads ONE binary frame: the msgpack metadata dict.
+* Then strictly one request/response at a time: ``pack(obs)`` out, one frame back.
+  A binary reply is unpacked; a text reply is raised as ``RuntimeError(text)``.
+* numpy arrays travel as msgpack maps with *bytes* keys::
+
+      {b"__ndarray__": True, b"data": arr.tobytes(), b"dtype": arr.dtype.str, b"shape": arr.shape}
+      {b"__npgeneric__": True, b"data": scalar.item(), b"dtype": scalar.dtype.str}
+
+  dtype kinds V (void/structured), O (object) and c (complex) are refused. Strings
+  are msgpack str, bytes are msgpack bin (``use_bin_type``), map keys must be str
+  or bytes (``strict_map_key``), and decoded arrays are read-only views of the
+  received bytes: copy before mutating.
+* ``np.float64`` is a subclass of ``float`` and ``np.str_`` of ``str``: msgpack packs
+  them natively, so they never reach the ``__npgeneric__`` hook (nor do they here).
+
+Our extensions, which the real client never sends and which never change what it
+sees: ``session_id`` (per-robot state across calls), ``{"endpoint": "reset"}``,
+``sampling_params`` and the batch form ``{"batch": [obs, ...]}``.
+
+This module is pure (msgpack + numpy): decode, validate, encode. The endpoint in
+``realtime/openpi_ws.py`` does the I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+# A request body above this is refused with an error frame (close 1011). Three
+# 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# The WebSocket server's own limit (uvicorn ``ws_max_size``) must be above this, so
+# that an over-limit body still reaches the endpoint and gets a readable error;
+# beyond the transport's limit the connection closes with 1009 and no text.
+# Close code after an error frame; the reference server uses the same (INTERNAL_ERROR).
+CLOSE_ERROR = 1011
+# Observations per batch-form request.
+MAX_BATCH_ITEMS = 64
+MAX_PROMPT_CHARS = 8192
+MAX_INFERENCE_STEPS = 1000
+
+RESET_ENDPOINT = "reset"
+RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"})
+# Top-level request keys that belong to the protocol, never to the observation.
+RESERVED_KEYS = frozenset({"session_id", "sampling_params", "endpoint", "batch"})
+
+_REFUSED_KINDS = ("V", "O", "c")
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,128}$")
+
+
+class WireError(ValueError):
+    """A request the endpoint answers with an error frame and close 1011.
+
+    The message is short and names the offending field; it is sent to the robot."""
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def _encode(obj: Any) -> Any:
+    """msgpack ``default`` hook, identical in output to ``openpi_client.msgpack_numpy.pack_array``."""
+    if isinstance(obj, (np.ndarray, np.generic)) and obj.dtype.kind in _REFUSED_KINDS:
+        raise ValueError(f"Unsupported dtype: {obj.dtype}")
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": obj.shape}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    return obj
+
+
+def _dtype(spec: Any) -> np.dtype:
+    if not isinstance(spec, str):
+        raise WireError(f"array dtype must be a string, got {type(spec).__name__}")
+    try:
+        dtype = np.dtype(spec)
+    except TypeError as exc:
+        raise WireError(f"unknown array dtype {spec!r}") from exc
+    if dtype.kind in _REFUSED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise WireError(f"unsupported array dtype {spec!r}")
+    return dtype
+
+
+def _decode(obj: dict) -> Any:
+    """msgpack ``object_hook``: the reference ``unpack_array`` plus the checks it leaves to numpy."""
+    if b"__ndarray__" in obj:
+        data, shape = obj.get(b"data"), obj.get(b"shape")
+        if not isinstance(data, bytes):
+            raise WireError("array data must be bytes")
+        dtype = _dtype(obj.get(b"dtype"))
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise WireError("array shape must be a list of non-negative ints")
+        if math.prod(shape) * dtype.itemsize != len(data):
+            raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
+                            f"{math.prod(shape) * dtype.itemsize}")
+        # A view of the immutable received bytes: read-only, as with the reference.
+        return np.ndarray(buffer=data, dtype=dtype, shape=shape)
+    if b"__npgeneric__" in obj:
+        dtype = _dtype(obj.get(b"dtype"))
+        try:
+            return dtype.type(obj.get(b"data"))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise WireError(f"bad numpy scalar of dtype {dtype.str}") from exc
+    return obj
+
+
+def make_packer() -> msgpack.Packer:
+    """A reusable packer (one per connection; msgpack packers are not thread-safe)."""
+    return msgpack.Packer(default=_encode)
+
+
+def pack(obj: Any) -> bytes:
+    """Encode ``obj`` exactly as ``openpi_client.msgpack_numpy.packb`` does."""
+    return msgpack.packb(obj, default=_encode)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode one message; anything malformed becomes a ``WireError``."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise WireError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
+    try:
+        return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False)
+    except WireError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
+        raise WireError(f"body is not valid msgpack ({str(exc) or type(exc).__name__})") from None
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+@dataclass(frozen=True)
+class PolicyMetadata:
+    """What a policy advertises in the first frame and what observations are checked against."""
+
+    action_horizon: int
+    action_dim: int
+    image_keys: tuple[str, ...]
+    image_resolution: tuple[int, int]  # (H, W)
+    state_dim: int
+    state_key: str = "state"
+    prompt_key: str = "prompt"
+    # Anything else the policy wants the robot to know (wire-safe values only).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("action_horizon", "action_dim"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ValueError(f"metadata {name} must be a positive int, got {getattr(self, name)!r}")
+        if not _is_int(self.state_dim) or self.state_dim < 0:
+            raise ValueError(f"metadata state_dim must be a non-negative int, got {self.state_dim!r}")
+        res = tuple(self.image_resolution)
+        if len(res) != 2 or not all(_is_int(v) and v > 0 for v in res):
+            raise ValueError(f"metadata image_resolution must be [H, W], got {self.image_resolution!r}")
+        keys = tuple(self.image_keys)
+        names = (*keys, self.state_key, self.prompt_key)
+        if not all(isinstance(k, str) and k for k in names) or len(set(names)) != len(names):
+            raise ValueError(f"metadata keys must be distinct non-empty strings, got {names!r}")
+        if RESERVED_KEYS & set(names):
+            raise ValueError(f"metadata keys may not use the reserved {sorted(RESERVED_KEYS & set(names))}")
+        object.__setattr__(self, "image_keys", keys)
+        object.__setattr__(self, "image_resolution", (int(res[0]), int(res[1])))
+        object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+
+    def to_wire(self) -> dict[str, Any]:
+        """The metadata dict sent as the first frame (plain types only)."""
+        return {
+            **self.extra,
+            "action_horizon": int(self.action_horizon),
+            "action_dim": int(self.action_dim),
+            "image_keys": list(self.image_keys),
+            "image_resolution": list(self.image_resolution),
+            "state_dim": int(self.state_dim),
+            "state_key": self.state_key,
+            "prompt_key": self.prompt_key,
+        }
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any]) -> PolicyMetadata:
+        """Build from a user policy's metadata dict; unknown keys go to ``extra``."""
+        required = ("action_horizon", "action_dim", "image_keys", "image_resolution", "state_dim")
+        missing = [k for k in required if k not in m]
+        if missing:
+            raise ValueError(f"policy metadata is missing {missing}")
+        known = {*required, "state_key", "prompt_key"}
+        return cls(
+            action_horizon=int(m["action_horizon"]),
+            action_dim=int(m["action_dim"]),
+            image_keys=tuple(m["image_keys"]),
+            image_resolution=tuple(m["image_resolution"]),
+            state_dim=int(m["state_dim"]),
+            state_key=m.get("state_key", "state"),
+            prompt_key=m.get("prompt_key", "prompt"),
+            extra={k: v for k, v in m.items() if k not in known},
+        )
+
+    @property
+    def action_shape(self) -> tuple[int, int]:
+        return (self.action_horizon, self.action_dim)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-call knobs from the ``sampling_params`` extension; None means the policy default."""
+
+    num_inference_steps: int | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A validated observation. Arrays are read-only; ``state`` is float32."""
+
+    images: Mapping[str, np.ndarray] = field(repr=False)  # key -> uint8 [H, W, 3]
+    state: np.ndarray = field(repr=False)  # float32 [state_dim]
+    prompt: str | None
+    # Keys the metadata does not name (non-image), passed to the policy as decoded.
+    extras: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def as_dict(self, metadata: PolicyMetadata) -> dict[str, Any]:
+        """The openpi-style dict a ``BasePolicy.infer`` expects (the keys as sent)."""
+        out: dict[str, Any] = dict(self.extras)
+        out.update(self.images)
+        out[metadata.state_key] = self.state
+        if self.prompt is not None:
+            out[metadata.prompt_key] = self.prompt
+        return out
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    observation: Observation
+    session_id: str | None = None
+    sampling: SamplingParams = SamplingParams()
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    items: tuple[InferRequest, ...]
+
+
+Request = InferRequest | ResetRequest | BatchRequest
+
+
+def decode_request(frame: bytes | str, metadata: PolicyMetadata) -> Request:
+    """One received WebSocket message (bytes, or str for a text frame) -> a request."""
+    if isinstance(frame, str):
+        raise WireError("expected a binary msgpack frame, got a text frame")
+    return parse_request(unpack(frame), metadata)
+
+
+def parse_request(msg: Any, metadata: PolicyMetadata) -> Request:
+    """Classify and validate a decoded message. Raises ``WireError`` naming the field."""
+    if not isinstance(msg, dict):
+        raise WireError(f"request must be a msgpack map, got {_type_name(msg)}")
+    _check_keys(msg, "request")
+    if "endpoint" in msg:
+        if msg["endpoint"] != RESET_ENDPOINT:
+            raise WireError(f"unknown endpoint {msg['endpoint']!r} (known: {RESET_ENDPOINT!r})")
+        extra = set(msg) - {"endpoint", "session_id"}
+        if extra:
+            raise WireError(f"reset takes only 'session_id', got {sorted(extra)}")
+        return ResetRequest(_session_id(msg.get("session_id"), "session_id"))
+    if "batch" in msg:
+        items = msg["batch"]
+        if set(msg) != {"batch"}:
+            raise WireError(f"a batch request takes only 'batch', got {sorted(set(msg) - {'batch'})}")
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
+            raise WireError(f"'batch' must be a list of 1 to {MAX_BATCH_ITEMS} observations")
+        parsed = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise WireError(f"batch[{i}] must be a msgpack map, got {_type_name(item)}")
+            _check_keys(item, f"batch[{i}]")
+            if "batch" in item or "endpoint" in item:
+                raise WireError(f"batch[{i}] must be an observation")
+            parsed.append(_infer_request(item, metadata, f"batch[{i}]."))
+        return BatchRequest(tuple(parsed))
+    return _infer_request(msg, metadata, "")
+
+
+def _infer_request(msg: dict, metadata: PolicyMetadata, where: str) -> InferRequest:
+    return InferRequest(
+        observation=validate_observation(msg, metadata, where),
+        session_id=_session_id(msg.get("session_id"), where + "session_id"),
+        sampling=_sampling(msg.get("sampling_params"), where + "sampling_params"),
+    )
+
+
+def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where: str = "") -> Observation:
+    """Check camera keys, image shape/dtype, state length and finiteness, prompt type."""
+    h, w = metadata.image_resolution
+    images: dict[str, np.ndarray] = {}
+    for key in metadata.image_keys:
+        if key not in msg:
+            raise WireError(f"missing camera {where}{key!r}")
+        img = msg[key]
+        if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.shape != (h, w, 3):
+            raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
+        images[key] = img
+
+    state = np.zeros((0,), np.float32)
+    if metadata.state_dim > 0 or metadata.state_key in msg:
+        state = _state(msg.get(metadata.state_key), metadata, f"{where}{metadata.state_key!r}")
+
+    prompt = msg.get(metadata.prompt_key)
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise WireError(f"{where}{metadata.prompt_key!r} must be a string, got {_type_name(prompt)}")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise WireError(f"{where}{metadata.prompt_key!r} is over {MAX_PROMPT_CHARS} characters")
+        prompt = str(prompt)
+
+    named = {*metadata.image_keys, metadata.state_key, metadata.prompt_key, *RESERVED_KEYS}
+    extras = {}
+    for key, value in msg.items():
+        if key in named:
+            continue
+        if _looks_like_image(value):
+            raise WireError(f"unknown camera key {where}{key!r} (this policy's cameras: {list(metadata.image_keys)})")
+        extras[key] = value
+    return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
+
+
+def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
+    if value is None:
+        raise WireError(f"missing {name} (float32 [{metadata.state_dim}])")
+    if isinstance(value, (list, tuple)) and all(_is_real(v) for v in value):
+        value = np.asarray(value, dtype=np.float64)
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":
+        raise WireError(f"{name} must be a float32 array, got {_describe(value)}")
+    if value.shape != (metadata.state_dim,):
+        raise WireError(f"{name} must have shape [{metadata.state_dim}], got {list(value.shape)}")
+    # Any real dtype is accepted (robots often send float64); the policy gets float32.
+    with np.errstate(over="ignore", invalid="ignore"):
+        state = value.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(state))
+    if bad.size:
+        raise WireError(f"{name} has a non-finite value (NaN or inf) at index {int(bad[0])}")
+    state.flags.writeable = False
+    return state
+
+
+def _sampling(value: Any, name: str) -> SamplingParams:
+    if value is None:
+        return SamplingParams()
+    if not isinstance(value, dict):
+        raise WireError(f"{name} must be a map, got {_type_name(value)}")
+    unknown = set(value) - {"num_inference_steps", "seed"}
+    if unknown:
+        raise WireError(f"unknown {name} {sorted(map(str, unknown))} (known: num_inference_steps, seed)")
+    steps, seed = value.get("num_inference_steps"), value.get("seed")
+    if steps is not None and (not _is_int(steps) or not 1 <= steps <= MAX_INFERENCE_STEPS):
+        raise WireError(f"{name}.num_inference_steps must be an int in [1, {MAX_INFERENCE_STEPS}]")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        raise WireError(f"{name}.seed must be an int in [0, 2**63)")
+    return SamplingParams(
+        num_inference_steps=None if steps is None else int(steps),
+        seed=None if seed is None else int(seed),
+    )
+
+
+def _session_id(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _SESSION_ID.match(value):
+        raise WireError(f"{name} must be 1-128 characters of [A-Za-z0-9_.:@/+-]")
+    return str(value)
+
+
+def _check_keys(msg: dict, name: str) -> None:
+    for key in msg:
+        if not isinstance(key, str):
+            raise WireError(f"{name} keys must be strings, got {_type_name(key)} key {key!r:.40}")
+
+
+def _looks_like_image(value: Any) -> bool:
+    """A camera: a uint8 array of 2+ dims, or any array shaped [H, W, 3]."""
+    if not isinstance(value, np.ndarray):
+        return False
+    return (value.dtype == np.uint8 and value.ndim >= 2) or (value.ndim == 3 and value.shape[-1] == 3)
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def infer_reply(
+    actions: np.ndarray,
+    *,
+    infer_ms: float,
+    policy_infer_ms: float,
+    prev_total_ms: float | None = None,
+    outputs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One inference reply.
+
+    ``infer_ms``: time from the request entering the engine to its result (queue
+    wait + forward). ``policy_infer_ms``: the forward alone. ``prev_total_ms``: the
+    previous request on this connection, from its receipt to its reply being sent
+    (absent on the first reply, as with the reference server).
+    """
+    reply: dict[str, Any] = {"actions": actions}
+    if outputs:
+        reply.update((k, v) for k, v in outputs.items() if k not in ("actions", "server_timing", "policy_timing"))
+    timing: dict[str, float] = {"infer_ms": float(infer_ms)}
+    if prev_total_ms is not None:
+        timing["prev_total_ms"] = float(prev_total_ms)
+    reply["server_timing"] = timing
+    reply["policy_timing"] = {"infer_ms": float(policy_infer_ms)}
+    return reply
+
+
+def batch_reply(replies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {"batch": list(replies)}
+
+
+def reset_reply() -> dict[str, str]:
+    return dict(RESET_REPLY)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "map", list: "array", str: "string", bytes: "bytes", type(None): "nil"}.get(type(v), type(v).__name__)
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return f"{v.dtype.name} {list(v.shape)}"
+    return _type_name(v)
