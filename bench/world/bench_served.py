@@ -1,0 +1,210 @@
+"""World sessions served through the real server and engine vs the bare model.
+
+For each session count N it starts N world.v1 clients (a separate process, real
+WebSockets over loopback) against a uvicorn server in this process, measures
+frames/s per session and in total plus the tick latency the server reports, and
+then times the bare adapter on the same batch size in the same run:
+
+    python -m bench.world.bench_served --model maze --device cuda --sessions 1 8 32 128 \
+        --seconds 8 --out bench/results/world_served_h200.json
+
+Progress goes to stderr; the JSON holds hardware, versions and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def log(msg: str) -> None:
+    print(f"[bench_served {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- client process
+async def _client(url: str, sid: str, keys: list[str], credits: int, warmup: float, seconds: float,
+                  out: dict[str, Any]) -> None:
+    import websockets
+
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.create", "session_id": sid, "credits": credits,
+                                  "format": "rgb8", "seed": hash(sid) % 1000}))
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created", created
+        await ws.send(json.dumps({"type": "event", "event_id": 0, "controls": [
+            {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": keys}}]}))
+        start = time.perf_counter()
+        frames, ticks, gaps, last = 0, [], [], None
+        expected = 0
+        while True:
+            msg = await ws.recv()
+            if isinstance(msg, bytes):
+                continue
+            data = json.loads(msg)
+            if data["type"] != "chunk":
+                continue
+            assert data["chunk_index"] == expected, (data["chunk_index"], expected)
+            expected += 1
+            for _ in range(data["frames"]):
+                await ws.recv()
+            await ws.send('{"type":"credit","chunks":1}')
+            now = time.perf_counter()
+            if now - start >= warmup:
+                frames += data["frames"]
+                ticks.append(data["tick_ms"])
+                if last is not None:
+                    gaps.append((now - last) * 1000)
+                last = now
+            if now - start >= warmup + seconds:
+                break
+        out[sid] = {"frames": frames, "ticks": ticks, "gaps": gaps}
+        await ws.send(json.dumps({"type": "session.close"}))
+
+
+def _client_process(url: str, n: int, credits: int, warmup: float, seconds: float, queue: mp.Queue) -> None:
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        keys = [["w"], ["j"], ["l"], ["w", "d"]]
+        await asyncio.gather(*(_client(url, f"s{i}", keys[i % 4], credits, warmup, seconds, out)
+                               for i in range(n)))
+        return out
+
+    queue.put(asyncio.run(main()))
+
+
+# ---------------------------------------------------------------- server side
+def _build_model(name: str, device: str, max_batch: int, steps: int | None):
+    if name == "tiny":
+        from models.world.tiny import TinyWorld
+
+        return TinyWorld(max_batch=max_batch, device=device)
+    from models.world.maze.adapter import MazeWorld
+
+    kwargs: dict[str, Any] = {"device": device, "max_batch": max_batch}
+    if steps is not None:
+        kwargs["steps"] = steps
+    return MazeWorld(**kwargs)
+
+
+def _bare(model, n: int, repeats: int) -> dict[str, float]:
+    """Time the adapter alone on a batch of n sessions (commit each tick)."""
+    import torch
+
+    from models.base import WorldTick
+
+    def tick(i: int, k: int) -> WorldTick:
+        return WorldTick(f"bare{i}", f"bare{i}:{k}", k, (), None,
+                         tuple(frozenset("w") for _ in range(model.geometry.frames_per_chunk)), seed=i)
+
+    times = []
+    for k in range(repeats + 3):
+        works = [tick(i, k) for i in range(n)]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.run_batch(works)
+        for w in works:
+            model.end_tick(w.session_id, True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if k >= 3:
+            times.append((time.perf_counter() - t0) * 1000)
+    for i in range(n):
+        model.release(f"bare{i}")
+    p50 = statistics.median(times)
+    return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="maze")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--credits", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--max-batch", type=int, default=128)
+    parser.add_argument("--batch-wait-ms", type=float, default=1.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from realtime.app import build_app
+    from realtime.config import EngineConfig, ServerConfig, WorldConfig
+    from realtime.registry import Inventory
+    from tests.e2e.conftest import serve
+
+    model = _build_model(args.model, args.device, args.max_batch, args.steps)
+    inventory = Inventory()
+    inventory.adapters[model.name] = model
+    config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
+                          world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
+    rows = []
+    with serve(build_app(config, inventory)) as addr:
+        url = f"ws://{addr}/v1/realtime/world"
+        for n in args.sessions:
+            log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
+            queue: mp.Queue = mp.get_context("spawn").Queue()
+            proc = mp.get_context("spawn").Process(
+                target=_client_process, args=(url, n, args.credits, args.warmup, args.seconds, queue))
+            proc.start()
+            result = queue.get(timeout=args.warmup + args.seconds + 300)
+            proc.join(30)
+            per_session = [r["frames"] / args.seconds for r in result.values()]
+            ticks = [t for r in result.values() for t in r["ticks"]]
+            gaps = [g for r in result.values() for g in r["gaps"]]
+            log(f"{n} sessions: bare model ...")
+            bare = _bare(model, n, repeats=20)
+            total = sum(per_session)
+            row = {
+                "sessions": n,
+                "frames_per_s_per_session_mean": statistics.mean(per_session),
+                "frames_per_s_per_session_min": min(per_session),
+                "frames_per_s_total": total,
+                "tick_ms_p50": pct(ticks, 50),
+                "tick_ms_p99": pct(ticks, 99),
+                "frame_gap_ms_p99": pct(gaps, 99),
+                "bare_tick_ms_p50": bare["tick_ms_p50"],
+                "bare_frames_per_s_total": bare["frames_per_s_total"],
+                "served_over_bare_throughput": total / bare["frames_per_s_total"],
+            }
+            log(json.dumps(row))
+            rows.append(row)
+    report = {
+        "benchmark": "world sessions through the real server and engine vs the bare adapter",
+        "command": " ".join([sys.executable.split("/")[-1], "-m", "bench.world.bench_served", *sys.argv[1:]]),
+        "model": args.model,
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": mp.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "credits": args.credits,
+        "seconds": args.seconds,
+        "rows": rows,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
