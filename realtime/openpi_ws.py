@@ -1,0 +1,225 @@
+"""``WS /v1/realtime/robot/openpi``: robot policies for the unchanged ``openpi-client``.
+
+One connection is one robot (or, with the batch form, a gateway for several)::
+
+    accept ──> binary frame: msgpack(metadata)
+           ──> loop: receive one message ─> decode + validate (protocols/openpi.py)
+                                          ─> engine.submit (the engine thread batches
+                                             this robot with every other robot on the
+                                             same policy) ─> binary frame: msgpack(reply)
+    bad input, failed policy, dead engine ──> one text frame (the client raises it as
+                                              RuntimeError) ──> close 1011; other robots
+                                              are not touched
+
+Nothing here computes on the event loop: while a policy runs, ``/healthz``, pings
+and every other robot are served. While a request is in flight the next message
+is already being awaited, so a robot that disconnects mid-inference is noticed at
+once and its queued work dropped (the engine skips cancelled work); a robot that
+sends its next request early (pipelining; the real client never does) has it
+answered after the current one, in order, as with the reference server.
+
+Keepalive: the client pings every 20 s and gives up after 20 s without a pong.
+The server answers pings in uvicorn's protocol code on the event loop, which this
+module never blocks, so a 60 s inference keeps its connection (the reference
+server computes on its event loop and drops the robot after 20 s). uvicorn must
+run with ``ws_ping_timeout=None`` (a robot stuck in a long control loop is not a
+dead peer) and ``ws_max_size`` above ``MAX_MESSAGE_BYTES`` so that an over-limit
+body is answered with a readable error rather than a bare 1009 close.
+
+Sessions: a request's ``session_id`` names the robot's state in the policy;
+without one the connection's own id is used (``<conn>/<i>`` for the i-th entry of
+a batch). An explicit id is held by one connection at a time, and every session a
+connection used is released when it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from models.base import EngineDeadError, ModelError
+from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
+from protocols import openpi as wire
+from realtime.engine import Engine, EngineStopped, TickCancelled
+
+log = logging.getLogger(__name__)
+
+# Close reason after the error text frame (the reference says "Traceback included ...").
+_CLOSE_REASON = "error: see the previous text frame"
+
+
+class _Refused(Exception):
+    """An error that ends this robot's connection with its message and close 1011."""
+
+
+async def openpi_endpoint(websocket: WebSocket) -> None:
+    """The Starlette WebSocket endpoint. Needs ``app.state.engine`` (a started
+    ``Engine``) and ``app.state.inventory`` (an ``Inventory`` with one adapter of
+    kind "policy"; the first one is served)."""
+    await OpenPIConnection(websocket).run()
+
+
+class OpenPIConnection:
+    def __init__(self, ws: WebSocket) -> None:
+        state = ws.app.state
+        self.ws = ws
+        self.engine: Engine = state.engine
+        policies = state.inventory.names("policy")
+        self.model: str | None = policies[0] if policies else None
+        self.adapter: PolicyAdapter | None = self.engine.adapter(self.model) if self.model else None
+        # Explicit session ids held by open connections, app-wide (event loop only).
+        if not hasattr(state, "openpi_sessions"):
+            state.openpi_sessions = {}
+        self.claims: dict[str, OpenPIConnection] = state.openpi_sessions
+        self.conn_id = f"openpi-{uuid.uuid4().hex[:12]}"
+        self.used: set[str] = set()  # every session this connection touched
+        self.packer = wire.make_packer()
+        self.requests = itertools.count()
+        self.prev_total_ms: float | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        await self.ws.accept()
+        pending: asyncio.Task | None = None
+        try:
+            if self.adapter is None:
+                raise _Refused("no robot policy is loaded on this server")
+            self.metadata = self.adapter.metadata
+            await self.ws.send_bytes(self.packer.pack(self.metadata.to_wire()))
+            log.info("session %s: robot connected to %s", self.conn_id, self.model)
+            pending = asyncio.ensure_future(self.ws.receive())
+            while True:
+                message = await pending
+                if message["type"] == "websocket.disconnect":
+                    return
+                received = time.perf_counter()
+                pending = asyncio.ensure_future(self.ws.receive())
+                work = asyncio.ensure_future(self.handle(message))
+                if not await self._finish_or_disconnect(work, pending):
+                    return
+                await self.ws.send_bytes(work.result())
+                self.prev_total_ms = (time.perf_counter() - received) * 1000.0
+        except _Refused as exc:
+            await self._refuse(str(exc))
+        except wire.WireError as exc:
+            await self._refuse(f"invalid request: {exc}")
+        except (WebSocketDisconnect, ConnectionError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - a bug must still end only this robot
+            log.exception("session %s: unexpected error", self.conn_id)
+            await self._refuse(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+            self._release()
+
+    async def _finish_or_disconnect(self, work: asyncio.Task, pending: asyncio.Task) -> bool:
+        """Wait for ``work``; False if the robot went away first (``work`` is cancelled)."""
+        while not work.done():
+            await asyncio.wait((work, pending), return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                break
+            if pending.result()["type"] == "websocket.disconnect":
+                work.cancel()
+                log.info("session %s: robot left during inference", self.conn_id)
+                return False
+            # A pipelined request: it stays in ``pending`` and is answered next.
+            await asyncio.wait((work,))
+        return True
+
+    async def _refuse(self, text: str) -> None:
+        log.info("session %s: closing with error: %s", self.conn_id, text)
+        try:
+            await self.ws.send_text(text)
+            await self.ws.close(code=wire.CLOSE_ERROR, reason=_CLOSE_REASON)
+        except (WebSocketDisconnect, ConnectionError, RuntimeError):
+            pass  # the robot is already gone
+
+    def _release(self) -> None:
+        for sid, owner in list(self.claims.items()):
+            if owner is self:
+                del self.claims[sid]
+        if self.model is not None and self.used:
+            for sid in self.used:
+                self.engine.post_control(self.engine.release_session(self.model, sid))
+        log.info("session %s: robot disconnected (%d sessions released)", self.conn_id, len(self.used))
+
+    # ------------------------------------------------------------------ requests
+    async def handle(self, message: dict[str, Any]) -> bytes:
+        """One received message -> the packed reply. Raises ``WireError`` / ``_Refused``."""
+        frame = message.get("bytes")
+        if frame is None:
+            frame = message.get("text", "")
+        req = wire.decode_request(frame, self.metadata)
+        if isinstance(req, wire.ResetRequest):
+            await self.reset(self._session(req.session_id, None))
+            return self.packer.pack(wire.reset_reply())
+        if isinstance(req, wire.BatchRequest):
+            sids = [self._session(item.session_id, i) for i, item in enumerate(req.items)]
+            replies = await asyncio.gather(*(self.infer(item, sid) for item, sid in zip(req.items, sids)))
+            return self.packer.pack(wire.batch_reply(replies))
+        return self.packer.pack(await self.infer(req, self._session(req.session_id, None)))
+
+    def _session(self, explicit: str | None, index: int | None) -> str:
+        if explicit is None:
+            sid = self.conn_id if index is None else f"{self.conn_id}/{index}"
+        else:
+            owner = self.claims.setdefault(explicit, self)
+            if owner is not self:
+                raise _Refused(f"session_id {explicit!r} is in use by another connection")
+            sid = explicit
+        self.used.add(sid)
+        return sid
+
+    async def infer(self, req: wire.InferRequest, sid: str) -> dict[str, Any]:
+        rid = f"{sid}:{next(self.requests)}"
+        work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
+        started = time.perf_counter()
+        try:
+            result: PolicyResult = await self.engine.submit(
+                self.model, work, session_id=sid, validate=lambda r: _check_echo(r, sid, rid)
+            )
+        except ModelError as exc:
+            raise _Refused(f"policy failed: {exc}") from None
+        except (EngineDeadError, EngineStopped) as exc:
+            raise _Refused(f"engine unavailable: {exc}") from None
+        except TickCancelled as exc:
+            raise _Refused(f"request cancelled: {exc}") from None
+        infer_ms = (time.perf_counter() - started) * 1000.0
+        return wire.infer_reply(
+            result.actions,
+            infer_ms=infer_ms,
+            policy_infer_ms=result.policy_ms,
+            prev_total_ms=self.prev_total_ms,
+            outputs=result.outputs,
+        )
+
+    async def reset(self, sid: str) -> None:
+        engine, model, adapter = self.engine, self.model, self.adapter
+        # Connection-scoped batch sessions (<conn>/<i>) reset with the connection.
+        sids = [sid] if sid != self.conn_id else [s for s in self.used if s.split("/")[0] == self.conn_id]
+
+        def job() -> None:
+            for s in sids:
+                engine.purge(model, s)
+                adapter.reset(s)
+
+        try:
+            await engine.control(job)
+        except (EngineDeadError, EngineStopped) as exc:
+            raise _Refused(f"engine unavailable: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the policy's own reset failed
+            raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
+        log.info("session %s: reset %s", self.conn_id, sids)
+
+
+def _check_echo(result: Any, session_id: str, request_id: str) -> None:
+    """Runs on the engine thread: a result counts only if it answers this request."""
+    if not isinstance(result, PolicyResult) or (result.session_id, result.request_id) != (session_id, request_id):
+        raise ModelError(f"policy answered {getattr(result, 'request_id', result)!r} for request {request_id!r}")
