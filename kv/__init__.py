@@ -1,0 +1,25 @@
+"""Paged session KV for the engine's models (depends on torch only).
+
+See kv/README.md for the picture and a usage example. Modules, one concept each:
+``geometry`` (KVGeometry), ``retention`` (sink + window index arithmetic),
+``block_pool`` (ids, free queue), ``block_table`` (one branch's positional
+table), ``session_kv`` (per-session ids), ``storage`` (the tensors), ``batch``
+(KVBatch), ``cache`` (PagedKVCache), ``paged_attention``, ``capacity``,
+``residency`` (LRU + swap). The attention entry point is
+``kv.paged_attention.paged_attention`` (not re-exported here, so the module name
+stays importable).
+"""
+
+from kv.batch import KVBatch
+from kv.block_pool import NULL_BLOCK, BlockPool
+from kv.cache import HostKV, PagedKVCache
+from kv.capacity import CapacityError, CapacityPlan, plan_capacity, required_bytes
+from kv.geometry import KVGeometry
+from kv.residency import SESSION_EVICTED, Residency, ResidencyError
+from kv.session_kv import ChunkSlots
+
+__all__ = [
+    "NULL_BLOCK", "SESSION_EVICTED", "BlockPool", "CapacityError", "CapacityPlan", "ChunkSlots",
+    "HostKV", "KVBatch", "KVGeometry", "PagedKVCache", "Residency", "ResidencyError",
+    "plan_capacity", "required_bytes",
+]

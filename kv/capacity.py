@@ -1,0 +1,124 @@
+"""How many sessions fit: capacity planning from a model's declared geometry.
+
+Everything is counted in *pages*: one block of ``block_size`` tokens across all
+layers, K and V together (``KVGeometry.page_bytes``)::
+
+    page_bytes = num_layers * 2 * block_size * kv_heads * head_dim * itemsize
+
+For ``c`` resident sessions, ``B`` local branches, ``ppf`` pages per frame and
+``T`` frames per tick::
+
+    in_flight_frames = T * ticks_in_flight       (ticks in flight at once: the batch)
+    managed_pages(c) = B * (c * (sink + window) + in_flight_frames) * ppf + 2
+    scratch          = B * (T * ppf + scratch_blocks)
+    required(c)      = (scratch + managed_pages(c)) * page_bytes
+                       + c * cross_bytes + c * model_state_bytes
+
+``window`` here is the window rounded up to whole chunks (``retention``); the
+``+ 2`` is the null block 0 and the pad block (the write target of padded batch
+rows). ``cross_bytes`` is ``B * num_layers * 2 * cross_tokens * kv_heads *
+head_dim * itemsize``. The pool gets ``scratch + managed_pages(c)`` blocks.
+
+Why these units reproduce the issue's figures (one tick in flight):
+
+* tiny (1 layer, 1 head, head 1, float32, block 1, chunk 1, sink 3, window 3,
+  T=3, cross 2): page = 1*2*1*1*1*4 = 8 bytes, cross = 1*2*2*1*1*4 = 16 bytes.
+  scratch = 3, managed(1) = (6 + 3) + 2 = 11, so required(1) = 14*8 + 16 = 128;
+  managed(2) = (12 + 3) + 2 = 17, required(2) = 20*8 + 2*16 = 192.
+* LingBot-World v2 (40 layers, 40 heads, head 128, bf16, block = frame = 1560
+  tokens, sink 9, window 9, chunk 1, T=3, cross 512, state 7,488,000):
+  page = 40*2*1560*40*128*2 = 1,277,952,000 bytes; cross = 40*2*512*40*128*2 =
+  419,430,400. scratch = 3, managed(1) = 21 + 2 = 23, so required(1) =
+  26*1,277,952,000 + 419,430,400 + 7,488,000 = 33,653,670,400, which is the
+  budget at fraction 0.1 of 100 GiB (10 GiB < required(1)). required(2) =
+  44 pages + 2*(cross + state) = 57,083,724,800 <= 60 GiB, so fraction 0.6 fits 2.
+
+The budget is soft: ``effective = max(available * fraction, required(1))`` so one
+session always fits when the device can hold it at all; when ``required(1) >
+available`` planning fails at start with both numbers in the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from fractions import Fraction
+
+from kv import retention
+from kv.geometry import KVGeometry
+
+log = logging.getLogger(__name__)
+
+
+class CapacityError(RuntimeError):
+    """Not even one session fits in the memory available."""
+
+
+def scratch_pages(g: KVGeometry) -> int:
+    return g.num_branches * (g.pages_per_tick + g.scratch_blocks)
+
+
+def managed_pages(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> int:
+    retained = retention.max_retained_frames(g.sink_frames, g.window_frames, g.chunk_frames)
+    in_flight_frames = g.frames_per_tick * ticks_in_flight
+    return g.num_branches * (sessions * retained + in_flight_frames) * g.pages_per_frame + 2
+
+
+def pool_blocks(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> int:
+    """Blocks of the device pool for ``sessions`` resident sessions."""
+    return scratch_pages(g) + managed_pages(g, sessions, ticks_in_flight)
+
+
+def required_bytes(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> int:
+    """Device bytes for ``sessions`` resident sessions (see the module docstring)."""
+    pages = pool_blocks(g, sessions, ticks_in_flight)
+    return pages * g.page_bytes + sessions * (g.cross_bytes + g.model_state_bytes)
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    available_bytes: int
+    fraction: float
+    budget_bytes: int          # effective budget: max(available * fraction, required(1))
+    required_one_bytes: int    # required(1)
+    capacity: int              # resident sessions
+    required_bytes: int        # required(capacity)
+    num_blocks: int            # device pool blocks, null and pad included
+    worker_blocks: int         # the scratch term, reserved for the model's worker
+    ticks_in_flight: int
+
+
+def plan_capacity(g: KVGeometry, available_bytes: int, *, fraction: float = 0.9,
+                  requested_sessions: int | None = None, ticks_in_flight: int = 1) -> CapacityPlan:
+    """Largest resident session count that fits, capped by ``requested_sessions``.
+
+    Raises ``CapacityError`` naming available and required bytes when not even one
+    session fits in ``available_bytes``.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if ticks_in_flight < 1:
+        raise ValueError(f"ticks_in_flight must be >= 1, got {ticks_in_flight}")
+    one = required_bytes(g, 1, ticks_in_flight)
+    if one > available_bytes:
+        raise CapacityError(
+            f"KV cache needs {one} bytes for one session but only {available_bytes} bytes "
+            f"are available (required {one} > available {available_bytes})")
+    # Decimal fractions exactly: 0.6 * 100 GiB is 60 GiB, not one byte less.
+    budget = max(int(Fraction(repr(fraction)) * available_bytes), one)
+    # required(c) = base + c * per_session exactly, so the largest c is a division.
+    per_session = required_bytes(g, 2, ticks_in_flight) - one
+    base = one - per_session
+    capacity = (budget - base) // per_session
+    if requested_sessions is not None:
+        capacity = min(capacity, requested_sessions)
+    capacity = max(capacity, 1)
+    need = required_bytes(g, capacity, ticks_in_flight)
+    assert need <= budget, (need, budget)
+    log.info("kv capacity: %d sessions, %d of %d budget bytes (available %d, fraction %s)",
+             capacity, need, budget, available_bytes, fraction)
+    return CapacityPlan(
+        available_bytes=available_bytes, fraction=fraction, budget_bytes=budget,
+        required_one_bytes=one, capacity=capacity, required_bytes=need,
+        num_blocks=pool_blocks(g, capacity, ticks_in_flight),
+        worker_blocks=scratch_pages(g), ticks_in_flight=ticks_in_flight)
