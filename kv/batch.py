@@ -3,11 +3,11 @@
 One *row* per (session, branch). Everything attention needs is packed into one
 int32 tensor so that building a batch costs a single host-to-device copy::
 
-    index[r] = [ num_pages | cross_slot | chunk blocks (T) | block table (P, null-padded) ]
+    index = [ num_pages (R) | cross_slot (R) | block tables (R x P, null-padded) ]
 
-``block table`` lists, in page order, the blocks row ``r`` attends to: its held
-sink and window pages, then the chunk's own pages (which are also ``chunk
-blocks``). Attention backends derive their own plans from it once per batch and
+Row ``r`` of the block tables lists, in page order, the blocks the row attends
+to: its held sink and window pages, then the chunk's own ``T`` pages (so the
+chunk's blocks are ``tables[r, num_pages[r] - T : num_pages[r]]``). Attention backends derive their own plans from it once per batch and
 keep them in ``plans`` (every layer reuses them: all layers share block ids).
 """
 
@@ -28,6 +28,7 @@ class KVBatch:
     start_frames: tuple[int, ...]       # first frame of each row's chunk
     num_pages: tuple[int, ...]          # pages each row attends to (held + chunk)
     chunk_pages: int                    # pages each row's chunk writes
+    session_ids: tuple[str, ...]        # distinct real sessions, in row order
     index: torch.Tensor = field(repr=False)
     plans: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -36,50 +37,45 @@ class KVBatch:
         return len(self.rows)
 
     @property
-    def session_ids(self) -> tuple[str, ...]:
-        """Distinct real sessions, in row order."""
-        return tuple(dict.fromkeys(sid for sid, _ in self.rows if sid))
-
-    @property
     def lengths(self) -> torch.Tensor:
         """[R] int32: pages each row attends to."""
-        return self.index[:, 0]
+        return self.index[:self.size]
 
     @property
     def cross_slots(self) -> torch.Tensor:
-        return self.index[:, 1]
+        """[R] int32: each row's cross-attention slot."""
+        return self.index[self.size:2 * self.size]
+
+    @property
+    def block_tables(self) -> torch.Tensor:
+        """[R, P] int32: attended blocks in page order (chunk last), null-padded."""
+        R = self.size
+        return self.index[2 * R:].view(R, -1)
 
     @property
     def chunk_blocks(self) -> torch.Tensor:
         """[R, T] int64: the blocks each row's chunk is written to."""
         t = self.plans.get("chunk_blocks")
         if t is None:
-            t = self.plans["chunk_blocks"] = self.index[:, 2:2 + self.chunk_pages].long()
+            # The chunk is the last T attended pages of each row.
+            T = self.chunk_pages
+            cols = (self.lengths.long() - T)[:, None] + torch.arange(T, device=self.index.device)
+            t = self.plans["chunk_blocks"] = self.block_tables.long().gather(1, cols)
         return t
 
-    @property
-    def block_tables(self) -> torch.Tensor:
-        """[R, P] int32: attended blocks in page order, padded with the null block."""
-        return self.index[:, 2 + self.chunk_pages:]
 
-
-def pack(rows: list[tuple[str, str]], start_frames: list[int], attend: list[list[int]],
-         chunks: list[list[int]], cross_slots: list[int], device: torch.device) -> KVBatch:
-    """Build a ``KVBatch``; ``attend[r]`` ends with ``chunks[r]``."""
-    width = max(len(a) for a in attend)
-    t = len(chunks[0])
-    flat = array("i")
-    extend = flat.extend
-    for a, c, slot in zip(attend, chunks, cross_slots):
-        extend((len(a), slot))
-        extend(c)
-        extend(a)
-        if len(a) < width:
-            extend([NULL_BLOCK] * (width - len(a)))
-    host = torch.frombuffer(flat, dtype=torch.int32).view(len(rows), 2 + t + width)
+def pack(names: list[tuple[str, str]], starts: list[int], lengths: list[int], slots: list[int],
+         tables: array, width: int, chunk_pages: int, session_ids: tuple[str, ...],
+         device: torch.device) -> KVBatch:
+    """Assemble a ``KVBatch`` from per-row lists and the row-major ``tables`` array."""
+    flat = array("i", lengths)
+    flat.extend(slots)
+    flat.extend(tables)
+    host = torch.frombuffer(flat, dtype=torch.int32)
     if device.type == "cpu":
         index = host.clone()  # own the memory: ``flat`` dies with this frame
     else:
         index = host.to(device)
-    return KVBatch(rows=tuple(rows), start_frames=tuple(start_frames),
-                   num_pages=tuple(len(a) for a in attend), chunk_pages=t, index=index)
+    assert index.numel() == len(names) * (2 + width)
+    return KVBatch(rows=tuple(names), start_frames=tuple(starts), num_pages=tuple(lengths),
+                   chunk_pages=chunk_pages, session_ids=session_ids, index=index)

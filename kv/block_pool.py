@@ -111,8 +111,21 @@ class BlockPool:
         free = self._free
         if n > free.num_free:
             return None
-        pop = free.popleft
-        return [pop().block_id for _ in range(n)]
+        # FreeBlockQueue.popleft, unrolled: this runs for every block of every tick.
+        head = free._head
+        out = []
+        block = head.next_free
+        for _ in range(n):
+            out.append(block.block_id)
+            block.is_free = False
+            block.prev_free = None
+            nxt = block.next_free
+            block.next_free = None
+            block = nxt
+        head.next_free = block
+        block.prev_free = head
+        free.num_free -= n
+        return out
 
     def take(self, block_ids: Iterable[int]) -> bool:
         """Claim these specific free blocks (all or nothing); False if any is not free."""
@@ -125,25 +138,43 @@ class BlockPool:
         return True
 
     def free(self, block_ids: Iterable[int]) -> None:
-        """Return blocks to the back of the free queue; each exactly once, never block 0."""
+        """Return blocks to the back of the free queue; each exactly once, never block 0.
+
+        A bad id (null, out of range, already free, repeated) raises and leaves
+        the queue as it was.
+        """
         blocks = self._blocks
         n = self.num_blocks
-        ids = list(block_ids)
-        for i in ids:
-            if i == NULL_BLOCK:
-                raise ValueError("the null block is never freed")
+        free = self._free
+        tail = free._tail
+        linked: list[KVBlock] = []
+        for i in block_ids:
             if not 0 < i < n:
+                self._unlink(linked)
+                if i == NULL_BLOCK:
+                    raise ValueError("the null block is never freed")
                 raise ValueError(f"block id {i} out of range 1..{n - 1}")
-        records = [blocks[i] for i in ids]
-        # Validate everything before linking anything, so a bad call changes nothing.
-        for block in records:
+            block = blocks[i]
             if block.is_free:
-                raise ValueError(f"block {block.block_id} freed twice")
-        if len({b.block_id for b in records}) != len(records):
-            raise ValueError(f"duplicate block ids in free: {[b.block_id for b in records]}")
-        append = self._free.append
-        for block in records:
-            append(block)
+                self._unlink(linked)
+                raise ValueError(f"block {i} freed twice")
+            # FreeBlockQueue.append, unrolled.
+            last = tail.prev_free
+            last.next_free = block
+            block.prev_free = last
+            block.next_free = tail
+            tail.prev_free = block
+            block.is_free = True
+            linked.append(block)
+        free.num_free += len(linked)
+
+    def _unlink(self, linked: list[KVBlock]) -> None:
+        """Undo the appends of a failed ``free`` (they are the queue's last entries)."""
+        for block in reversed(linked):
+            block.prev_free.next_free = block.next_free
+            block.next_free.prev_free = block.prev_free
+            block.prev_free = block.next_free = None
+            block.is_free = False
 
     def is_free(self, block_id: int) -> bool:
         return self._blocks[block_id].is_free

@@ -16,15 +16,15 @@ Block ids only; the caller owns the pool and frees what these methods return.
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
 
 from kv import retention
 from kv.block_pool import NULL_BLOCK
 
 
 class BlockTable:
-    __slots__ = ("sink", "window", "chunk", "ppf", "num_frames", "_sink_blocks",
-                 "_window_blocks", "_window_start", "pending", "pending_frames", "held")
+    __slots__ = ("sink", "window", "chunk", "ppf", "num_frames", "num_sink_pages",
+                 "_window_start", "pending", "pending_frames", "held")
 
     def __init__(self, sink: int, window: int, chunk: int, pages_per_frame: int) -> None:
         self.sink = sink
@@ -32,14 +32,14 @@ class BlockTable:
         self.chunk = chunk
         self.ppf = pages_per_frame
         self.num_frames = 0  # committed frames
-        self._sink_blocks: list[int] = []
-        self._window_blocks: deque[int] = deque()
-        self._window_start = sink  # first frame the window deque holds
+        # held = sink pages (the first num_sink_pages entries) then window pages,
+        # in page order: what the next chunk attends to besides itself. An int32
+        # array, not a list: batches copy it into their index with one memcpy.
+        self.held = array("i")
+        self.num_sink_pages = 0
+        self._window_start = sink  # first frame of the window part of ``held``
         self.pending: list[int] = []
         self.pending_frames = 0
-        # sink + window blocks in page order: what the next chunk attends to
-        # (besides itself). Rebuilt on every change; read on every tick.
-        self.held: list[int] = []
 
     # -- the in-flight chunk -------------------------------------------------
 
@@ -55,23 +55,29 @@ class BlockTable:
         """Keep the pending chunk; return the blocks that fell out of the window."""
         n0 = self.num_frames
         n1 = n0 + self.pending_frames
-        new = self.pending
-        # New pages that land inside the sink (young sessions) join the sink.
-        to_sink = max(0, min(len(new), self.sink * self.ppf - n0 * self.ppf))
-        if to_sink:
-            self._sink_blocks.extend(new[:to_sink])
-            self._window_blocks.extend(new[to_sink:])
-        else:
-            self._window_blocks.extend(new)
-        gone = retention.released_on_commit(n0, n1, self.sink, self.window, self.chunk)
-        pop = self._window_blocks.popleft
-        released = [pop() for _ in range(len(gone) * self.ppf)]
-        if len(gone):
-            self._window_start = gone.stop
+        ppf = self.ppf
+        held = self.held
+        held.extend(self.pending)
+        if n0 < self.sink:  # a young session: new pages below the sink join it
+            self.num_sink_pages = min(self.sink, n1) * ppf
+        # This is retention.released_on_commit(n0, n1, ...): its lower end,
+        # window_start(n0), is self._window_start already; the new start is
+        # retention.window_start(n1, ...), inlined because it runs for every
+        # session on every tick (tests check the two agree).
+        sink, chunk = self.sink, self.chunk
+        stop = chunk * ((n1 - self.window) // chunk)
+        if stop < sink:
+            stop = sink
+        released: list[int] = []
+        if stop > self._window_start:
+            lo = self.num_sink_pages
+            hi = lo + (stop - self._window_start) * ppf
+            released = held[lo:hi].tolist()
+            del held[lo:hi]
+            self._window_start = stop
         self.num_frames = n1
         self.pending = []
         self.pending_frames = 0
-        self.held = self._sink_blocks + list(self._window_blocks)
         return released
 
     def abort(self) -> list[int]:
@@ -83,14 +89,13 @@ class BlockTable:
 
     def clear(self) -> list[int]:
         """Forget everything (reset/close); return every block held or pending."""
-        blocks = self._sink_blocks + list(self._window_blocks) + self.pending
+        blocks = self.held.tolist() + self.pending
         self.num_frames = 0
-        self._sink_blocks = []
-        self._window_blocks = deque()
+        self.held = array("i")
+        self.num_sink_pages = 0
         self._window_start = self.sink
         self.pending = []
         self.pending_frames = 0
-        self.held = []
         return blocks
 
     # -- reading -------------------------------------------------------------
@@ -101,21 +106,20 @@ class BlockTable:
 
     def attend_blocks(self) -> list[int]:
         """Blocks a query of the pending chunk attends to: held pages, then the chunk."""
-        return self.held + self.pending
+        return self.held.tolist() + self.pending
 
     def block_at(self, page: int) -> int:
         """Block of page ``page`` (committed or pending); the null block if released."""
-        ppf = self.ppf
-        committed_pages = self.num_frames * ppf
+        committed_pages = self.num_frames * self.ppf
         if page < 0 or page >= committed_pages + len(self.pending):
             raise IndexError(f"page {page} beyond {committed_pages + len(self.pending)} pages")
         if page >= committed_pages:
             return self.pending[page - committed_pages]
-        if page < len(self._sink_blocks):
-            return self._sink_blocks[page]
-        first_window_page = self._window_start * ppf
+        if page < self.num_sink_pages:
+            return self.held[page]
+        first_window_page = self._window_start * self.ppf
         if page >= first_window_page:
-            return self._window_blocks[page - first_window_page]
+            return self.held[self.num_sink_pages + page - first_window_page]
         return NULL_BLOCK
 
     def positional(self) -> list[int]:
@@ -125,7 +129,5 @@ class BlockTable:
 
     def remap(self, mapping: dict[int, int]) -> None:
         """Replace block ids (after a swap-in placed the pages in new blocks)."""
-        self._sink_blocks = [mapping[b] for b in self._sink_blocks]
-        self._window_blocks = deque(mapping[b] for b in self._window_blocks)
+        self.held = array("i", [mapping[b] for b in self.held])
         self.pending = [mapping[b] for b in self.pending]
-        self.held = self._sink_blocks + list(self._window_blocks)

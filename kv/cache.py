@@ -20,6 +20,7 @@ order. Shortage (no free blocks or session slots) is a return value; misuse
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -28,7 +29,8 @@ import torch
 from kv import batch as batch_mod
 from kv import paged_attention
 from kv.batch import KVBatch
-from kv.block_pool import BlockPool
+from kv import retention
+from kv.block_pool import NULL_BLOCK, BlockPool
 from kv.block_table import BlockTable
 from kv.capacity import CapacityPlan
 from kv.geometry import KVGeometry
@@ -75,6 +77,9 @@ class PagedKVCache:
         self._sessions: dict[str, SessionKV] = {}
         self._swapped: set[str] = set()
         self.attention = paged_attention.AttentionDispatch(attention_backend)
+        # Most pages a session holds per branch between ticks.
+        self.max_held_pages = g.pages_per_frame * retention.max_retained_frames(
+            g.sink_frames, g.window_frames, g.chunk_frames)
 
     @classmethod
     def from_plan(cls, geometry: KVGeometry, plan: CapacityPlan, device: torch.device | str,
@@ -169,30 +174,38 @@ class PagedKVCache:
         """``begin_chunk`` for every session, all or nothing, then ``batch``."""
         frames = self._frames(frames)
         per_branch = frames * self.geometry.pages_per_frame
-        sessions = [self._resident(sid) for sid in session_ids]
-        need = 0
-        for s in sessions:
+        sessions = self._sessions
+        swapped = self._swapped
+        batch = []
+        rows = 0
+        for sid in session_ids:
+            s = sessions[sid]
+            if sid in swapped:
+                raise RuntimeError(f"session {sid!r} is swapped out; make it resident first")
             if s.in_flight:
-                raise RuntimeError(f"session {s.session_id!r} already has a chunk in flight")
-            need += per_branch * len(s.branches)
-        if len(set(session_ids)) != len(sessions):
+                raise RuntimeError(f"session {sid!r} already has a chunk in flight")
+            batch.append(s)
+            rows += len(s.branches)
+        if len(set(session_ids)) != len(batch):
             raise ValueError("a session appears twice in one batch")
-        blocks = self.pool.allocate(need)
+        blocks = self.pool.allocate(rows * per_branch)
         if blocks is None:
             return None
         i = 0
-        for s in sessions:
-            for b in s.branches:
-                s.tables[b].begin(blocks[i:i + per_branch], frames)
+        for s in batch:
+            # BlockTable.begin, inlined (hot): not in flight was checked above.
+            for t in s.tables.values():
+                t.pending = blocks[i:i + per_branch]
+                t.pending_frames = frames
                 i += per_branch
             s.in_flight = True
-        return self._pack(sessions, pad_to)
+        return self._pack([(s, b) for s in batch for b in s.branches], pad_to)
 
     def batch(self, items: Iterable[str | tuple[str, str]], pad_to: int | None = None) -> KVBatch:
         """A ``KVBatch`` over sessions whose chunks are in flight.
 
         An item is a session id (all its branches, in order) or (session id, branch).
-        ``pad_to`` appends dummy rows that write to and attend the pad block.
+        ``pad_to`` appends dummy rows that write to and attend only the pad block.
         """
         rows: list[tuple[SessionKV, str]] = []
         for item in items:
@@ -201,43 +214,61 @@ class PagedKVCache:
             if not s.in_flight:
                 raise RuntimeError(f"session {sid!r} has no chunk in flight")
             rows.extend((s, b) for b in (s.branches if branch is None else (branch,)))
-        return self._pack_rows(rows, pad_to)
+        return self._pack(rows, pad_to)
 
-    def _pack(self, sessions: list[SessionKV], pad_to: int | None) -> KVBatch:
-        return self._pack_rows([(s, b) for s in sessions for b in s.branches], pad_to)
-
-    def _pack_rows(self, rows: list[tuple[SessionKV, str]], pad_to: int | None) -> KVBatch:
+    def _pack(self, rows: list[tuple[SessionKV, str]], pad_to: int | None) -> KVBatch:
         if not rows:
             raise ValueError("a batch needs at least one row")
-        names, starts, attend, chunks, slots = [], [], [], [], []
+        T = len(rows[0][0].tables[rows[0][1]].pending)
+        # Fixed width: the most a row can attend (sink + window + chunk). Stable
+        # shapes keep compiled attention kernels from recompiling.
+        width = self.max_held_pages + T
+        names, starts, lengths, slots = [], [], [], []
+        tables = array("i")
+        extend = tables.extend
+        null_row = array("i", [NULL_BLOCK] * width)
         for s, b in rows:
-            table = s.tables[b]
+            t = s.tables[b]
+            held = t.held
+            pending = t.pending
+            if len(pending) != T:
+                raise ValueError("every row of a batch must write the same number of pages")
+            n = len(held) + T
             names.append((s.session_id, b))
-            starts.append(table.num_frames)
-            attend.append(table.held + table.pending)
-            chunks.append(table.pending)
+            starts.append(t.num_frames)
+            lengths.append(n)
             slots.append(s.cross_slots[b])
-        if pad_to is not None and pad_to > len(rows):
-            pad = [self.pad_block] * len(chunks[0])
-            for _ in range(pad_to - len(rows)):
+            extend(held)
+            extend(pending)
+            if n < width:
+                extend(null_row[n:])
+        pad_rows = (pad_to or 0) - len(rows)
+        if pad_rows > 0:
+            pad = array("i", [self.pad_block] * T) + null_row[T:]
+            for _ in range(pad_rows):
                 names.append(("", ""))
                 starts.append(0)
-                attend.append(pad)
-                chunks.append(pad)
+                lengths.append(T)
                 slots.append(0 if self.geometry.cross_tokens else -1)
-        return batch_mod.pack(names, starts, attend, chunks, slots, self.device)
+                extend(pad)
+        session_ids = tuple(dict.fromkeys(s.session_id for s, _ in rows))
+        return batch_mod.pack(names, starts, lengths, slots, tables, width, T, session_ids,
+                              self.device)
 
-    def commit_chunk(self, session_id: str) -> None:
-        """Keep the chunk's blocks and release frames that left the window."""
-        s = self._resident(session_id)
+    def _commit(self, s: SessionKV) -> list[int]:
         if not s.in_flight:
-            raise RuntimeError(f"session {session_id!r} has no chunk in flight")
+            raise RuntimeError(f"session {s.session_id!r} has no chunk in flight")
         released: list[int] = []
         for b in s.branches:
             released += s.tables[b].commit()
+        s.in_flight = False
+        return released
+
+    def commit_chunk(self, session_id: str) -> None:
+        """Keep the chunk's blocks and release frames that left the window."""
+        released = self._commit(self._resident(session_id))
         if released:
             self.pool.free(released)
-        s.in_flight = False
 
     def abort_chunk(self, session_id: str) -> None:
         """Free the chunk's blocks; the committed state is untouched."""
@@ -251,8 +282,15 @@ class PagedKVCache:
         s.in_flight = False
 
     def commit_batch(self, batch: KVBatch) -> None:
+        """``commit_chunk`` for every session of the batch, with one pass over the pool."""
+        released: list[int] = []
+        sessions = self._sessions
         for sid in batch.session_ids:
-            self.commit_chunk(sid)
+            if sid in self._swapped:
+                raise RuntimeError(f"session {sid!r} is swapped out")
+            released += self._commit(sessions[sid])
+        if released:
+            self.pool.free(released)
 
     def abort_batch(self, batch: KVBatch) -> None:
         for sid in batch.session_ids:
@@ -394,6 +432,13 @@ class PagedKVCache:
     def session_ids(self) -> list[str]:
         return list(self._sessions)
 
-    def blocks_for_tick(self, session_id: str, frames: int | None = None) -> int:
-        """Blocks ``begin_chunk`` will allocate for this session."""
-        return self._frames(frames) * self.geometry.pages_per_frame * len(self._sessions[session_id].branches)
+    def blocks_for_tick(self, session_ids: Iterable[str], frames: int | None = None) -> int:
+        """Blocks ``begin_batch`` would allocate for those of these sessions not in flight."""
+        per_branch = self._frames(frames) * self.geometry.pages_per_frame
+        sessions = self._sessions
+        n = 0
+        for sid in session_ids:
+            s = sessions[sid]
+            if not s.in_flight:
+                n += len(s.branches)
+        return n * per_branch

@@ -91,9 +91,7 @@ class Residency:
         dropped: list[str] = []
         swapped_in_batch = [sid for sid in session_ids if sid in self._host]
         need_blocks = sum(len(self._host[sid].block_ids) for sid in swapped_in_batch)
-        for sid in session_ids:
-            if not cache.in_flight(sid):
-                need_blocks += cache.blocks_for_tick(sid)
+        need_blocks += cache.blocks_for_tick(session_ids)
         need_slots = len(swapped_in_batch)
         while (cache.num_free_blocks < need_blocks
                or cache.max_sessions - cache.num_resident < need_slots):

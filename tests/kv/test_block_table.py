@@ -1,0 +1,56 @@
+import pytest
+
+from kv.block_table import BlockTable
+
+
+def test_positional_table_with_null_holes():
+    t = BlockTable(sink=1, window=2, chunk=1, pages_per_frame=2)
+    t.begin([1, 2], 1)
+    assert t.commit() == []
+    t.begin([3, 4], 1)
+    assert t.commit() == []
+    t.begin([5, 6], 1)
+    assert t.commit() == []
+    assert t.positional() == [1, 2, 3, 4, 5, 6]
+    t.begin([7, 8], 1)
+    assert t.commit() == [3, 4]           # frame 1 leaves the window
+    assert t.positional() == [1, 2, 0, 0, 5, 6, 7, 8]
+    assert list(t.held) == [1, 2, 5, 6, 7, 8]
+    assert t.window_start_frame == 2
+
+
+def test_abort_leaves_committed_state():
+    t = BlockTable(sink=1, window=1, chunk=1, pages_per_frame=1)
+    t.begin([1], 1)
+    t.commit()
+    t.begin([2], 1)
+    t.commit()
+    before = (list(t.held), t.num_frames, t.positional())
+    t.begin([3], 1)
+    assert t.attend_blocks() == [1, 2, 3]
+    assert t.block_at(2) == 3               # pending pages are addressable
+    assert t.abort() == [3]
+    assert (list(t.held), t.num_frames, t.positional()) == before
+    with pytest.raises(IndexError):
+        t.block_at(2)
+
+
+def test_begin_twice_and_wrong_block_count():
+    t = BlockTable(sink=0, window=1, chunk=1, pages_per_frame=2)
+    with pytest.raises(ValueError):
+        t.begin([1], 1)
+    t.begin([1, 2], 1)
+    with pytest.raises(RuntimeError):
+        t.begin([3, 4], 1)
+
+
+def test_clear_and_remap():
+    t = BlockTable(sink=1, window=1, chunk=1, pages_per_frame=1)
+    for blk in (1, 2, 3):
+        t.begin([blk], 1)
+        t.commit()
+    t.begin([4], 1)
+    t.remap({1: 11, 3: 13, 4: 14})
+    assert t.positional() == [11, 0, 13, 14]
+    assert t.clear() == [11, 13, 14]
+    assert t.num_frames == 0 and t.positional() == []

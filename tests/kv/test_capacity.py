@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from kv.capacity import (CapacityError, managed_pages, plan_capacity, pool_blocks, required_bytes,
+                         scratch_pages)
+from kv.geometry import KVGeometry
+
+GIB = 1 << 30
+
+LINGBOT = KVGeometry(
+    num_layers=40, kv_heads=40, head_dim=128, dtype=torch.bfloat16,
+    tokens_per_frame=1560, block_size=1560, sink_frames=9, window_frames=9, chunk_frames=1,
+    frames_per_tick=3, cross_tokens=512, model_state_bytes=7_488_000)
+
+TINY = KVGeometry(
+    num_layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, tokens_per_frame=1, block_size=1,
+    chunk_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2)
+
+
+def test_page_and_cross_bytes():
+    assert LINGBOT.page_bytes == 1_277_952_000
+    assert LINGBOT.cross_bytes == 419_430_400
+    assert TINY.page_bytes == 8
+    assert TINY.cross_bytes == 16
+
+
+def test_tiny_geometry_figures():
+    assert scratch_pages(TINY) == 3
+    assert managed_pages(TINY, 1) == 11
+    assert managed_pages(TINY, 2) == 17
+    assert required_bytes(TINY, 1) == 128
+    assert required_bytes(TINY, 2) == 192
+    plan = plan_capacity(TINY, 192, fraction=1.0)
+    assert plan.capacity == 2
+    assert plan.num_blocks == 20
+    assert plan_capacity(TINY, 191, fraction=1.0).capacity == 1
+
+
+def test_tiny_geometry_fails_naming_both_numbers():
+    with pytest.raises(CapacityError) as err:
+        plan_capacity(TINY, 127, fraction=1.0)
+    assert "127" in str(err.value) and "128" in str(err.value)
+
+
+def test_lingbot_fraction_0_1_gives_the_required_budget_and_one_session():
+    plan = plan_capacity(LINGBOT, 100 * GIB, fraction=0.1, requested_sessions=2)
+    assert plan.required_one_bytes == 33_653_670_400
+    assert plan.budget_bytes == 33_653_670_400
+    assert plan.capacity == 1
+    assert plan.num_blocks == 26
+    assert plan.worker_blocks == 3
+
+
+def test_lingbot_fraction_0_6_gives_60_gib_and_two_sessions():
+    plan = plan_capacity(LINGBOT, 100 * GIB, fraction=0.6, requested_sessions=2)
+    assert plan.budget_bytes == 60 * GIB == 64_424_509_440
+    assert plan.capacity == 2
+    assert plan.required_bytes == required_bytes(LINGBOT, 2) == 57_083_724_800
+    # uncapped it is still 2: three need 62 pages + 3 * (cross + state) > 60 GiB
+    assert plan_capacity(LINGBOT, 100 * GIB, fraction=0.6).capacity == 2
+    assert required_bytes(LINGBOT, 3) == 80_513_779_200 > 60 * GIB
+
+
+def test_ticks_in_flight_scale_the_in_flight_term():
+    g = KVGeometry(num_layers=8, kv_heads=3, head_dim=64, tokens_per_frame=256, block_size=256,
+                   sink_frames=1, window_frames=15)
+    # maze: 128 sessions batched, one frame per tick each
+    assert managed_pages(g, 128, ticks_in_flight=128) == 128 * 16 + 128 + 2
+    assert pool_blocks(g, 128, 128) == 1 + 128 * 16 + 128 + 2
+    assert g.page_bytes == 8 * 2 * 256 * 3 * 64 * 2
+
+
+def test_branches_multiply_pages_and_cross():
+    g = KVGeometry(num_layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, tokens_per_frame=1,
+                   block_size=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2,
+                   branches=("positive", "negative"))
+    # scratch 2*3, managed 2*(6+3)+2 = 20 -> 26 pages * 8 + 2 * 16
+    assert required_bytes(g, 1) == 26 * 8 + 32
+
+
+def test_bad_fraction():
+    with pytest.raises(ValueError):
+        plan_capacity(TINY, 1000, fraction=0.0)
