@@ -1,0 +1,274 @@
+"""``PiperTTS``: the joe voice behind the engine's ``ModelAdapter`` seam.
+
+Work items (frozen dataclasses, one per session per engine step):
+
+- ``SynthesizeSentence``: phonemize a complete sentence, run the latent stage
+  (encoder, durations, flow) and decode its first, short window. Replaces any
+  unfinished sentence of that session.
+- ``DecodeWindow``: decode the next window of the session's current sentence.
+
+Both return an ``AudioChunk``: PCM16 little-endian mono at the sentence's
+``sample_rate``, ``done`` on the sentence's last chunk (which also flushes the
+resampler) and the running sample count for ``audio.done``. A ``DecodeWindow``
+that names a sentence the adapter no longer holds (released, replaced, or
+already finished) returns a ``stale`` chunk with no audio instead of failing
+the batch.
+
+``run_batch`` runs the latent stage of all its ``SynthesizeSentence`` items in
+one padded batch, then every item's window (first windows and later ones, of
+different lengths) in **one** HiFi-GAN forward, padded to the longest window
+and trimmed after; padding does not change anyone's samples
+(``hifigan.decode_padded``).
+
+Intended call sequence for the tts.v1 endpoint (``engine.submit(model_name, work)``
+queues the work; the engine thread batches the works of concurrent sessions
+and calls ``run_batch``; the endpoint awaits the chunk)::
+
+    segmenter = SentenceSegmenter()                 # per session, asyncio side
+    for each complete sentence (segmenter.push / segmenter.flush on input.done):
+        send audio.start {utterance_index, sentence_index, text, sample_rate}
+        chunk = await engine.submit("piper-joe-medium",
+                    SynthesizeSentence(sid, utt, k, text, speed, sample_rate))
+        loop:
+            if cancelled: break                     # drop this chunk, send nothing
+            send chunk.pcm (binary frame)           # skip if chunk.samples == 0
+            if chunk.done or chunk.stale: break
+            chunk = await engine.submit("piper-joe-medium", DecodeWindow(sid, utt, k))
+        send audio.done {utterance_index, sentence_index, samples=chunk.sentence_samples}
+    on response.cancel: set cancelled; engine.release(sid) through the control
+        lane (drops the sentence; a queued DecodeWindow then comes back stale);
+        after the in-flight chunk returns, send response.cancelled. At most one
+        window is in flight, so audio stops within one decoder window.
+    on session.close / disconnect: adapter.release(sid) via the engine.
+
+``end_tick(sid, committed=False)`` rewinds the last window so the same window
+can be decoded again; ``committed=True`` makes it final.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, Union
+
+import torch
+
+from models.base import ModelAdapter, ModelError
+from models.tts.phonemes import Phonemizer
+from models.tts.resample import PolyphaseResampler
+from models.tts.stream import SentenceStream
+from models.tts.voice import LatentRequest, TorchVoice
+from models.tts.windows import WindowPlan
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_RATES = (22050, 24000)
+MIN_SPEED, MAX_SPEED = 0.25, 4.0  # the protocol narrows this further
+
+
+@dataclass(frozen=True)
+class SynthesizeSentence:
+    """Start a sentence; the result is its first window."""
+
+    session_id: str
+    utterance_index: int
+    sentence_index: int
+    text: str
+    speed: float = 1.0  # length_scale = 1 / speed
+    sample_rate: int = 22050
+    seed: int = 0  # noise seed; the same seed and text give the same audio
+
+    def __post_init__(self) -> None:
+        if not MIN_SPEED <= self.speed <= MAX_SPEED:
+            raise ValueError("speed %r outside [%s, %s]" % (self.speed, MIN_SPEED, MAX_SPEED))
+        if self.sample_rate not in SUPPORTED_RATES:
+            raise ValueError("sample_rate %r not in %s" % (self.sample_rate, SUPPORTED_RATES))
+
+
+@dataclass(frozen=True)
+class DecodeWindow:
+    """Decode the next window of the named sentence."""
+
+    session_id: str
+    utterance_index: int
+    sentence_index: int
+
+
+TTSWork = Union[SynthesizeSentence, DecodeWindow]
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    session_id: str
+    utterance_index: int
+    sentence_index: int
+    window_index: int
+    pcm: bytes = field(repr=False)  # PCM16 LE mono at sample_rate
+    samples: int  # samples in pcm
+    sample_rate: int
+    done: bool  # last chunk of the sentence
+    sentence_samples: int  # samples sent for this sentence, this chunk included
+    stale: bool = False  # the sentence is not held any more; nothing was decoded
+
+
+class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
+    kind = "tts"
+
+    def __init__(
+        self,
+        voice: TorchVoice,
+        *,
+        plan: WindowPlan | None = None,
+        noise_scale: float | None = None,
+        noise_w: float | None = None,
+        max_batch: int = 32,
+        phonemizer: Phonemizer | None = None,
+        name: str = "piper-joe-medium",
+    ) -> None:
+        self.voice = voice
+        self.name = name
+        self.max_batch = max_batch
+        spec = voice.spec
+        self.plan = plan or WindowPlan(context_frames=max(voice.context_left, voice.context_right))
+        if self.plan.context_frames < max(voice.context_left, voice.context_right):
+            logger.warning(
+                "window context %d < receptive field %d: windows will not match a whole decode",
+                self.plan.context_frames,
+                max(voice.context_left, voice.context_right),
+            )
+        self.noise_scale = spec.noise_scale if noise_scale is None else noise_scale
+        self.noise_w = spec.noise_w if noise_w is None else noise_w
+        self.phonemizer = phonemizer or Phonemizer(spec.espeak_voice, spec.phoneme_id_map)
+        self.voices: tuple[str, ...] = (spec.name,)
+        self.sample_rates: tuple[int, ...] = SUPPORTED_RATES
+        self._resamplers = {r: PolyphaseResampler(spec.sample_rate, r) for r in SUPPORTED_RATES if r != spec.sample_rate}
+        self._streams: dict[str, SentenceStream] = {}
+
+    @classmethod
+    def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None, **kwargs: Any) -> "PiperTTS":
+        """Convert (first time) or load the cached voice; raises ``TTSUnavailable``
+        without the ``tts`` extra."""
+        from models.tts.availability import require_tts
+
+        require_tts()
+        return cls(TorchVoice.load(device=device, cache_root=cache_root), **kwargs)
+
+    def describe(self) -> Mapping[str, Any]:
+        spec = self.voice.spec
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "voices": [
+                {"name": spec.name, "language": spec.language, "quality": spec.quality, "sample_rate": spec.sample_rate}
+            ],
+            "sample_rates": list(self.sample_rates),
+            "formats": ["pcm16"],
+            "max_batch": self.max_batch,
+            "windows": {
+                "first_frames": self.plan.first_frames,
+                "max_frames": self.plan.max_frames,
+                "context_frames": self.plan.context_frames,
+                "hop_samples": self.voice.hop,
+            },
+            "device": str(self.voice.device),
+            "phonemizer": self.phonemizer.backend,
+        }
+
+    def phonemize(self, text: str) -> tuple[int, ...]:
+        return tuple(self.phonemizer.ids(text))
+
+    # --- the engine seam --------------------------------------------------------------
+
+    def run_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
+        sessions = [w.session_id for w in works]
+        if len(set(sessions)) != len(sessions):
+            raise ModelError("a tts batch holds two works of one session: %s" % sessions)
+        self._start_sentences([w for w in works if isinstance(w, SynthesizeSentence)])
+
+        results: list[AudioChunk | None] = [None] * len(works)
+        jobs = []
+        for i, work in enumerate(works):
+            stream = self._streams.get(work.session_id)
+            if stream is None or (stream.utterance_index, stream.sentence_index) != (
+                work.utterance_index,
+                work.sentence_index,
+            ):
+                logger.debug("session %s: window for %s is stale", work.session_id, work)
+                results[i] = self._chunk(work, stream=None, pcm=b"", stale=True)
+            elif stream.done:
+                # An empty sentence (nothing to say) or one already finished.
+                results[i] = self._chunk(work, stream, b"", stale=isinstance(work, DecodeWindow))
+            else:
+                window = stream.next_window()
+                jobs.append((i, work, stream, window))
+
+        if jobs:
+            audio = self.voice.decode([stream.window_latents(window) for _, _, stream, window in jobs])
+            sizes = [a.numel() for a in audio]
+            host = torch.cat(audio).cpu().split(sizes)  # one device->host copy for the batch
+            for (i, work, stream, window), samples in zip(jobs, host):
+                pcm = stream.accept(window, samples)
+                results[i] = self._chunk(work, stream, pcm, window_index=window.index)
+        return results  # type: ignore[return-value]
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        stream = self._streams.get(session_id)
+        if stream is None:
+            return
+        if committed:
+            stream.commit()
+            if stream.done:
+                del self._streams[session_id]
+        elif stream.rewind():
+            logger.debug("session %s: window %d rewound", session_id, stream.window_index)
+
+    def release(self, session_id: str) -> None:
+        if self._streams.pop(session_id, None) is not None:
+            logger.debug("session %s: sentence state released", session_id)
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _start_sentences(self, starts: Sequence[SynthesizeSentence]) -> None:
+        if not starts:
+            return
+        ids = [self.phonemize(w.text) for w in starts]
+        spoken = [(w, i) for w, i in zip(starts, ids) if i]
+        latents = self.voice.latents(
+            [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken]
+        )
+        by_session = {w.session_id: z for (w, _), z in zip(spoken, latents)}
+        for w in starts:
+            z = by_session.get(w.session_id)
+            if z is None:
+                logger.info("session %s: sentence %d has nothing to say: %r", w.session_id, w.sentence_index, w.text)
+                z = torch.zeros(self.voice.channels, 0, device=self.voice.device)
+            if self._streams.get(w.session_id) is not None and not self._streams[w.session_id].done:
+                logger.debug("session %s: sentence %d replaces an unfinished one", w.session_id, w.sentence_index)
+            self._streams[w.session_id] = SentenceStream(
+                w.utterance_index,
+                w.sentence_index,
+                z,
+                self.plan,
+                self.voice.hop,
+                w.sample_rate,
+                self._resamplers.get(w.sample_rate),
+            )
+            logger.debug("session %s: sentence %d has %d frames", w.session_id, w.sentence_index, z.shape[-1])
+
+    def _chunk(
+        self, work: TTSWork, stream: SentenceStream | None, pcm: bytes, stale: bool = False, window_index: int = -1
+    ) -> AudioChunk:
+        rate = stream.sample_rate if stream is not None else getattr(work, "sample_rate", self.voice.spec.sample_rate)
+        return AudioChunk(
+            session_id=work.session_id,
+            utterance_index=work.utterance_index,
+            sentence_index=work.sentence_index,
+            window_index=window_index,
+            pcm=pcm,
+            samples=len(pcm) // 2,
+            sample_rate=rate,
+            done=True if stream is None else stream.done,
+            sentence_samples=0 if stream is None else stream.samples,
+            stale=stale,
+        )

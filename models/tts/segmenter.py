@@ -1,0 +1,116 @@
+"""Sentence segmentation of a text stream, so speech can start before the text ends.
+
+Text arrives in pieces (``push``); a sentence is handed out as soon as it is
+known to be complete, and ``flush`` (``input.done``) hands out whatever is left.
+
+A sentence ends at:
+
+- ``. ! ? …`` (any run of them, optionally followed by closing quotes or
+  brackets) once the next character is known to be whitespace. "3.14",
+  "e.g.," and a "." at the very end of the buffered text are not ends yet: the
+  next piece decides. A short list of English abbreviations ("Mr.", "Dr.",
+  "e.g.") never ends a sentence.
+- a line break (lists and paragraphs often have no final punctuation).
+
+A clause that runs past ``max_chars`` without a sentence end is cut so the
+voice is not kept waiting: at the last clause mark (``, ; : —`` followed by a
+space) within the budget, else at the last space, else hard at ``max_chars``;
+a cut never leaves a piece shorter than ``min_chars`` if a later cut point
+exists. Whitespace runs inside a sentence become single spaces.
+
+Pure Python, no state beyond the buffered text.
+"""
+
+from __future__ import annotations
+
+import re
+
+# "etc." and "no." are left out: they end sentences as often as not.
+ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "fig"})
+_CLOSERS = "\"')]}\u201d\u2019\u00bb"
+_END = re.compile(r"[.!?\u2026]+[" + re.escape(_CLOSERS) + r"]*(?=\s)|\n")
+_CLAUSE = re.compile(r"[,;:\u2014\u2013](?=\s)")
+_SPACE = re.compile(r"\s+")
+
+
+def _normalise(text: str) -> str:
+    return _SPACE.sub(" ", text).strip()
+
+
+def _is_abbreviation(text: str, dot: int) -> bool:
+    """Whether the '.' at ``dot`` closes a known abbreviation ("Mr." in "Mr. Smith")."""
+    word = re.search(r"([A-Za-z.]+)$", text[:dot])
+    return word is not None and word.group(1).lower() in ABBREVIATIONS and text[dot : dot + 1] == "."
+
+
+class SentenceSegmenter:
+    def __init__(self, max_chars: int = 200, min_chars: int | None = None) -> None:
+        if max_chars < 2:
+            raise ValueError("max_chars must be at least 2")
+        self.max_chars = max_chars
+        self.min_chars = max_chars // 4 if min_chars is None else min_chars
+        self._buffer = ""
+
+    @property
+    def buffered(self) -> str:
+        return self._buffer
+
+    def push(self, text: str) -> list[str]:
+        """Add text; return the sentences it completed, in order."""
+        self._buffer += text
+        out: list[str] = []
+        while True:
+            cut = self._next_cut()
+            if cut is None:
+                break
+            piece, self._buffer = _normalise(self._buffer[:cut]), self._buffer[cut:]
+            if piece:
+                out.append(piece)
+        return out
+
+    def flush(self) -> list[str]:
+        """Everything still buffered, as the last pieces (``input.done``)."""
+        out = self.push("")
+        # What push left has no sentence end and fits the budget.
+        rest, self._buffer = _normalise(self._buffer), ""
+        if rest:
+            out.append(rest)
+        return out
+
+    def clear(self) -> None:
+        """Drop buffered text (``response.cancel``)."""
+        self._buffer = ""
+
+    def _next_cut(self) -> int | None:
+        """Where the next piece ends: the first sentence end if it fits the budget,
+        else a budget cut once the buffer outgrows ``max_chars``."""
+        offset = len(self._buffer) - len(self._buffer.lstrip())
+        end = self._sentence_end()
+        if end is not None and end - offset <= self.max_chars:
+            return end
+        if len(self._buffer) - offset > self.max_chars:
+            return offset + _cut_point(self._buffer[offset:], self.max_chars, self.min_chars)
+        return None
+
+    def _sentence_end(self) -> int | None:
+        """Index just past the first complete sentence in the buffer."""
+        for match in _END.finditer(self._buffer):
+            if match.group() != "\n" and _is_abbreviation(self._buffer, match.start()):
+                continue
+            if not _normalise(self._buffer[: match.end()]).strip(".!?\u2026" + _CLOSERS):
+                continue  # punctuation alone ("..." between sentences) joins the next one
+            return match.end()
+        return None
+
+
+def _cut_point(text: str, max_chars: int, min_chars: int) -> int:
+    """Where to cut ``text`` (longer than ``max_chars``): just after the last clause
+    mark, else the last space, inside [min_chars, max_chars]; else at max_chars."""
+    head = text[: max_chars + 1]  # a mark at max_chars - 1 is followed by a space at max_chars
+    clauses = [m.end() for m in _CLAUSE.finditer(head) if min_chars <= m.end() <= max_chars]
+    if clauses:
+        return clauses[-1]
+    spaces = [m.start() for m in re.finditer(r"\s", head) if min_chars <= m.start() <= max_chars]
+    if spaces:
+        return spaces[-1]
+    return max_chars

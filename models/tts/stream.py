@@ -1,0 +1,117 @@
+"""One sentence being streamed: its latents, the next window, and the PCM it has sent.
+
+The adapter keeps one ``SentenceStream`` per session. Each decoder window moves
+the cursor over the sentence's latent frames (``windows.window_at``), turns the
+window's core audio into PCM16 at the client's rate, and remembers the state
+before the window so an uncommitted tick can be rolled back (``rewind``).
+
+PCM16 follows Piper: ``clip(x * 32767, -32767, 32767)`` truncated to int16,
+little-endian. Piper also peak-normalises each whole sentence by default; a
+stream cannot know the peak before it has sent the audio, so no normalisation
+is applied (the voice's output is already within [-1, 1]; tanh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.tts.resample import PolyphaseResampler, ResamplerState
+from models.tts.windows import Window, WindowPlan, window_at
+
+MAX_PCM = 32767.0
+
+
+def to_pcm16(audio: np.ndarray) -> bytes:
+    """Float samples in [-1, 1] -> PCM16 little-endian bytes (Piper's rule)."""
+    return np.clip(audio * MAX_PCM, -MAX_PCM, MAX_PCM).astype("<i2").tobytes()
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Everything a window advances; immutable so the previous one is a snapshot."""
+
+    frame: int = 0  # next core frame
+    window_index: int = 0
+    samples: int = 0  # output samples emitted for this sentence
+    resampler: ResamplerState | None = None
+
+
+class SentenceStream:
+    """Latents of one sentence and how far they have been decoded."""
+
+    def __init__(
+        self,
+        utterance_index: int,
+        sentence_index: int,
+        latents: torch.Tensor,
+        plan: WindowPlan,
+        hop: int,
+        sample_rate: int,
+        resampler: PolyphaseResampler | None,
+    ) -> None:
+        self.utterance_index = utterance_index
+        self.sentence_index = sentence_index
+        self.latents = latents  # [C, T] on the voice's device
+        self.plan = plan
+        self.hop = hop
+        self.sample_rate = sample_rate
+        self._resampler = resampler
+        self._cursor = _Cursor(resampler=resampler.start() if resampler else None)
+        self._before: _Cursor | None = None
+
+    @property
+    def frames(self) -> int:
+        return self.latents.shape[-1]
+
+    @property
+    def done(self) -> bool:
+        return self._cursor.frame >= self.frames
+
+    @property
+    def samples(self) -> int:
+        return self._cursor.samples
+
+    @property
+    def window_index(self) -> int:
+        return self._cursor.window_index
+
+    def next_window(self) -> Window:
+        return window_at(self.plan, self._cursor.window_index, self._cursor.frame, self.frames)
+
+    def window_latents(self, window: Window) -> torch.Tensor:
+        return self.latents[:, window.lo : window.hi]
+
+    def accept(self, window: Window, audio: torch.Tensor) -> bytes:
+        """Take the decoded audio of ``window`` (its whole span, CPU), advance, and
+        return the PCM16 to send. The last window also flushes the resampler."""
+        if window.start != self._cursor.frame:
+            raise ValueError("window starts at %d, cursor at %d" % (window.start, self._cursor.frame))
+        a, b = window.core_offset(self.hop)
+        core = audio[a:b]
+        state = self._cursor.resampler
+        last = window.end >= self.frames
+        if self._resampler is not None:
+            out, state = self._resampler.push(state, core)
+            if last:
+                tail, state = self._resampler.finish(state)
+                out = torch.cat([out, tail])
+        else:
+            out = core
+        pcm = to_pcm16(out.numpy())
+        self._before = self._cursor
+        self._cursor = _Cursor(window.end, window.index + 1, self._cursor.samples + out.numel(), state)
+        return pcm
+
+    def commit(self) -> None:
+        self._before = None
+
+    def rewind(self) -> bool:
+        """Undo the last ``accept`` (its tick was not committed). False if there is
+        nothing to undo."""
+        if self._before is None:
+            return False
+        self._cursor, self._before = self._before, None
+        return True

@@ -1,0 +1,152 @@
+"""The converted Piper voice as two torch stages: latents once per sentence, then
+HiFi-GAN windows.
+
+``latents`` is VITS inference up to the decoder (text encoder, stochastic
+duration predictor, length regulation, reverse flow), batched over sentences
+with padding masks. ``decode`` runs windows of latents of any lengths in one
+HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
+whole-sentence path, the reference for parity and streaming tests.
+
+Noise is drawn on the CPU from a generator seeded per sentence, so a sentence's
+audio does not depend on what else shares its batch, nor on the device.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from models.tts.hifigan import decode_padded, decoder_geometry, receptive_field
+from models.tts.piper_convert import VoiceSpec, load_voice_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LatentRequest:
+    """One sentence for the latent stage."""
+
+    phoneme_ids: tuple[int, ...]
+    length_scale: float = 1.0  # 1 / speed
+    noise_scale: float = 0.667  # prior noise (timbre variation); 0 = deterministic
+    noise_w: float = 0.8  # duration noise (rhythm variation); 0 = deterministic
+    seed: int = 0
+
+
+class TorchVoice:
+    """A Piper VITS voice in torch. Owns its tensors; call from one thread."""
+
+    def __init__(self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu") -> None:
+        self.model = model
+        self.spec = spec
+        self.device = torch.device(device)
+        self.hop = spec.hop_length
+        geometry = decoder_geometry(model.decoder)
+        if geometry.hop != self.hop:
+            raise ValueError("decoder hop %d != voice hop_length %d" % (geometry.hop, self.hop))
+        self.context_left, self.context_right = receptive_field(geometry)
+        self.channels = model.config.flow_size
+
+    @classmethod
+    def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None) -> "TorchVoice":
+        model, spec, _ = load_voice_model(cache_root_dir=cache_root, device=device)
+        return cls(model, spec, device)
+
+    # --- latent stage -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def latents(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
+        """Decoder input [C, T_i] for each request (on the voice's device)."""
+        if not requests:
+            return []
+        dev, model = self.device, self.model
+        lengths = [len(r.phoneme_ids) for r in requests]
+        if min(lengths) == 0:
+            raise ValueError("empty phoneme id sequence")
+        batch, t_in = len(requests), max(lengths)
+        ids = torch.zeros(batch, t_in, dtype=torch.long)
+        for b, r in enumerate(requests):
+            ids[b, : lengths[b]] = torch.tensor(r.phoneme_ids)
+        in_mask = (torch.arange(t_in)[None, :] < torch.tensor(lengths)[:, None]).to(dev)
+        ids = ids.to(dev)
+        gens = [torch.Generator().manual_seed(r.seed) for r in requests]
+
+        padded = batch > 1 and min(lengths) != t_in
+        enc = model.text_encoder(
+            input_ids=ids,
+            padding_mask=in_mask.unsqueeze(-1).float(),
+            attention_mask=in_mask.long() if padded else None,
+        )
+        hidden = enc.last_hidden_state.transpose(1, 2)
+        mask = in_mask.unsqueeze(1).float()  # [B, 1, T_in]
+
+        # Duration noise first, then prior noise, from each sentence's generator.
+        dur_noise = torch.zeros(batch, 2, t_in)
+        for b, r in enumerate(requests):
+            if r.noise_w:
+                dur_noise[b, :, : lengths[b]] = torch.randn(2, lengths[b], generator=gens[b]) * r.noise_w
+        log_w = self._log_durations(hidden, mask, dur_noise.to(dev))
+        scale = torch.tensor([r.length_scale for r in requests], device=dev).view(batch, 1, 1)
+        durations = torch.ceil(torch.exp(log_w) * mask * scale).long()[:, 0].cpu()  # [B, T_in]
+
+        frames = [max(1, int(durations[b].sum())) for b in range(batch)]
+        t_out = max(frames)
+        z_p = torch.zeros(batch, self.channels, t_out, device=dev)
+        for b, r in enumerate(requests):
+            rep = durations[b, : lengths[b]].to(dev)
+            if int(rep.sum()) == 0:
+                continue  # nothing to say: one silent frame, as VITS's clamp_min(1) gives
+            means = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0).T
+            if r.noise_scale:
+                log_var = torch.repeat_interleave(enc.prior_log_variances[b, : lengths[b]], rep, dim=0).T
+                noise = torch.randn(means.shape, generator=gens[b]).to(dev)
+                means = means + noise * torch.exp(log_var) * r.noise_scale
+            z_p[b, :, : frames[b]] = means
+        out_mask = (torch.arange(t_out, device=dev)[None, :] < torch.tensor(frames, device=dev)[:, None])
+        z = model.flow(z_p, out_mask.unsqueeze(1).float(), None, reverse=True)
+        return [z[b, :, : frames[b]] for b in range(batch)]
+
+    def _log_durations(self, hidden: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """VitsStochasticDurationPredictor's reverse pass with the noise passed in
+        (VitsModel draws it from the global RNG)."""
+        dp = self.model.duration_predictor
+        x = dp.conv_pre(hidden)
+        x = dp.conv_dds(x, mask)
+        x = dp.conv_proj(x) * mask
+        flows = list(reversed(dp.flows))
+        flows = flows[:-2] + [flows[-1]]  # VITS skips one flow at inference
+        latents = noise
+        for flow in flows:
+            latents = torch.flip(latents, [1])
+            latents, _ = flow(latents, mask, global_conditioning=x, reverse=True)
+        return latents[:, :1]
+
+    # --- decoder stage ----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def decode(self, windows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """HiFi-GAN over latent windows [C, T_i] of any lengths, in one forward.
+        Returns audio [T_i * hop] per window, on the voice's device."""
+        if not windows:
+            return []
+        lengths = [w.shape[-1] for w in windows]
+        longest = max(lengths)
+        batch = torch.zeros(len(windows), self.channels, longest, device=self.device)
+        for b, w in enumerate(windows):
+            batch[b, :, : lengths[b]] = w
+        audio = decode_padded(self.model.decoder, batch, lengths)
+        return [audio[b, : lengths[b] * self.hop] for b in range(len(windows))]
+
+    @torch.inference_mode()
+    def decode_whole(self, z: torch.Tensor) -> torch.Tensor:
+        """transformers' own decoder forward over a whole sentence [C, T]."""
+        return self.model.decoder(z[None])[0, 0]
+
+    def synthesize(self, request: LatentRequest) -> torch.Tensor:
+        """Whole-sentence audio [T * hop] in [-1, 1]: latents, then one decode."""
+        return self.decode_whole(self.latents([request])[0])

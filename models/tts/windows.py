@@ -1,0 +1,77 @@
+"""Which latent frames each HiFi-GAN window decodes: pure index arithmetic.
+
+A sentence's latents (T frames, ``hop`` samples each) are decoded in windows.
+Window k emits the *core* frames [start, end) and reads ``context`` more frames
+on each side where the sentence has them::
+
+    frames   0                                                         T
+             |---------------------------------------------------------|
+    core                      [start ========== end)
+    decoded         [lo ..... start ========== end ..... hi)
+                     <context>                  <context>
+    emitted samples           [start*hop ..... end*hop)   (of the sentence)
+
+    lo = max(0, start - context)     hi = min(T, end + context)
+
+Core sizes grow from a short first window (fast first audio) to ``max_frames``
+(fewer, more efficient forwards): first, 2*first, 4*first, ... capped at max,
+and the last window takes whatever is left. With ``context`` at least the
+decoder's receptive field (``hifigan.receptive_field``), the emitted samples
+equal the whole-sentence decode's samples up to float rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    first_frames: int = 12  # 12 * 256 / 22050 = 139 ms of audio
+    max_frames: int = 48
+    context_frames: int = 11  # joe-medium's receptive field is 11 frames each side
+
+    def __post_init__(self) -> None:
+        if self.first_frames < 1 or self.max_frames < self.first_frames or self.context_frames < 0:
+            raise ValueError("bad window plan %r" % (self,))
+
+    def core_frames(self, index: int) -> int:
+        """Core size of window ``index`` before the sentence end clips it."""
+        size = self.first_frames
+        for _ in range(index):
+            if size >= self.max_frames:
+                break
+            size *= 2
+        return min(size, self.max_frames)
+
+
+@dataclass(frozen=True)
+class Window:
+    index: int
+    start: int  # core frames [start, end)
+    end: int
+    lo: int  # decoded frames [lo, hi) including context
+    hi: int
+
+    def core_offset(self, hop: int) -> tuple[int, int]:
+        """Sample range of the core inside this window's decoded audio."""
+        return (self.start - self.lo) * hop, (self.end - self.lo) * hop
+
+
+def window_at(plan: WindowPlan, index: int, start: int, total: int) -> Window:
+    """Window ``index`` whose core begins at frame ``start`` of a ``total``-frame sentence."""
+    if not 0 <= start < total:
+        raise ValueError("window start %d outside a %d-frame sentence" % (start, total))
+    end = min(total, start + plan.core_frames(index))
+    return Window(index, start, end, max(0, start - plan.context_frames), min(total, end + plan.context_frames))
+
+
+def plan_windows(plan: WindowPlan, total: int) -> list[Window]:
+    """Every window of a ``total``-frame sentence, in order."""
+    out: list[Window] = []
+    start = 0
+    while start < total:
+        w = window_at(plan, len(out), start, total)
+        out.append(w)
+        start = w.end
+    return out

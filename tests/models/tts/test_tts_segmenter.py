@@ -1,0 +1,102 @@
+"""Sentence segmentation of a text stream: exact pieces for exact inputs."""
+
+import pytest
+
+from models.tts.segmenter import SentenceSegmenter
+
+
+def test_a_sentence_is_handed_out_once_the_next_character_shows_it_ended():
+    s = SentenceSegmenter()
+    assert s.push("Hello wor") == []
+    assert s.push("ld.") == []  # "." at the end of the buffer: maybe "world.com"
+    assert s.push(" How are") == ["Hello world."]
+    assert s.push(" you?\n") == ["How are you?"]
+    assert s.buffered == "\n"
+    assert s.flush() == []
+
+
+def test_flush_hands_out_the_rest():
+    s = SentenceSegmenter()
+    assert s.push("No final stop") == []
+    assert s.flush() == ["No final stop"]
+    assert s.flush() == []
+
+
+def test_decimals_abbreviations_quotes_and_line_breaks():
+    s = SentenceSegmenter()
+    text = 'Mr. Smith paid 3.14 dollars, e.g. a bargain. She said "wow!" Then:\nItem one\nItem two'
+    assert s.push(text) == [
+        "Mr. Smith paid 3.14 dollars, e.g. a bargain.",
+        'She said "wow!"',
+        "Then:",
+        "Item one",
+    ]
+    assert s.flush() == ["Item two"]
+
+
+def test_runs_of_terminators_and_bare_punctuation():
+    s = SentenceSegmenter()
+    assert s.push("... Wait. Really?! Yes\u2026  no") == ["... Wait.", "Really?!", "Yes\u2026"]
+    assert s.flush() == ["no"]
+
+
+def test_whitespace_is_collapsed():
+    s = SentenceSegmenter()
+    assert s.push("  Two\t\tspaces   here.  Next") == ["Two spaces here."]
+    assert s.flush() == ["Next"]
+
+
+def test_a_long_clause_is_cut_at_the_last_comma_within_budget():
+    s = SentenceSegmenter(max_chars=40)
+    assert s.push("This is a very long clause, which goes on and on without any end") == [
+        "This is a very long clause,",
+    ]
+    assert s.buffered == " which goes on and on without any end"
+    assert s.push(" in sight and more") == ["which goes on and on without any end in"]
+    assert s.flush() == ["sight and more"]
+
+
+def test_a_long_sentence_with_a_late_end_is_cut_by_budget_first():
+    s = SentenceSegmenter(max_chars=30, min_chars=5)
+    assert s.push("one two three four five six seven eight nine. Ten") == [
+        "one two three four five six",
+        "seven eight nine.",
+    ]
+    assert s.flush() == ["Ten"]
+
+
+def test_no_space_means_a_hard_cut_at_the_budget():
+    s = SentenceSegmenter(max_chars=20)
+    assert s.push("abcdefghijklmnopqrstuvwxyz" * 2) == ["abcdefghijklmnopqrst", "uvwxyzabcdefghijklmn"]
+    assert s.flush() == ["opqrstuvwxyz"]
+
+
+def test_clause_marks_before_min_chars_are_not_used():
+    s = SentenceSegmenter(max_chars=40, min_chars=10)
+    assert s.push("Yes, this clause runs long without a comma until here, and on") == [
+        "Yes, this clause runs long without a",
+    ]
+
+
+def test_streaming_token_by_token_gives_the_same_pieces_as_one_push():
+    text = "First one. Second, longer sentence here! Third? Fourth"
+    whole = SentenceSegmenter(max_chars=25)
+    expected = whole.push(text) + whole.flush()
+    tokens = SentenceSegmenter(max_chars=25)
+    got = []
+    for ch in text:
+        got += tokens.push(ch)
+    got += tokens.flush()
+    assert got == expected == ["First one.", "Second,", "longer sentence here!", "Third?", "Fourth"]
+
+
+def test_clear_drops_buffered_text():
+    s = SentenceSegmenter()
+    s.push("Half a sent")
+    s.clear()
+    assert s.flush() == []
+
+
+def test_budget_must_be_sane():
+    with pytest.raises(ValueError):
+        SentenceSegmenter(max_chars=1)

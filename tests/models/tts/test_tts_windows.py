@@ -1,0 +1,63 @@
+"""Window index arithmetic and the decoder's receptive field (pure, no voice)."""
+
+import pytest
+
+from models.tts.hifigan import ConvSpec, DecoderGeometry, UpsampleSpec, receptive_field
+from models.tts.windows import Window, WindowPlan, plan_windows, window_at
+
+
+def _resblock2_level(kernels=(3, 5, 7), dilations=((1, 2), (2, 6), (3, 12))):
+    return tuple(tuple(ConvSpec(k, d) for d in ds) for k, ds in zip(kernels, dilations))
+
+
+# en_US-joe-medium: conv_pre k7, ups (8,16,4) (8,16,4) (4,8,2), resblock 2, conv_post k7.
+JOE = DecoderGeometry(
+    conv_pre=ConvSpec(7),
+    upsamples=(UpsampleSpec(8, 16, 4), UpsampleSpec(8, 16, 4), UpsampleSpec(4, 8, 2)),
+    resblocks=(_resblock2_level(),) * 3,
+    conv_post=ConvSpec(7),
+)
+
+
+def test_receptive_field_of_joe_medium():
+    assert JOE.hop == 256
+    assert receptive_field(JOE) == (11, 11)
+
+
+def test_receptive_field_of_a_bare_conv_stack():
+    # No resblocks, one x2 upsampler with kernel 2: each output sample reads one
+    # input frame; conv_pre k3 and conv_post k3 add one frame each side, the
+    # post conv's reach of one sample rounds up to one frame.
+    g = DecoderGeometry(ConvSpec(3), (UpsampleSpec(2, 2, 0),), ((),), ConvSpec(3))
+    assert receptive_field(g) == (2, 2)
+
+
+def test_core_sizes_double_up_to_the_cap():
+    plan = WindowPlan(first_frames=12, max_frames=48, context_frames=11)
+    assert [plan.core_frames(i) for i in range(5)] == [12, 24, 48, 48, 48]
+    assert [WindowPlan(10, 35, 0).core_frames(i) for i in range(4)] == [10, 20, 35, 35]
+
+
+def test_windows_cover_a_sentence_once_with_clipped_context():
+    plan = WindowPlan(first_frames=12, max_frames=48, context_frames=11)
+    assert plan_windows(plan, 100) == [
+        Window(0, 0, 12, 0, 23),
+        Window(1, 12, 36, 1, 47),
+        Window(2, 36, 84, 25, 95),
+        Window(3, 84, 100, 73, 100),
+    ]
+    assert plan_windows(plan, 5) == [Window(0, 0, 5, 0, 5)]
+
+
+def test_core_offset_in_samples():
+    assert Window(2, 36, 84, 25, 95).core_offset(256) == (11 * 256, 59 * 256)
+    assert window_at(WindowPlan(), 0, 0, 418).core_offset(256) == (0, 12 * 256)
+
+
+def test_bad_windows_are_rejected():
+    with pytest.raises(ValueError):
+        WindowPlan(first_frames=0)
+    with pytest.raises(ValueError):
+        WindowPlan(first_frames=20, max_frames=10)
+    with pytest.raises(ValueError):
+        window_at(WindowPlan(), 0, 10, 10)
