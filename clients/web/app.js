@@ -1,0 +1,50 @@
+// The demo page: fetch the model list, start the three panels, expose test hooks.
+//
+// window.demo (read by tests/e2e/test_web.py):
+//   ready           true once every panel has started (bootError set instead on failure)
+//   models          GET /v1/models data
+//   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, ...)
+//   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, ...)
+//   robot           RobotPanel.state   (policies, placeholder)
+//   panels          the panel objects themselves
+
+import { $, showError } from "./dom.js";
+import { fetchHealth, fetchModels } from "./net.js";
+import { RobotPanel } from "./robot.js";
+import { SpeechPanel } from "./speech.js";
+import { WorldPanel } from "./world.js";
+
+const HEALTH_EVERY_MS = 10_000;
+
+window.demo = { ready: false, bootError: null, models: [], world: null, tts: null, robot: null, panels: {} };
+
+async function checkHealth() {
+  const pill = $("health");
+  try {
+    const { ok, text } = await fetchHealth();
+    pill.dataset.state = ok ? "ok" : "bad";
+    pill.textContent = ok ? "server: ok" : `server: ${text}`;
+  } catch (err) {
+    pill.dataset.state = "bad";
+    pill.textContent = "server: unreachable";
+  }
+}
+
+async function boot() {
+  checkHealth();
+  setInterval(checkHealth, HEALTH_EVERY_MS);
+  const models = await fetchModels();
+  window.demo.models = models;
+  const panels = { world: new WorldPanel(models), speech: new SpeechPanel(models), robot: new RobotPanel(models) };
+  window.demo.panels = panels;
+  window.demo.world = panels.world.state;
+  window.demo.tts = panels.speech.state;
+  window.demo.robot = panels.robot.state;
+  for (const panel of Object.values(panels)) panel.start();
+  window.demo.ready = true;
+}
+
+boot().catch((err) => {
+  window.demo.bootError = String(err);
+  showError($("boot-error"), `cannot start the demo: ${err}`);
+});

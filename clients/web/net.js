@@ -1,0 +1,27 @@
+// HTTP and WebSocket addresses of the server that served this page.
+
+/** `ws://host/path` (or `wss://` behind TLS) on the page's own host. */
+export function wsUrl(path) {
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  return `${proto}//${location.host}${path}`;
+}
+
+/** The model list of `GET /v1/models`: [{name, kind, available, reason?, ...}]. */
+export async function fetchModels() {
+  const res = await fetch("/v1/models");
+  if (!res.ok) throw new Error(`GET /v1/models answered ${res.status}`);
+  const body = await res.json();
+  return body.data;
+}
+
+/** `GET /healthz`: {ok, text}. A 503 carries the engine's reason. */
+export async function fetchHealth() {
+  const res = await fetch("/healthz");
+  return { ok: res.ok, text: (await res.text()).trim() };
+}
+
+/** A short random id suffix (not secret; only has to be unlikely to collide). */
+export function randomId(prefix) {
+  const n = Math.floor(Math.random() * 0xffffff).toString(16).padStart(6, "0");
+  return `${prefix}-${n}`;
+}

@@ -1,0 +1,392 @@
+// The world panel: one world.v1 session over one WebSocket.
+//
+// Messages in (docs/protocols.md): session.created, event.accepted, chunk (+ N
+// binary frames), session.reset, session.closed, error. Out: session.create,
+// event (keys.v1 state, prompt), credit, session.reset, session.close.
+//
+// Everything the tests look at lives in `state` (window.demo.world).
+
+import { CreditWindow, INITIAL as INITIAL_CREDITS } from "./credits.js";
+import { $, describeError, showError } from "./dom.js";
+import { FramePlayer } from "./frames.js";
+import { HeldKeys } from "./keys.js";
+import { randomId, wsUrl } from "./net.js";
+
+const PATH = "/v1/realtime/world";
+const SINCE_RESET_KEEP = 100;
+
+export class WorldPanel {
+  constructor(models) {
+    this.models = models.filter((m) => m.kind === "world");
+    this.ws = null;
+    this.assembling = null; // {header, payloads} while a chunk's binary frames arrive
+    this.pendingCreate = null; // options of a session.create waiting for session.closed
+    this.closing = false; // session.close sent: no more events or credits for this session
+    this.nextEventId = 1; // strictly increasing for every session this page makes
+    this.sentAt = new Map(); // event_id -> performance.now() when sent
+    this.state = {
+      connected: false, // the socket is open
+      sessionId: null, // the session on the socket (null: none)
+      model: null,
+      height: 0,
+      width: 0,
+      fps: 0,
+      chunkIndex: -1, // of the last drawn chunk
+      receivedChunkIndex: -1,
+      chunksDrawn: 0,
+      framesDrawn: 0,
+      appliedEventIds: [], // of the last drawn chunk that applied any
+      sinceReset: [], // chunk indices drawn since the last create or reset
+      resets: 0,
+      held: [],
+      lastEventId: 0,
+      tickMs: null,
+      rttMs: null,
+      serverCredits: 0, // credits the server holds, by this page's count
+      creditWindow: INITIAL_CREDITS, // chunks the server may run ahead of the drawing
+      stalls: 0, // frames that were due with none ready
+      lastError: null, // the last server `error` message, or {code: "connection", ...}
+      errors: [],
+      closeCode: null, // of the last unexpected socket close
+    };
+    this.el = {
+      model: $("world-model"),
+      session: $("world-session"),
+      seed: $("world-seed"),
+      format: $("world-format"),
+      connect: $("world-connect"),
+      canvas: $("world-canvas"),
+      promptForm: $("world-prompt-form"),
+      prompt: $("world-prompt"),
+      reset: $("world-reset"),
+      close: $("world-close"),
+      reconnect: $("world-reconnect"),
+      error: $("world-error"),
+      status: $("hud-status"),
+      fps: $("hud-fps"),
+      tick: $("hud-tick"),
+      rtt: $("hud-rtt"),
+      chunk: $("hud-chunk"),
+      applied: $("hud-applied"),
+      queue: $("hud-queue"),
+      held: $("hud-held"),
+    };
+    this.credits = new CreditWindow();
+    this.player = new FramePlayer(
+      this.el.canvas,
+      (header) => this.#drawn(header),
+      (text) => this.#fail({ code: "decode", message: text }),
+      () => {
+        this.state.stalls += 1;
+        this.credits.stalled();
+        this.#topUp();
+      },
+    );
+    this.keys = new HeldKeys((held) => this.#heldChanged(held));
+  }
+
+  start() {
+    this.#fillModels();
+    this.el.session.value = randomId("web");
+    this.keys.attach(document.querySelector("#world-panel .keypad"));
+    this.el.connect.addEventListener("click", () => this.newSession());
+    this.el.model.addEventListener("change", () => this.newSession());
+    this.el.reset.addEventListener("click", () => this.send({ type: "session.reset" }));
+    this.el.close.addEventListener("click", () => this.closeSession());
+    this.el.reconnect.addEventListener("click", () => {
+      // The old session is cleaned up server-side when its socket drops; a fresh
+      // id avoids racing that cleanup.
+      this.el.session.value = randomId("web");
+      this.newSession();
+    });
+    this.el.promptForm.addEventListener("submit", (e) => {
+      e.preventDefault();
+      this.sendEvent({ prompt: this.el.prompt.value });
+    });
+    setInterval(() => this.#renderHud(), 250);
+    this.#renderHud();
+    if (this.el.model.value) this.newSession();
+    else this.#fail({ code: "no_model", message: "the server lists no available world model" });
+  }
+
+  /** Start a session with the toolbar's settings (closing this socket's session first). */
+  newSession() {
+    const options = {
+      type: "session.create",
+      session_id: this.el.session.value.trim(),
+      model: this.el.model.value,
+      seed: Number.parseInt(this.el.seed.value, 10) || 0,
+      format: this.el.format.value,
+      credits: INITIAL_CREDITS,
+    };
+    const prompt = this.el.prompt.value.trim();
+    if (prompt) options.prompt = prompt;
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) {
+      if (this.state.sessionId) {
+        this.pendingCreate = options;
+        this.closeSession();
+      } else {
+        this.send(options);
+      }
+      return;
+    }
+    this.#open(options);
+  }
+
+  /** Send one JSON message if the socket is open; false otherwise. */
+  send(msg) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    this.ws.send(JSON.stringify(msg));
+    return true;
+  }
+
+  /** Close this socket's session; the socket stays open for the next one. */
+  closeSession() {
+    if (!this.state.sessionId || this.closing) return;
+    // Frames still queued belong to a session that is going away.
+    this.player.stop();
+    this.player.clear();
+    if (this.send({ type: "session.close" })) this.closing = true;
+  }
+
+  /** Send an `event` with a fresh event id (prompt and/or controls). */
+  sendEvent({ prompt, controls = [] }) {
+    if (!this.state.sessionId || this.closing) return null;
+    const eventId = this.nextEventId++;
+    const msg = { type: "event", event_id: eventId, controls };
+    if (prompt !== undefined) msg.prompt = prompt;
+    this.sentAt.set(eventId, performance.now());
+    this.state.lastEventId = eventId;
+    this.send(msg);
+    return eventId;
+  }
+
+  // ------------------------------------------------------------------ socket
+  #open(createOptions) {
+    this.state.closeCode = null;
+    this.el.reconnect.hidden = true;
+    this.#setStatus("connecting");
+    const ws = new WebSocket(wsUrl(PATH));
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    ws.onopen = () => {
+      this.state.connected = true;
+      this.send(createOptions);
+    };
+    ws.onmessage = (e) => {
+      if (ws !== this.ws) return;
+      if (typeof e.data === "string") this.#message(JSON.parse(e.data));
+      else this.#binary(e.data);
+    };
+    ws.onclose = (e) => {
+      if (ws !== this.ws) return;
+      this.#dropped(e.code, e.reason);
+    };
+  }
+
+  #dropped(code, reason) {
+    this.state.connected = false;
+    this.closing = false;
+    this.pendingCreate = null;
+    this.state.sessionId = null;
+    this.state.closeCode = code;
+    this.assembling = null;
+    this.player.stop();
+    this.player.clear();
+    this.#fail({ code: "connection", message: `connection lost (close code ${code}${reason ? `: ${reason}` : ""})` });
+    this.el.reconnect.hidden = false;
+    this.#setStatus("disconnected");
+    this.#renderButtons();
+  }
+
+  #binary(data) {
+    const chunk = this.assembling;
+    if (!chunk) {
+      this.#fail({ code: "protocol", message: "a binary frame arrived outside a chunk" });
+      return;
+    }
+    chunk.payloads.push(data);
+    if (chunk.payloads.length === chunk.header.frames) {
+      this.assembling = null;
+      this.player.push(chunk.header, chunk.payloads);
+    }
+  }
+
+  #message(msg) {
+    switch (msg.type) {
+      case "session.created":
+        return this.#created(msg);
+      case "event.accepted":
+        return undefined;
+      case "chunk":
+        return this.#chunk(msg);
+      case "session.reset":
+        return this.#reset(msg);
+      case "session.closed":
+        return this.#closed(msg);
+      case "error":
+        return this.#fail(msg);
+      default:
+        return this.#fail({ code: "protocol", message: `unknown server message ${msg.type}` });
+    }
+  }
+
+  #created(msg) {
+    const s = this.state;
+    Object.assign(s, {
+      sessionId: msg.session_id,
+      model: msg.model,
+      height: msg.height,
+      width: msg.width,
+      chunkIndex: -1,
+      receivedChunkIndex: -1,
+      appliedEventIds: [],
+      sinceReset: [],
+      serverCredits: msg.credits,
+      lastError: null,
+    });
+    showError(this.el.error, "");
+    this.player.clear();
+    this.credits.reset();
+    this.player.configure(msg);
+    this.player.start();
+    this.#setStatus(`session ${msg.session_id} on ${msg.model}`);
+    this.#renderButtons();
+    this.#resendHeld();
+  }
+
+  #chunk(header) {
+    const s = this.state;
+    s.receivedChunkIndex = header.chunk_index;
+    s.tickMs = header.tick_ms;
+    s.serverCredits -= 1;
+    const now = performance.now();
+    for (const id of header.applied_event_ids) {
+      const sent = this.sentAt.get(id);
+      if (sent !== undefined) {
+        s.rttMs = now - sent;
+        this.sentAt.delete(id);
+      }
+    }
+    if (header.frames === 0) this.player.push(header, []);
+    else this.assembling = { header, payloads: [] };
+  }
+
+  #drawn(header) {
+    const s = this.state;
+    if (header.session_id !== s.sessionId) return; // drawn after its session ended
+    s.chunkIndex = header.chunk_index;
+    s.chunksDrawn += 1;
+    s.framesDrawn = this.player.framesDrawn;
+    if (header.applied_event_ids.length) s.appliedEventIds = header.applied_event_ids;
+    if (s.sinceReset.length < SINCE_RESET_KEEP) s.sinceReset.push(header.chunk_index);
+    this.#credit(this.credits.drawn(this.#queued(), s.serverCredits));
+  }
+
+  /** Chunks received (or arriving) and not yet drawn. */
+  #queued() {
+    return this.player.queue.length + (this.assembling ? 1 : 0);
+  }
+
+  #topUp() {
+    this.#credit(this.credits.topUp(this.#queued(), this.state.serverCredits));
+  }
+
+  #credit(chunks) {
+    if (this.closing || !this.state.sessionId) return;
+    while (chunks > 0) {
+      const n = Math.min(chunks, 64);
+      if (!this.send({ type: "credit", chunks: n })) return;
+      this.state.serverCredits += n;
+      chunks -= n;
+    }
+  }
+
+  #reset(msg) {
+    const s = this.state;
+    // Chunks still queued were made before the reset: drop them, return their credits.
+    this.player.clear();
+    this.#topUp();
+    Object.assign(s, { chunkIndex: -1, receivedChunkIndex: -1, appliedEventIds: [], sinceReset: [], lastError: null });
+    s.resets += 1;
+    showError(this.el.error, "");
+    this.#setStatus(`session ${msg.session_id} reset` +
+      (msg.dropped_event_ids.length ? ` (dropped events ${msg.dropped_event_ids.join(", ")})` : ""));
+    // A reset forgets the held set; the person is still holding the keys.
+    this.#resendHeld();
+  }
+
+  #closed(msg) {
+    this.state.sessionId = null;
+    this.closing = false;
+    this.player.stop();
+    this.player.clear();
+    this.#setStatus(`session ${msg.session_id} closed`);
+    this.#renderButtons();
+    const next = this.pendingCreate;
+    this.pendingCreate = null;
+    if (next) this.send(next);
+  }
+
+  #fail(msg) {
+    // A close whose cleanup failed may be retried.
+    if (this.closing && msg.code === "internal") this.closing = false;
+    this.state.lastError = msg;
+    this.state.errors.push(msg);
+    showError(this.el.error, describeError(msg));
+    if (msg.code === "session_failed" || msg.code === "session_evicted") this.#setStatus("failed: reset or close");
+    // A refused session.create leaves the socket without a session.
+    if (msg.code === "session_exists" && !this.state.sessionId) this.#setStatus("no session");
+  }
+
+  // ------------------------------------------------------------------ keys
+  #heldChanged(held) {
+    this.state.held = held;
+    this.el.held.textContent = held.length ? held.join(" ").toUpperCase() : "–";
+    this.sendEvent({ controls: [keysState(held)] });
+  }
+
+  #resendHeld() {
+    if (this.state.held.length) this.sendEvent({ controls: [keysState(this.state.held)] });
+  }
+
+  // ------------------------------------------------------------------ view
+  #setStatus(text) {
+    this.el.status.textContent = text;
+  }
+
+  #renderButtons() {
+    const live = this.state.sessionId !== null;
+    this.el.reset.disabled = !live;
+    this.el.close.disabled = !live;
+  }
+
+  #renderHud() {
+    const s = this.state;
+    s.fps = this.player.fps;
+    s.creditWindow = this.credits.size;
+    this.el.fps.textContent = s.sessionId ? s.fps.toFixed(0) : "–";
+    this.el.tick.textContent = s.tickMs === null ? "–" : `${s.tickMs.toFixed(1)} ms`;
+    this.el.rtt.textContent = s.rttMs === null ? "–" : `${s.rttMs.toFixed(0)} ms`;
+    this.el.chunk.textContent = s.chunkIndex < 0 ? "–" : String(s.chunkIndex);
+    this.el.applied.textContent = s.appliedEventIds.length ? s.appliedEventIds.join(", ") : "–";
+    this.el.queue.textContent = `${this.#queued()} / ${s.serverCredits} (window ${this.credits.size})`;
+    this.#renderButtons();
+  }
+
+  #fillModels() {
+    for (const m of this.models) {
+      const option = new Option(m.available ? m.name : `${m.name} (unavailable)`, m.name);
+      option.disabled = !m.available;
+      if (!m.available) option.title = m.reason || "";
+      this.el.model.append(option);
+    }
+    const first = this.models.find((m) => m.available);
+    if (first) this.el.model.value = first.name;
+  }
+}
+
+/** A keys.v1 `state` control holding exactly `held`. */
+export function keysState(held) {
+  return { track: "keys", schema: "keys.v1", data: { mode: "state", held } };
+}
