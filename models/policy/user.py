@@ -43,8 +43,9 @@ class UserPolicyAdapter(PolicyAdapter):
         self.policy = policy
         self.name = name
         self._batched = callable(getattr(policy, "infer_batch", None))
-        # Without infer_batch a "batch" would only be a loop: take one robot at a time.
-        self.max_batch = max_batch if max_batch is not None else (DEFAULT_USER_MAX_BATCH if self._batched else 1)
+        # Without infer_batch a "batch" would only be a loop that makes each robot wait
+        # for the others: take one robot at a time whatever the configured cap.
+        self.max_batch = (max_batch or DEFAULT_USER_MAX_BATCH) if self._batched else 1
         reset = getattr(policy, "reset", None)
         self._reset = reset if callable(reset) else None
         self._reset_takes_session = self._reset is not None and _takes_an_argument(self._reset)

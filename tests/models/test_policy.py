@@ -126,7 +126,7 @@ class _PerSession(_OneAtATime):
 
 def test_user_policy_one_at_a_time():
     user = _OneAtATime()
-    adapter = UserPolicyAdapter(user, name="mine")
+    adapter = UserPolicyAdapter(user, name="mine", max_batch=32)
     assert adapter.max_batch == 1  # no infer_batch: nothing to gain from batching
     assert adapter.metadata == PolicyMetadata(3, 2, ("cam",), (4, 4), 2, extra={"robot": "arm"})
     works = [PolicyWork("a", "1", _obs(5, state=(1, 2))), PolicyWork("b", "2", _obs(9))]
