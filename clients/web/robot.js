@@ -14,17 +14,33 @@ export class RobotPanel {
     if (!this.policies.length) return;
     const box = $("robot-policies");
     $("robot-placeholder").textContent =
-      "Policies served at /v1/realtime/robot/openpi (OpenPI protocol). Watching one drive in the maze " +
-      "comes with a maze-driving policy.";
+      "Policies served at /v1/realtime/robot/openpi (OpenPI protocol). Watching one drive an agent " +
+      "in the maze comes with a maze-driving policy.";
     for (const policy of this.policies) {
       const title = document.createElement("h3");
       title.textContent = policy.available ? policy.name : `${policy.name} (unavailable)`;
-      const facts = document.createElement("pre");
-      const { name, kind, ...rest } = policy;
-      facts.textContent = JSON.stringify(rest, null, 2);
-      box.append(title, facts);
+      const { name, kind, available, metadata, ...rest } = policy;
+      box.append(title, facts({ ...rest, ...(metadata || {}) }));
     }
     box.hidden = false;
     this.state.placeholder = false;
   }
+}
+
+/** A <dl> of `obj`'s entries, lists joined and nested objects as compact JSON. */
+function facts(obj) {
+  const dl = document.createElement("dl");
+  dl.className = "hud facts";
+  for (const [key, value] of Object.entries(obj)) {
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = key;
+    dd.textContent = Array.isArray(value)
+      ? value.join(key.endsWith("resolution") ? "×" : ", ")
+      : typeof value === "object" && value !== null
+        ? JSON.stringify(value)
+        : String(value);
+    dl.append(dt, dd);
+  }
+  return dl;
 }

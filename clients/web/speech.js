@@ -73,7 +73,11 @@ export class SpeechPanel {
 
   start() {
     if (!this.model) {
-      const reason = this.missing?.reason || "the server lists no text-to-speech model";
+      // The registry's reasons may already start with the same words.
+      const reason = (this.missing?.reason || "the server lists no text-to-speech model").replace(
+        /^TTS unavailable:\s*/i,
+        "",
+      );
       this.state.reason = reason;
       this.el.unavailable.textContent = `TTS unavailable: ${reason}`;
       this.el.unavailable.hidden = false;
@@ -154,6 +158,7 @@ export class SpeechPanel {
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => {
+      if (ws !== this.ws) return;
       this.state.connected = true;
       this.state.closeCode = null;
       const update = { type: "session.update", format: "pcm16", sample_rate: preferredRate(this.model) };

@@ -168,8 +168,12 @@ export class WorldPanel {
     this.#setStatus("connecting");
     const ws = new WebSocket(wsUrl(PATH));
     ws.binaryType = "arraybuffer";
+    // A socket still connecting (a second click) is dropped; its handlers see it is stale.
+    const old = this.ws;
     this.ws = ws;
+    old?.close();
     ws.onopen = () => {
+      if (ws !== this.ws) return;
       this.state.connected = true;
       this.send(createOptions);
     };
@@ -356,9 +360,10 @@ export class WorldPanel {
   }
 
   #renderButtons() {
-    const live = this.state.sessionId !== null;
+    const live = this.state.sessionId !== null && !this.closing;
     this.el.reset.disabled = !live;
     this.el.close.disabled = !live;
+    this.el.promptForm.querySelector("button").disabled = !live;
   }
 
   #renderHud() {

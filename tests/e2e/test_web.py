@@ -73,7 +73,10 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def tiny_addr() -> Iterator[str]:
-    with serve(tiny_app()) as addr:
+    """The tiny world alone; TTS listed as unavailable the way the registry lists it."""
+    app = tiny_app()
+    app.state.inventory.skip("piper-joe-medium", "tts", "TTS unavailable: missing onnx")
+    with serve(app) as addr:
         yield addr
 
 
@@ -165,11 +168,10 @@ def test_page_loads_and_plays_without_console_errors(tiny_page: Page):
     assert world["framesDrawn"] == world["chunksDrawn"]  # the tiny world makes 1 frame per chunk
     assert p.js("demo.panels.world.player.queue.length") + world["serverCredits"] <= 4
     assert p.js("document.getElementById('hud-chunk').textContent") != "–"
-    # This server has no TTS model and no policy.
-    assert p.js("document.getElementById('speech-unavailable').textContent") == \
-        "TTS unavailable: the server lists no text-to-speech model"
+    # This server's TTS model could not load, and it has no policy.
+    assert p.js("document.getElementById('speech-unavailable').textContent") == "TTS unavailable: missing onnx"
     assert p.js("document.getElementById('speech-text').disabled") is True
-    assert p.js("demo.tts.available") is False
+    assert (p.js("demo.tts.available"), p.js("demo.tts.reason")) == (False, "missing onnx")
     assert p.js("demo.robot") == {"policies": [], "placeholder": True}
     assert p.js("document.getElementById('robot-placeholder').hidden") is False
     p.screenshot("#world-panel", "world.png")
@@ -369,8 +371,13 @@ def test_robot_panel_shows_policy_metadata(browser, full_server):
     p = Page(browser, addr)
     try:
         assert p.js("demo.robot") == {"policies": ["dummy-policy"], "placeholder": False}
-        text = p.js("document.getElementById('robot-policies').textContent")
-        assert '"action_horizon": 50' in text and '"action_dim": 32' in text
+        facts = p.js("""Object.fromEntries([...document.querySelectorAll('#robot-policies dt')]
+                                .map(dt => [dt.textContent, dt.nextElementSibling.textContent]))""")
+        assert p.js("document.querySelector('#robot-policies h3').textContent") == "dummy-policy"
+        assert {k: facts[k] for k in ("max_batch", "action_horizon", "action_dim", "image_resolution",
+                                      "state_dim", "infer_ms")} == {
+            "max_batch": "4", "action_horizon": "50", "action_dim": "32", "image_resolution": "224×224",
+            "state_dim": "32", "infer_ms": "0"}
         p.screenshot("#robot-panel", "robot-policy.png")
         assert p.console_errors == []
     finally:
@@ -421,14 +428,23 @@ def test_speech_panel_streams_audio_and_stop_cuts_it(browser, full_server):
 
 
 def test_full_page_screenshot(browser, full_server):
-    addr, _ = full_server
+    """The whole page mid-use (test-artifacts/web/page.png; docs/demo.png is a copy of one)."""
+    addr, why_no_tts = full_server
     p = Page(browser, addr)
     try:
-        p.wait("demo.world.chunkIndex >= 20")
+        if not why_no_tts:
+            p.wait("demo.tts.connected && demo.tts.voice !== null")
+            p.page.click("#speech-text")
+            p.page.keyboard.type("Hello from the browser. ", delay=0)
+            p.page.keyboard.insert_text("The world on the left follows your keys.")
+            p.page.keyboard.press("Enter")
+            p.wait("demo.tts.sentencesDone >= 2", timeout_s=30)
+        p.page.fill("#world-prompt", "a foggy harbour at dawn")
         p.focus_page()
-        p.hold("l", 0.5)
         p.page.keyboard.down("w")
-        time.sleep(0.3)
+        p.page.click("#world-reset")
+        p.focus_page()
+        p.wait("demo.world.resets === 1 && demo.world.chunkIndex >= 6")
         p.screenshot("page", "page.png")
         p.page.keyboard.up("w")
         assert p.console_errors == []
