@@ -131,7 +131,8 @@ export class SpeechPanel {
 
   #flush() {
     for (const text of this.streamer.flush(this.el.text.value)) this.#sendText(text);
-    if (this.send({ type: "input.done" })) this.state.donesSent += 1;
+    // Enter on an empty box ends nothing.
+    if (this.utteranceOpen && this.send({ type: "input.done" })) this.state.donesSent += 1;
     this.el.text.value = "";
     this.utteranceOpen = false;
   }
