@@ -23,6 +23,9 @@ Backends:
     equivalent ``mask_mod`` (page owner == row), which is how the tests check
     the block mask against a dense reference.
 
+``gather_flash`` / ``gather_cudnn``
+    ``gather_sdpa`` with SDPA pinned to the flash or cuDNN kernel.
+
 ``auto`` times every applicable backend on the first batch of each shape (CUDA
 events, median of a few runs) and keeps the fastest; on CPU it is
 ``gather_sdpa``. ``AttentionDispatch.choices`` records what was measured.
@@ -33,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from typing import Callable
 
 import torch
@@ -43,7 +47,7 @@ from kv.batch import KVBatch
 log = logging.getLogger(__name__)
 
 FLEX_TILE = 128
-BACKENDS = ("gather_sdpa", "flex")
+BACKENDS = ("gather_sdpa", "flex", "gather_flash", "gather_cudnn")
 
 
 def paged_attention(q: torch.Tensor, k_cur: torch.Tensor | None, v_cur: torch.Tensor | None,
@@ -82,7 +86,12 @@ def _gather_plan(batch: KVBatch) -> list[tuple[torch.Tensor | None, int, torch.T
 
 
 def gather_sdpa(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
-                scale: float | None = None) -> torch.Tensor:
+                scale: float | None = None, sdpa_backend=None) -> torch.Tensor:
+    """Gather + SDPA; ``sdpa_backend`` pins one ``SDPBackend`` (default: PyTorch picks)."""
+    if sdpa_backend is not None:
+        from torch.nn.attention import sdpa_kernel
+        with sdpa_kernel([sdpa_backend]):
+            return gather_sdpa(q, k_pool, v_pool, batch, scale)
     R, Lq, Hq, D = q.shape
     _, bs, Hkv, _ = k_pool.shape
     gqa = Hq != Hkv
@@ -175,7 +184,20 @@ def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVB
     return out.transpose(1, 2)
 
 
-_IMPLS: dict[str, Callable] = {"gather_sdpa": gather_sdpa, "flex": flex}
+def _gather_flash(q, k_pool, v_pool, batch, scale=None):
+    from torch.nn.attention import SDPBackend
+    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.FLASH_ATTENTION)
+
+
+def _gather_cudnn(q, k_pool, v_pool, batch, scale=None):
+    from torch.nn.attention import SDPBackend
+    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.CUDNN_ATTENTION)
+
+
+_IMPLS: dict[str, Callable] = {"gather_sdpa": gather_sdpa, "flex": flex,
+                               "gather_flash": _gather_flash, "gather_cudnn": _gather_cudnn}
+# Candidates ``auto`` measures on CUDA (the pinned-SDPA variants only matter there).
+_CUDA_CANDIDATES = ("gather_sdpa", "gather_flash", "gather_cudnn", "flex")
 
 
 # -- choosing ----------------------------------------------------------------------
@@ -183,12 +205,14 @@ _IMPLS: dict[str, Callable] = {"gather_sdpa": gather_sdpa, "flex": flex}
 class AttentionDispatch:
     """Runs the configured backend; ``auto`` measures the candidates once per shape."""
 
-    def __init__(self, backend: str = "auto", *, warmup: int = 2, reps: int = 5) -> None:
+    def __init__(self, backend: str = "auto", *, warmup: int = 2, reps: int = 5,
+                 tune_on_cpu: bool = False) -> None:
         if backend != "auto" and backend not in _IMPLS:
             raise ValueError(f"unknown attention backend {backend!r}; choose auto or {BACKENDS}")
         self.backend = backend
         self.warmup = warmup
         self.reps = reps
+        self.tune_on_cpu = tune_on_cpu  # tests exercise the tuner without a GPU
         # shape key -> {"backend": name, "times_ms": {name: ms or error string}}
         self.choices: dict[tuple, dict] = {}
 
@@ -201,7 +225,7 @@ class AttentionDispatch:
         return _IMPLS[name](q, k_pool, v_pool, batch, scale)
 
     def _choose(self, q, k_pool, v_pool, batch, scale) -> str:
-        if q.device.type != "cuda":
+        if q.device.type != "cuda" and not self.tune_on_cpu:
             return "gather_sdpa"
         R = q.shape[0]
         bucket = 1 << max(0, (R - 1).bit_length())
@@ -210,11 +234,19 @@ class AttentionDispatch:
         if hit is not None:
             return hit["backend"]
         times: dict[str, float | str] = {}
-        for name, impl in _IMPLS.items():
+        reference = gather_sdpa(q, k_pool, v_pool, batch, scale).float()
+        for name in _CUDA_CANDIDATES:
+            impl = _IMPLS[name]
             if name == "flex" and not flex_supported(k_pool.shape[1]):
                 times[name] = "unsupported block size"
                 continue
             try:
+                # A fast wrong answer is not a candidate: agree with gather + default SDPA.
+                err = ((impl(q, k_pool, v_pool, batch, scale).float() - reference).norm()
+                       / reference.norm()).item()
+                if not err < 2e-2:
+                    times[name] = f"disagrees with gather_sdpa: rel err {err:.3g}"
+                    continue
                 times[name] = _time_ms(lambda: impl(q, k_pool, v_pool, batch, scale),
                                        self.warmup, self.reps)
             except Exception as exc:  # a backend that fails here is simply not chosen
@@ -233,6 +265,12 @@ def _time_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
     for _ in range(warmup):
         fn()
     samples = []
+    if not torch.cuda.is_available():
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(samples)
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)

@@ -94,3 +94,28 @@ def test_auto_is_gather_on_cpu():
 def test_unknown_backend():
     with pytest.raises(ValueError):
         AttentionDispatch("nope")
+
+
+def test_auto_tuner_measures_checks_and_keeps_a_choice():
+    torch.manual_seed(0)
+    g = KVGeometry(num_layers=1, kv_heads=2, head_dim=16, tokens_per_frame=128, block_size=128,
+                   sink_frames=1, window_frames=1, dtype=torch.float32)
+    c = PagedKVCache(g, pool_blocks(g, 2, 2), max_sessions=2)
+    c.attention = AttentionDispatch("auto", warmup=0, reps=1, tune_on_cpu=True)
+    for sid in "ab":
+        c.open(sid)
+    batch = c.begin_batch(["a", "b"])
+    q = torch.randn(2, 128, 2, 16)
+    k = torch.randn(2, 128, 2, 16)
+    out = paged_attention(q, k, k, c, 0, batch)
+    ref = paged_attention(q, None, None, c, 0, batch, backend="gather_sdpa")
+    assert torch.allclose(out, ref, atol=1e-5)
+    (key, choice), = c.attention.choices.items()
+    assert key[0] == 2                                  # batch-size bucket
+    times = choice["times_ms"]
+    assert set(times) == {"gather_sdpa", "gather_flash", "gather_cudnn", "flex"}
+    assert isinstance(times["gather_sdpa"], float)
+    assert str(times["gather_cudnn"]).startswith("error")  # no cuDNN on the CPU
+    assert choice["backend"] in {n for n, t in times.items() if isinstance(t, float)}
+    paged_attention(q, None, None, c, 0, batch)         # second call: no new measurement
+    assert len(c.attention.choices) == 1
