@@ -55,7 +55,7 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 
 from models.base import ModelAdapter, ModelError
-from models.tts.phonemes import Phonemizer
+from models.tts.phonemes import PhonemeTable, Phonemizer
 from models.tts.resample import PolyphaseResampler
 from models.tts.stream import SentenceStream
 from models.tts.voice import LatentRequest, TorchVoice
@@ -123,7 +123,7 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
         noise_scale: float | None = None,
         noise_w: float | None = None,
         max_batch: int = 32,
-        phonemizer: Phonemizer | None = None,
+        phonemizer: Phonemizer | PhonemeTable | None = None,
         name: str = "piper-joe-medium",
     ) -> None:
         self.voice = voice
@@ -139,7 +139,7 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
             )
         self.noise_scale = spec.noise_scale if noise_scale is None else noise_scale
         self.noise_w = spec.noise_w if noise_w is None else noise_w
-        self.phonemizer = phonemizer or Phonemizer(spec.espeak_voice, spec.phoneme_id_map)
+        self._phonemizer = phonemizer  # made on first use: espeak starts only when needed
         self.voices: tuple[str, ...] = (spec.name,)
         self.sample_rates: tuple[int, ...] = SUPPORTED_RATES
         self._resamplers = {r: PolyphaseResampler(spec.sample_rate, r) for r in SUPPORTED_RATES if r != spec.sample_rate}
@@ -174,6 +174,13 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
             "device": str(self.voice.device),
             "phonemizer": self.phonemizer.backend,
         }
+
+    @property
+    def phonemizer(self) -> Phonemizer | PhonemeTable:
+        if self._phonemizer is None:
+            spec = self.voice.spec
+            self._phonemizer = Phonemizer(spec.espeak_voice, spec.phoneme_id_map)
+        return self._phonemizer
 
     def phonemize(self, text: str) -> tuple[int, ...]:
         return tuple(self.phonemizer.ids(text))

@@ -185,3 +185,23 @@ class Phonemizer:
                 joined.append(" ")
             joined.extend(sentence)
         return phonemes_to_ids(joined, self.id_map)
+
+
+class PhonemeTable:
+    """Phoneme ids computed earlier by a ``Phonemizer``, looked up by text.
+
+    For machines without espeak-ng (the GPU benchmark box): the ids are made
+    where the extra is installed, shipped as JSON, and read back here. Unknown
+    text is an error, not a guess.
+    """
+
+    backend = "table"
+
+    def __init__(self, table: Mapping[str, Sequence[int]]) -> None:
+        self._table = {text: list(ids) for text, ids in table.items()}
+
+    def ids(self, text: str) -> list[int]:
+        try:
+            return list(self._table[text])
+        except KeyError:
+            raise KeyError("no precomputed phonemes for %r" % text) from None

