@@ -192,14 +192,16 @@ class PagedKVCache:
         if blocks is None:
             return None
         i = 0
+        rows = []
         for s in batch:
             # BlockTable.begin, inlined (hot): not in flight was checked above.
-            for t in s.tables.values():
+            for b, t in s.tables.items():
                 t.pending = blocks[i:i + per_branch]
                 t.pending_frames = frames
                 i += per_branch
+                rows.append((s, b, t))
             s.in_flight = True
-        return self._pack([(s, b) for s in batch for b in s.branches], pad_to)
+        return self._pack(rows, pad_to, tuple(session_ids))
 
     def batch(self, items: Iterable[str | tuple[str, str]], pad_to: int | None = None) -> KVBatch:
         """A ``KVBatch`` over sessions whose chunks are in flight.
@@ -207,19 +209,20 @@ class PagedKVCache:
         An item is a session id (all its branches, in order) or (session id, branch).
         ``pad_to`` appends dummy rows that write to and attend only the pad block.
         """
-        rows: list[tuple[SessionKV, str]] = []
+        rows: list[tuple[SessionKV, str, BlockTable]] = []
         for item in items:
             sid, branch = (item, None) if isinstance(item, str) else item
             s = self._resident(sid)
             if not s.in_flight:
                 raise RuntimeError(f"session {sid!r} has no chunk in flight")
-            rows.extend((s, b) for b in (s.branches if branch is None else (branch,)))
-        return self._pack(rows, pad_to)
+            rows.extend((s, b, s.tables[b]) for b in (s.branches if branch is None else (branch,)))
+        return self._pack(rows, pad_to, tuple(dict.fromkeys(s.session_id for s, _, _ in rows)))
 
-    def _pack(self, rows: list[tuple[SessionKV, str]], pad_to: int | None) -> KVBatch:
+    def _pack(self, rows: list[tuple[SessionKV, str, BlockTable]], pad_to: int | None,
+              session_ids: tuple[str, ...]) -> KVBatch:
         if not rows:
             raise ValueError("a batch needs at least one row")
-        T = len(rows[0][0].tables[rows[0][1]].pending)
+        T = len(rows[0][2].pending)
         # Fixed width: the most a row can attend (sink + window + chunk). Stable
         # shapes keep compiled attention kernels from recompiling.
         width = self.max_held_pages + T
@@ -227,8 +230,7 @@ class PagedKVCache:
         tables = array("i")
         extend = tables.extend
         null_row = array("i", [NULL_BLOCK] * width)
-        for s, b in rows:
-            t = s.tables[b]
+        for s, b, t in rows:
             held = t.held
             pending = t.pending
             if len(pending) != T:
@@ -251,7 +253,6 @@ class PagedKVCache:
                 lengths.append(T)
                 slots.append(0 if self.geometry.cross_tokens else -1)
                 extend(pad)
-        session_ids = tuple(dict.fromkeys(s.session_id for s, _ in rows))
         return batch_mod.pack(names, starts, lengths, slots, tables, width, T, session_ids,
                               self.device)
 
@@ -285,10 +286,14 @@ class PagedKVCache:
         """``commit_chunk`` for every session of the batch, with one pass over the pool."""
         released: list[int] = []
         sessions = self._sessions
+        swapped = self._swapped
         for sid in batch.session_ids:
-            if sid in self._swapped:
-                raise RuntimeError(f"session {sid!r} is swapped out")
-            released += self._commit(sessions[sid])
+            s = sessions[sid]
+            if sid in swapped or not s.in_flight:
+                raise RuntimeError(f"session {sid!r} has no resident chunk in flight")
+            for t in s.tables.values():  # _commit, inlined (hot)
+                released += t.commit()
+            s.in_flight = False
         if released:
             self.pool.free(released)
 

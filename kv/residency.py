@@ -87,15 +87,18 @@ class Residency:
         ``ResidencyError`` if the batch cannot fit even with everyone else evicted.
         """
         cache = self.cache
-        batch = frozenset(session_ids)
         dropped: list[str] = []
-        swapped_in_batch = [sid for sid in session_ids if sid in self._host]
-        need_blocks = sum(len(self._host[sid].block_ids) for sid in swapped_in_batch)
+        host = self._host
+        swapped_in_batch = [sid for sid in session_ids if sid in host] if host else []
+        need_blocks = sum(len(host[sid].block_ids) for sid in swapped_in_batch)
         need_blocks += cache.blocks_for_tick(session_ids)
         need_slots = len(swapped_in_batch)
-        while (cache.num_free_blocks < need_blocks
-               or cache.max_sessions - cache.num_resident < need_slots):
-            self._evict_one(batch, dropped)
+        if (cache.num_free_blocks < need_blocks
+                or cache.max_sessions - cache.num_resident < need_slots):
+            batch = frozenset(session_ids)
+            while (cache.num_free_blocks < need_blocks
+                   or cache.max_sessions - cache.num_resident < need_slots):
+                self._evict_one(batch, dropped)
         for sid in swapped_in_batch:
             host = self._host.pop(sid)
             start = time.perf_counter()
