@@ -53,7 +53,7 @@ class CacheView(FrameContext):
             self.k[layer][b[:, None], :, tok] = k.transpose(1, 2).to(self.k[layer].dtype)
             self.v[layer][b[:, None], :, tok] = v.transpose(1, 2).to(self.v[layer].dtype)
         self.slot_valid[b, slots] = True
-        self.valid = self.slot_valid.repeat_interleave(n, 1)
+        self.set_valid(self.slot_valid.repeat_interleave(n, 1))
 
 
 class FrameCache:
@@ -75,6 +75,15 @@ class FrameCache:
 
     def clear(self, rows: torch.Tensor) -> None:
         self.slot_valid[rows] = False
+
+    def clone(self) -> "FrameCache":
+        """An independent copy (counterfactual rollouts from one context)."""
+        c = FrameCache.__new__(FrameCache)
+        c.cfg, c.rows, c.window, c.device = self.cfg, self.rows, self.window, self.device
+        c.k = [t.clone() for t in self.k]
+        c.v = [t.clone() for t in self.v]
+        c.slot_valid = self.slot_valid.clone()
+        return c
 
     def view(self, rows: torch.Tensor | None = None) -> CacheView:
         if rows is None:

@@ -96,9 +96,15 @@ def spatial_angles(grid: int, device: torch.device) -> torch.Tensor:
     return torch.cat([row[:, None] * freq, col[:, None] * freq], 1)
 
 
+_TURNS: dict[str, torch.Tensor] = {}
+
+
 def time_angles(pos: torch.Tensor) -> torch.Tensor:
     """pos [...] integer frame positions -> [..., 8] angles, periodic in TIME_PERIOD."""
-    turns = torch.tensor(TIME_TURNS, device=pos.device, dtype=torch.float32)
+    key = str(pos.device)
+    if key not in _TURNS:  # made once per device: no host->device copy inside a CUDA graph capture
+        _TURNS[key] = torch.tensor(TIME_TURNS, device=pos.device, dtype=torch.float32)
+    turns = _TURNS[key]
     phase = torch.remainder(pos, TIME_PERIOD).float()
     return phase[..., None] * (2 * math.pi / TIME_PERIOD) * turns
 
@@ -284,15 +290,23 @@ class FrameContext:
     """
 
     def __init__(self, k: Sequence[torch.Tensor], v: Sequence[torch.Tensor], valid: torch.Tensor) -> None:
-        self.k, self.v, self.valid = list(k), list(v), valid
+        self.k, self.v = list(k), list(v)
         self.own: list[tuple[torch.Tensor, torch.Tensor]] = [None] * len(self.k)  # type: ignore[list-item]
+        self.set_valid(valid)
+
+    def set_valid(self, valid: torch.Tensor) -> None:
+        self.valid = valid
+        # A full cache (the steady state) needs no mask, and SDPA runs faster without one.
+        self._full = bool(valid.all()) if valid.numel() else False
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.own[layer] = (k, v)
         B, _, n, _ = q.shape
         keys = torch.cat([self.k[layer], k], 2)
         vals = torch.cat([self.v[layer], v], 2)
-        mask = torch.cat([self.valid, self.valid.new_ones(B, n)], 1)[:, None, None, :]
+        mask = None
+        if not self._full:
+            mask = torch.cat([self.valid, self.valid.new_ones(B, n)], 1)[:, None, None, :]
         return attend(q, keys, vals, mask)
 
 
