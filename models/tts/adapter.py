@@ -2,9 +2,10 @@
 
 Work items (frozen dataclasses, one per session per engine step):
 
-- ``SynthesizeSentence``: phonemize a complete sentence, run the latent stage
-  (encoder, durations, flow) and decode its first, short window. Replaces any
-  unfinished sentence of that session.
+- ``SynthesizeSentence``: phonemize a complete sentence, run its prior (text
+  encoder, durations), the flow over just the frames the first window reads,
+  and decode that first, short window. Replaces any unfinished sentence of
+  that session.
 - ``DecodeWindow``: decode the next window of the session's current sentence.
 
 Both return an ``AudioChunk``: PCM16 little-endian mono at the sentence's
@@ -14,11 +15,14 @@ that names a sentence the adapter no longer holds (released, replaced, or
 already finished) returns a ``stale`` chunk with no audio instead of failing
 the batch.
 
-``run_batch`` runs the latent stage of all its ``SynthesizeSentence`` items in
-one padded batch, then every item's window (first windows and later ones, of
-different lengths) in **one** HiFi-GAN forward, padded to the longest window
-and trimmed after; padding does not change anyone's samples
-(``hifigan.decode_padded``).
+``run_batch`` runs the prior (text encoder, durations) of all its
+``SynthesizeSentence`` items in one padded batch; then the reverse flow for
+every item whose next window needs more latents (a short prefix for a first
+window, the rest of the sentence for a second), in one padded batch; then every
+item's window (first windows and later ones, of different lengths) in **one**
+HiFi-GAN forward, padded to the longest window and trimmed after. Padding does
+not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask
+their inputs).
 
 Intended call sequence for the tts.v1 endpoint (``engine.submit(model_name, work)``
 queues the work; the engine thread batches the works of concurrent sessions
@@ -211,6 +215,11 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
                 jobs.append((i, work, stream, window))
 
         if jobs:
+            flows = [(stream, chunk) for _, _, stream, window in jobs if (chunk := stream.flow_needed(window))]
+            if flows:
+                outs = self.voice.flow([stream.flow_input(chunk) for stream, chunk in flows])
+                for (stream, chunk), z in zip(flows, outs):
+                    stream.accept_flow(chunk, z)
             audio = self.voice.decode([stream.window_latents(window) for _, _, stream, window in jobs])
             sizes = [a.numel() for a in audio]
             host = torch.cat(audio).cpu().split(sizes)  # one device->host copy for the batch
@@ -241,10 +250,10 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
             return
         ids = [self.phonemize(w.text) for w in starts]
         spoken = [(w, i) for w, i in zip(starts, ids) if i]
-        latents = self.voice.latents(
+        priors = self.voice.prior(
             [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken]
         )
-        by_session = {w.session_id: z for (w, _), z in zip(spoken, latents)}
+        by_session = {w.session_id: z for (w, _), z in zip(spoken, priors)}
         for w in starts:
             z = by_session.get(w.session_id)
             if z is None:
@@ -260,6 +269,7 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
                 self.voice.hop,
                 w.sample_rate,
                 self._resamplers.get(w.sample_rate),
+                self.voice.flow_context,
             )
             logger.debug("session %s: sentence %d has %d frames", w.session_id, w.sentence_index, z.shape[-1])
 

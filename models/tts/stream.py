@@ -1,6 +1,8 @@
 """One sentence being streamed: its latents, the next window, and the PCM it has sent.
 
-The adapter keeps one ``SentenceStream`` per session. Each decoder window moves
+The adapter keeps one ``SentenceStream`` per session. It holds the sentence's
+sampled prior and fills in the flow's output as windows need it
+(``windows.flow_chunk``). Each decoder window moves
 the cursor over the sentence's latent frames (``windows.window_at``), turns the
 window's core audio into PCM16 at the client's rate, and remembers the state
 before the window so an uncommitted tick can be rolled back (``rewind``).
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 from models.tts.resample import PolyphaseResampler, ResamplerState
-from models.tts.windows import Window, WindowPlan, window_at
+from models.tts.windows import FlowChunk, Window, WindowPlan, flow_chunk, window_at
 
 MAX_PCM = 32767.0
 
@@ -46,15 +48,20 @@ class SentenceStream:
         self,
         utterance_index: int,
         sentence_index: int,
-        latents: torch.Tensor,
+        prior: torch.Tensor,
         plan: WindowPlan,
         hop: int,
         sample_rate: int,
         resampler: PolyphaseResampler | None,
+        flow_context: int,
     ) -> None:
         self.utterance_index = utterance_index
         self.sentence_index = sentence_index
-        self.latents = latents  # [C, T] on the voice's device
+        self.prior = prior  # z_p [C, T] on the voice's device
+        # Decoder input, filled by the flow as windows need it (flow_chunk).
+        self.latents = torch.empty_like(prior)
+        self.flow_done = 0
+        self.flow_context = flow_context
         self.plan = plan
         self.hop = hop
         self.sample_rate = sample_rate
@@ -64,7 +71,7 @@ class SentenceStream:
 
     @property
     def frames(self) -> int:
-        return self.latents.shape[-1]
+        return self.prior.shape[-1]
 
     @property
     def done(self) -> bool:
@@ -81,7 +88,23 @@ class SentenceStream:
     def next_window(self) -> Window:
         return window_at(self.plan, self._cursor.window_index, self._cursor.frame, self.frames)
 
+    def flow_needed(self, window: Window) -> FlowChunk | None:
+        """The flow work to run before ``window`` can be decoded, if any."""
+        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context)
+
+    def flow_input(self, chunk: FlowChunk) -> torch.Tensor:
+        return self.prior[:, chunk.lo : chunk.hi]
+
+    def accept_flow(self, chunk: FlowChunk, z: torch.Tensor) -> None:
+        """Store the flow output of ``chunk`` (z covers its [lo, hi) span)."""
+        if chunk.start != self.flow_done:
+            raise ValueError("flow chunk starts at %d, flow done to %d" % (chunk.start, self.flow_done))
+        self.latents[:, chunk.start : chunk.end] = z[:, chunk.start - chunk.lo : chunk.end - chunk.lo]
+        self.flow_done = chunk.end
+
     def window_latents(self, window: Window) -> torch.Tensor:
+        if window.hi > self.flow_done:
+            raise ValueError("window reads frames to %d, flow done to %d" % (window.hi, self.flow_done))
         return self.latents[:, window.lo : window.hi]
 
     def accept(self, window: Window, audio: torch.Tensor) -> bytes:

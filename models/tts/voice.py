@@ -27,6 +27,19 @@ from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 logger = logging.getLogger(__name__)
 
 
+def flow_receptive_field(config) -> int:
+    """Frames of context, each side, that one output frame of the reverse flow reads.
+
+    Each coupling layer runs a WaveNet of ``L`` convs (kernel k, dilation
+    rate**i, "same" padding) between two 1x1 convs; the flips between couplings
+    only swap channels. So the reach is the sum over couplings and layers of
+    (k - 1) * rate**i / 2 -- 4 couplings * 4 layers * 2 = 32 frames for joe.
+    """
+    k, rate = config.wavenet_kernel_size, config.wavenet_dilation_rate
+    per_coupling = sum((k - 1) * rate**i // 2 for i in range(config.prior_encoder_num_wavenet_layers))
+    return config.prior_encoder_num_flows * per_coupling
+
+
 @dataclass(frozen=True)
 class LatentRequest:
     """One sentence for the latent stage."""
@@ -50,6 +63,7 @@ class TorchVoice:
         if geometry.hop != self.hop:
             raise ValueError("decoder hop %d != voice hop_length %d" % (geometry.hop, self.hop))
         self.context_left, self.context_right = receptive_field(geometry)
+        self.flow_context = flow_receptive_field(model.config)
         self.channels = model.config.flow_size
 
     @classmethod
@@ -68,7 +82,13 @@ class TorchVoice:
 
     @torch.inference_mode()
     def latents(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
-        """Decoder input [C, T_i] for each request (on the voice's device)."""
+        """Decoder input [C, T_i] for each request: ``prior`` then ``flow``."""
+        return self.flow(self.prior(requests))
+
+    @torch.inference_mode()
+    def prior(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
+        """The sampled prior z_p [C, T_i] (before the reverse flow) per request:
+        text encoder, durations and length regulation, batched with padding."""
         if not requests:
             return []
         dev, model = self.device, self.model
@@ -101,22 +121,39 @@ class TorchVoice:
         scale = torch.tensor([r.length_scale for r in requests], device=dev).view(batch, 1, 1)
         durations = torch.ceil(torch.exp(log_w) * mask * scale).long()[:, 0].cpu()  # [B, T_in]
 
-        frames = [max(1, int(durations[b].sum())) for b in range(batch)]
-        t_out = max(frames)
-        z_p = torch.zeros(batch, self.channels, t_out, device=dev)
+        out = []
         for b, r in enumerate(requests):
-            rep = durations[b, : lengths[b]].to(dev)
-            if int(rep.sum()) == 0:
-                continue  # nothing to say: one silent frame, as VITS's clamp_min(1) gives
-            means = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0).T
+            rep = durations[b, : lengths[b]]
+            frames = int(rep.sum())
+            if frames == 0:
+                # Nothing to say: one silent frame, as VITS's clamp_min(1) gives.
+                out.append(torch.zeros(self.channels, 1, device=dev))
+                continue
+            rep = rep.to(dev)
+            z_p = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0).T
             if r.noise_scale:
                 log_var = torch.repeat_interleave(enc.prior_log_variances[b, : lengths[b]], rep, dim=0).T
-                noise = torch.randn(means.shape, generator=gens[b]).to(dev)
-                means = means + noise * torch.exp(log_var) * r.noise_scale
-            z_p[b, :, : frames[b]] = means
-        out_mask = (torch.arange(t_out, device=dev)[None, :] < torch.tensor(frames, device=dev)[:, None])
-        z = model.flow(z_p, out_mask.unsqueeze(1).float(), None, reverse=True)
-        return [z[b, :, : frames[b]] for b in range(batch)]
+                noise = torch.randn(z_p.shape, generator=gens[b]).to(dev)
+                z_p = z_p + noise * torch.exp(log_var) * r.noise_scale
+            out.append(z_p)
+        return out
+
+    @torch.inference_mode()
+    def flow(self, items: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The reverse flow over prior segments [C, L_i] of any lengths, in one
+        padded forward. Its convs mask their inputs, so padding does not reach a
+        segment; a segment with ``flow_context`` frames of context on each side
+        (or the sentence edge) reproduces the whole-sentence flow there."""
+        if not items:
+            return []
+        lengths = [x.shape[-1] for x in items]
+        longest = max(lengths)
+        z_p = torch.zeros(len(items), self.channels, longest, device=self.device)
+        for b, x in enumerate(items):
+            z_p[b, :, : lengths[b]] = x
+        mask = (torch.arange(longest, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None])
+        z = self.model.flow(z_p, mask.unsqueeze(1).float(), None, reverse=True)
+        return [z[b, :, : lengths[b]] for b in range(len(items))]
 
     def _log_durations(self, hidden: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """VitsStochasticDurationPredictor's reverse pass with the noise passed in

@@ -13,6 +13,20 @@ on each side where the sentence has them::
 
     lo = max(0, start - context)     hi = min(T, end + context)
 
+The reverse flow that turns the sampled prior into those latents is local too
+(``flow_context`` frames each side), so it is not run over the whole sentence
+before the first window either. ``flow_chunk`` asks for just what the first
+window reads, then everything else in one go when the second window needs it::
+
+    prior z_p   |=========================================================|
+    flow #1     [0 ........ hi0)                    reads [0, hi0 + fctx)
+    flow #2                 [hi0 ............................... T)
+                                                    reads [hi0 - fctx, T)
+    window 0    decodes [0, hi0) of z     window 1 needs [lo1, hi1), hi1 > hi0
+
+Two calls keep the flow's extra context work small (about 4 * fctx frames in
+all) while the first audio waits only for a short prefix.
+
 Core sizes grow from a short first window (fast first audio) to ``max_frames``
 (fewer, more efficient forwards): first, 2*first, 4*first, ... capped at max,
 and the last window takes whatever is left. With ``context`` at least the
@@ -75,3 +89,21 @@ def plan_windows(plan: WindowPlan, total: int) -> list[Window]:
         out.append(w)
         start = w.end
     return out
+
+
+@dataclass(frozen=True)
+class FlowChunk:
+    start: int  # flow output frames [start, end) to compute
+    end: int
+    lo: int  # prior frames [lo, hi) it reads
+    hi: int
+
+
+def flow_chunk(done: int, need: int, total: int, context: int) -> FlowChunk | None:
+    """The flow work before a window that reads latents up to ``need``, when the
+    frames [0, done) are already computed: None if nothing is missing; the
+    first call covers [0, need), any later one the whole rest [done, total)."""
+    if need <= done:
+        return None
+    end = need if done == 0 else total
+    return FlowChunk(done, end, max(0, done - context), min(total, end + context))

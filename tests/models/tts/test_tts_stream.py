@@ -29,6 +29,28 @@ def _windowed(voice, z, plan):
 
 def test_receptive_field_read_off_the_model(voice):
     assert (voice.context_left, voice.context_right, voice.hop) == (11, 11, 256)
+    assert voice.flow_context == 32
+
+
+def test_flow_in_two_chunks_equals_the_whole_flow(voice, latents):
+    from models.tts.windows import flow_chunk
+
+    (z, _), (req, _) = latents
+    (prior,) = voice.prior([req])
+    first = flow_chunk(0, 23, prior.shape[-1], voice.flow_context)
+    rest = flow_chunk(23, 47, prior.shape[-1], voice.flow_context)
+    # Both chunks in one padded batch, as run_batch does for two sessions.
+    a, b = voice.flow([prior[:, first.lo : first.hi], prior[:, rest.lo : rest.hi]])
+    chunked = torch.cat([a[:, : first.end], b[:, rest.start - rest.lo :]], dim=1)
+    assert chunked.shape == z.shape
+    # Latents reach |z| ~ 40, where float32 steps are ~4e-6: rounding only.
+    assert float(z.abs().max()) > 30
+    assert float((chunked - z).abs().max()) <= 1e-4
+    # The audio decoded in windows from chunked latents matches the whole decode.
+    assert float((_windowed(voice, chunked, WindowPlan(12, 48, 11)) - voice.decode_whole(z)).abs().max()) <= 1e-5
+    # With too little context the prefix's last frames are simply wrong.
+    (short_ctx,) = voice.flow([prior[:, :27]])
+    assert float((short_ctx[:, :23] - z[:, :23]).abs().max()) > 1.0
 
 
 def test_windows_concatenate_to_the_whole_decode(voice, latents):

@@ -61,3 +61,17 @@ def test_bad_windows_are_rejected():
         WindowPlan(first_frames=20, max_frames=10)
     with pytest.raises(ValueError):
         window_at(WindowPlan(), 0, 10, 10)
+
+
+def test_flow_runs_a_prefix_first_then_the_rest():
+    from models.tts.windows import FlowChunk, flow_chunk
+
+    # First window reads [0, 23): only that prefix, reading 32 frames past it.
+    assert flow_chunk(0, 23, 418, 32) == FlowChunk(0, 23, 0, 55)
+    # The second window needs frame 46: the whole rest, in one go.
+    assert flow_chunk(23, 47, 418, 32) == FlowChunk(23, 418, 0, 418)
+    assert flow_chunk(100, 150, 418, 32) == FlowChunk(100, 418, 68, 418)
+    assert flow_chunk(418, 418, 418, 32) is None
+    assert flow_chunk(23, 23, 418, 32) is None
+    # A short sentence is covered by the first chunk.
+    assert flow_chunk(0, 20, 20, 32) == FlowChunk(0, 20, 0, 20)
