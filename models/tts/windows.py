@@ -42,7 +42,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class WindowPlan:
     first_frames: int = 12  # 12 * 256 / 22050 = 139 ms of audio
-    max_frames: int = 48
+    max_frames: int = 96  # 96 + 2 * 11 frames decode fastest per frame on CPU
     context_frames: int = 11  # joe-medium's receptive field is 11 frames each side
 
     def __post_init__(self) -> None:

@@ -44,7 +44,7 @@ def test_describe(quiet_tts):
         "sample_rates": [22050, 24000],
         "formats": ["pcm16"],
         "max_batch": 32,
-        "windows": {"first_frames": 12, "max_frames": 48, "context_frames": 11, "hop_samples": 256},
+        "windows": {"first_frames": 12, "max_frames": 96, "context_frames": 11, "hop_samples": 256},
         "device": "cpu",
         "phonemizer": "piper",
     }
@@ -53,9 +53,10 @@ def test_describe(quiet_tts):
 
 def test_a_sentence_streams_in_growing_windows_and_matches_the_whole_decode(quiet_tts, reference):
     chunks = _stream(quiet_tts, "a", SENTENCE)
-    assert [c.samples for c in chunks] == [3072, 6144, 12288, 12288, 12288, 12288, 12288, 12288, 12288, 11776]
-    assert [c.window_index for c in chunks] == list(range(10))
-    assert [c.done for c in chunks] == [False] * 9 + [True]
+    # Windows of 12, 24, 48, then 96 frames; 418 frames in all.
+    assert [c.samples for c in chunks] == [3072, 6144, 12288, 24576, 24576, 24576, 11776]
+    assert [c.window_index for c in chunks] == list(range(7))
+    assert [c.done for c in chunks] == [False] * 6 + [True]
     assert chunks[-1].sentence_samples == 107008
     assert chunks[0] == AudioChunk("a", 0, 0, 0, chunks[0].pcm, 3072, 22050, False, 3072)
     whole = np.frombuffer(to_pcm16(reference[SENTENCE].numpy()), "<i2").astype(np.int32)
@@ -65,7 +66,7 @@ def test_a_sentence_streams_in_growing_windows_and_matches_the_whole_decode(quie
 
 def test_24khz_stream_equals_resampling_the_whole_sentence(quiet_tts, reference):
     chunks = _stream(quiet_tts, "b", SENTENCE, rate=24000)
-    assert [c.sample_rate for c in chunks] == [24000] * 10
+    assert [c.sample_rate for c in chunks] == [24000] * 7
     assert chunks[-1].sentence_samples == sum(c.samples for c in chunks) == 116472
     whole = PolyphaseResampler(22050, 24000).resample(reference[SENTENCE])
     expected = np.frombuffer(to_pcm16(whole.numpy()), "<i2").astype(np.int32)
@@ -90,7 +91,7 @@ def test_batching_two_sessions_equals_running_each_alone(quiet_tts):
             works.append(DecodeWindow("b2", 0, 0))
         for chunk in quiet_tts.run_batch(works):
             (got_a if chunk.session_id == "a2" else got_b).append(chunk)
-    assert [c.samples for c in got_a] == [c.samples for c in alone_a] == [3327, 6687, 13375, 13374, 11442]
+    assert [c.samples for c in got_a] == [c.samples for c in alone_a] == [3327, 6687, 13375, 24816]
     assert [c.samples for c in got_b] == [c.samples for c in alone_b]
     assert int(np.abs(_pcm(got_a) - _pcm(alone_a)).max()) <= 1
     assert int(np.abs(_pcm(got_b) - _pcm(alone_b)).max()) <= 1
