@@ -147,6 +147,7 @@ def load_tts(args: argparse.Namespace, texts: Sequence[str]) -> PiperTTS:
         if missing:
             raise SystemExit("phoneme file lacks %d texts, e.g. %r" % (len(missing), missing[0]))
         phonemizer = PhonemeTable(table)
+    # The bench batches every session in one call whatever the device.
     tts = PiperTTS(voice, phonemizer=phonemizer, max_batch=max(32, args.sessions or 1))
     log("voice loaded on %s in %.2fs (phonemes: %s)" % (args.device, time.perf_counter() - t, tts.phonemizer.backend))
     return tts

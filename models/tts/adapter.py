@@ -126,13 +126,18 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
         plan: WindowPlan | None = None,
         noise_scale: float | None = None,
         noise_w: float | None = None,
-        max_batch: int = 32,
+        max_batch: int | None = None,
         phonemizer: Phonemizer | PhonemeTable | None = None,
         name: str = "piper-joe-medium",
     ) -> None:
         self.voice = voice
         self.name = name
-        self.max_batch = max_batch
+        # On a GPU one padded forward for many sessions costs about what one
+        # costs. On a CPU the decoder's last stage (32 channels at the audio
+        # rate) already spills the caches for one 118-frame window; four in one
+        # forward took twice as long as four forwards (2 threads), and padding
+        # a first window to a long one adds more. So on CPU: one at a time.
+        self.max_batch = max_batch if max_batch is not None else (32 if voice.device.type == "cuda" else 1)
         spec = voice.spec
         self.plan = plan or WindowPlan(context_frames=max(voice.context_left, voice.context_right))
         if self.plan.context_frames < max(voice.context_left, voice.context_right):

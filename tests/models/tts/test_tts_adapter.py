@@ -43,7 +43,7 @@ def test_describe(quiet_tts):
         "voices": [{"name": "en_US-joe-medium", "language": "en_US", "quality": "medium", "sample_rate": 22050}],
         "sample_rates": [22050, 24000],
         "formats": ["pcm16"],
-        "max_batch": 32,
+        "max_batch": 1,  # CPU: batching does not pay (see PiperTTS.__init__)
         "windows": {"first_frames": 12, "max_frames": 96, "context_frames": 11, "hop_samples": 256},
         "device": "cpu",
         "phonemizer": "piper",
