@@ -24,20 +24,35 @@ Backends:
     the block mask against a dense reference.
 
 ``gather_flash`` / ``gather_cudnn``
-    ``gather_sdpa`` with SDPA pinned to the flash or cuDNN kernel.
+    ``gather_sdpa`` with the flash or cuDNN kernel called directly (the aten op,
+    not ``sdpa_kernel`` + dispatch: at batch 1 the call is launch-bound and that
+    Python is most of its cost). GQA or an unsupported head dim falls back to
+    SDPA pinned to that kernel.
+``flex:<options>``
+    ``flex`` with Triton ``kernel_options`` (``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``num_stages``, ``USE_TMA``, ...); ``flex_backend(options)``
+    registers one and returns its name. At head_dim 64 the default tile
+    (128 x 128) leaves a batch of 32 sessions at 1.5 waves on an H200
+    (2 q-tiles x 3 heads x 32 rows = 192 programs on 132 SMs); smaller tiles
+    fill the machine. ``bench/kv/bench_attention_tune.py`` measures them.
 
-``auto`` times every applicable backend on the first batch of each shape (CUDA
-events, median of a few runs) and keeps the fastest; on CPU it is
+``auto`` times every applicable backend (``CUDA_CANDIDATES`` plus a flex
+backend for each entry of ``FLEX_CONFIGS``) on the first batch of each shape
+(CUDA events, median of a few runs) and keeps the fastest; on CPU it is
 ``gather_sdpa``. ``AttentionDispatch.choices`` records what was measured.
+
+Per-batch work (gather indices, the flex ``BlockMask``) is built once per
+``KVBatch`` and kept in ``batch.plans``: every layer of a tick reuses it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +63,12 @@ log = logging.getLogger(__name__)
 
 FLEX_TILE = 128
 BACKENDS = ("gather_sdpa", "flex", "gather_flash", "gather_cudnn")
+# Flex kernel options ``auto`` tries on CUDA besides torch's defaults, best first.
+# Each costs one compile (a few seconds) on the first batch; keep the list short
+# and set it from bench/kv/bench_attention_tune.py's ``recommended_flex_configs``.
+FLEX_CONFIGS: tuple[Mapping[str, Any], ...] = (
+    {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+)
 
 
 def paged_attention(q: torch.Tensor, k_cur: torch.Tensor | None, v_cur: torch.Tensor | None,
@@ -85,23 +106,23 @@ def _gather_plan(batch: KVBatch) -> list[tuple[torch.Tensor | None, int, torch.T
     return plan
 
 
-def gather_sdpa(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
-                scale: float | None = None, sdpa_backend=None) -> torch.Tensor:
-    """Gather + SDPA; ``sdpa_backend`` pins one ``SDPBackend`` (default: PyTorch picks)."""
-    if sdpa_backend is not None:
-        from torch.nn.attention import sdpa_kernel
-        with sdpa_kernel([sdpa_backend]):
-            return gather_sdpa(q, k_pool, v_pool, batch, scale)
+def _sdpa(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float | None) -> torch.Tensor:
+    return F.scaled_dot_product_attention(qh, kh, vh, scale=scale,
+                                          enable_gqa=qh.shape[1] != kh.shape[1])
+
+
+def _gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
+              scale: float | None, attend: Callable) -> torch.Tensor:
+    """Gather each row group's pages to ``[g, H, S, D]`` views and ``attend`` them."""
     R, Lq, Hq, D = q.shape
     _, bs, Hkv, _ = k_pool.shape
-    gqa = Hq != Hkv
     out = None
     for rows, n, idx in _gather_plan(batch):
         g = R if rows is None else rows.numel()
         k = k_pool.index_select(0, idx).view(g, n * bs, Hkv, D).transpose(1, 2)
         v = v_pool.index_select(0, idx).view(g, n * bs, Hkv, D).transpose(1, 2)
         qg = (q if rows is None else q.index_select(0, rows)).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qg, k, v, scale=scale, enable_gqa=gqa).transpose(1, 2)
+        o = attend(qg, k, v, scale).transpose(1, 2)
         if rows is None:
             return o
         if out is None:
@@ -110,9 +131,54 @@ def gather_sdpa(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, bat
     return out
 
 
+def gather_sdpa(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
+                scale: float | None = None, sdpa_backend=None) -> torch.Tensor:
+    """Gather + SDPA; ``sdpa_backend`` pins one ``SDPBackend`` (default: PyTorch picks)."""
+    if sdpa_backend is not None:
+        from torch.nn.attention import sdpa_kernel
+        with sdpa_kernel([sdpa_backend]):
+            return _gathered(q, k_pool, v_pool, batch, scale, _sdpa)
+    return _gathered(q, k_pool, v_pool, batch, scale, _sdpa)
+
+
+def _direct_ok(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
+    # What the aten kernels take without SDPA's front end: same head count (the
+    # front end expands GQA), 16-bit CUDA tensors, a head dim they support unpadded.
+    D = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[2] == k_pool.shape[2] and D % 8 == 0 and D <= 256)
+
+
+def _flash_direct(qh, kh, vh, scale):
+    return torch.ops.aten._scaled_dot_product_flash_attention.default(
+        qh, kh, vh, 0.0, False, False, scale=scale)[0]
+
+
+def _cudnn_direct(qh, kh, vh, scale):
+    return torch.ops.aten._scaled_dot_product_cudnn_attention.default(
+        qh, kh, vh, None, False, 0.0, False, False, scale=scale)[0]
+
+
+def gather_flash(q, k_pool, v_pool, batch, scale=None):
+    if _direct_ok(q, k_pool):
+        return _gathered(q, k_pool, v_pool, batch, scale, _flash_direct)
+    from torch.nn.attention import SDPBackend
+    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.FLASH_ATTENTION)
+
+
+def gather_cudnn(q, k_pool, v_pool, batch, scale=None):
+    if _direct_ok(q, k_pool):
+        return _gathered(q, k_pool, v_pool, batch, scale, _cudnn_direct)
+    from torch.nn.attention import SDPBackend
+    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.CUDNN_ATTENTION)
+
+
 # -- FlexAttention on the pool ------------------------------------------------------
 
 _compiled_flex: Callable | None = None
+# Every row attends at least its own chunk, so no query row is fully masked and
+# the kernel may skip its all-masked-row guard.
+_FLEX_BASE_OPTIONS = {"ROWS_GUARANTEED_SAFE": True}
 
 
 def _flex_fn(device: torch.device) -> Callable:
@@ -121,6 +187,11 @@ def _flex_fn(device: torch.device) -> Callable:
         return flex_attention
     global _compiled_flex
     if _compiled_flex is None:
+        # Each kernel_options dict is a separate specialisation of the same code
+        # object; the default limit (8) would send later configs to eager flex,
+        # which is dense and very slow. Only ever raised, never lowered.
+        import torch._dynamo.config as dynamo_config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         # dynamic=None: the first recompile (a new batch size) makes the sizes
         # symbolic, so varying batches do not pile up recompiles.
         _compiled_flex = torch.compile(flex_attention)
@@ -170,8 +241,18 @@ def _flex_block_mask(batch: KVBatch, Lq: int, num_blocks: int, block_size: int):
     return bm
 
 
+def _mark_batch_dynamic(qt: torch.Tensor, bm) -> None:
+    # Compile once for every batch size >= 2 instead of once static, once
+    # dynamic: only the grid depends on the batch. (Size 1 is always specialised.)
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(qt, 0)
+    for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices):
+        if t is not None:
+            mark(t, 0)
+
+
 def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
-         scale: float | None = None) -> torch.Tensor:
+         scale: float | None = None, kernel_options: Mapping[str, Any] | None = None) -> torch.Tensor:
     R, Lq, Hq, D = q.shape
     nb, bs, Hkv, _ = k_pool.shape
     if not flex_supported(bs):
@@ -179,25 +260,41 @@ def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVB
     bm = _flex_block_mask(batch, Lq, nb, bs)
     k = k_pool.view(1, nb * bs, Hkv, D).transpose(1, 2)
     v = v_pool.view(1, nb * bs, Hkv, D).transpose(1, 2)
-    out = _flex_fn(q.device)(q.transpose(1, 2), k, v, block_mask=bm, scale=scale,
-                             enable_gqa=Hq != Hkv)
+    qt = q.transpose(1, 2)
+    options = dict(_FLEX_BASE_OPTIONS)
+    if kernel_options:
+        options.update(kernel_options)
+    if q.is_cuda and R > 1:
+        _mark_batch_dynamic(qt, bm)
+    out = _flex_fn(q.device)(qt, k, v, block_mask=bm, scale=scale, enable_gqa=Hq != Hkv,
+                             kernel_options=options)
     return out.transpose(1, 2)
 
 
-def _gather_flash(q, k_pool, v_pool, batch, scale=None):
-    from torch.nn.attention import SDPBackend
-    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.FLASH_ATTENTION)
-
-
-def _gather_cudnn(q, k_pool, v_pool, batch, scale=None):
-    from torch.nn.attention import SDPBackend
-    return gather_sdpa(q, k_pool, v_pool, batch, scale, SDPBackend.CUDNN_ATTENTION)
-
-
 _IMPLS: dict[str, Callable] = {"gather_sdpa": gather_sdpa, "flex": flex,
-                               "gather_flash": _gather_flash, "gather_cudnn": _gather_cudnn}
-# Candidates ``auto`` measures on CUDA (the pinned-SDPA variants only matter there).
-_CUDA_CANDIDATES = ("gather_sdpa", "gather_flash", "gather_cudnn", "flex")
+                               "gather_flash": gather_flash, "gather_cudnn": gather_cudnn}
+# Candidates ``auto`` measures on CUDA (the pinned-SDPA variants only matter there),
+# before the ``FLEX_CONFIGS`` variants.
+CUDA_CANDIDATES = ("gather_sdpa", "gather_flash", "gather_cudnn", "flex")
+
+
+def flex_backend(kernel_options: Mapping[str, Any]) -> str:
+    """Register ``flex`` with these Triton kernel options; returns the backend name.
+
+    The name lists the options in key order, e.g. ``flex:BLOCK_M=64,BLOCK_N=64``,
+    so the same options always give the same name.
+    """
+    if not kernel_options:
+        return "flex"
+    opts = dict(sorted(kernel_options.items()))
+    name = "flex:" + ",".join(f"{k}={v}" for k, v in opts.items())
+    if name not in _IMPLS:
+        _IMPLS[name] = functools.partial(flex, kernel_options=opts)
+    return name
+
+
+def is_flex(name: str) -> bool:
+    return name == "flex" or name.startswith("flex:")
 
 
 # -- choosing ----------------------------------------------------------------------
@@ -206,10 +303,17 @@ class AttentionDispatch:
     """Runs the configured backend; ``auto`` measures the candidates once per shape."""
 
     def __init__(self, backend: str = "auto", *, warmup: int = 2, reps: int = 5,
-                 tune_on_cpu: bool = False) -> None:
+                 tune_on_cpu: bool = False, candidates: tuple[str, ...] | None = None) -> None:
         if backend != "auto" and backend not in _IMPLS:
-            raise ValueError(f"unknown attention backend {backend!r}; choose auto or {BACKENDS}")
+            raise ValueError(f"unknown attention backend {backend!r}; choose auto or "
+                             f"{tuple(_IMPLS)} (flex_backend() registers more)")
+        if candidates is None:
+            candidates = CUDA_CANDIDATES + tuple(flex_backend(o) for o in FLEX_CONFIGS)
+        unknown = [c for c in candidates if c not in _IMPLS]
+        if unknown:
+            raise ValueError(f"unknown attention candidates {unknown}")
         self.backend = backend
+        self.candidates = tuple(dict.fromkeys(candidates))
         self.warmup = warmup
         self.reps = reps
         self.tune_on_cpu = tune_on_cpu  # tests exercise the tuner without a GPU
@@ -235,9 +339,9 @@ class AttentionDispatch:
             return hit["backend"]
         times: dict[str, float | str] = {}
         reference = gather_sdpa(q, k_pool, v_pool, batch, scale).float()
-        for name in _CUDA_CANDIDATES:
+        for name in self.candidates:
             impl = _IMPLS[name]
-            if name == "flex" and not flex_supported(k_pool.shape[1]):
+            if is_flex(name) and not flex_supported(k_pool.shape[1]):
                 times[name] = "unsupported block size"
                 continue
             try:

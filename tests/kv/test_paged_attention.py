@@ -9,7 +9,8 @@ from kv import retention
 from kv.cache import PagedKVCache
 from kv.capacity import pool_blocks
 from kv.geometry import KVGeometry
-from kv.paged_attention import AttentionDispatch, paged_attention
+from kv import paged_attention as pa
+from kv.paged_attention import AttentionDispatch, flex_backend, paged_attention
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
@@ -113,9 +114,74 @@ def test_auto_tuner_measures_checks_and_keeps_a_choice():
     (key, choice), = c.attention.choices.items()
     assert key[0] == 2                                  # batch-size bucket
     times = choice["times_ms"]
-    assert set(times) == {"gather_sdpa", "gather_flash", "gather_cudnn", "flex"}
+    assert set(times) == {"gather_sdpa", "gather_flash", "gather_cudnn", "flex",
+                          "flex:BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"}
     assert isinstance(times["gather_sdpa"], float)
     assert str(times["gather_cudnn"]).startswith("error")  # no cuDNN on the CPU
     assert choice["backend"] in {n for n, t in times.items() if isinstance(t, float)}
     paged_attention(q, None, None, c, 0, batch)         # second call: no new measurement
     assert len(c.attention.choices) == 1
+
+
+# Triton kernel options do nothing on the CPU (eager flex), but the backend
+# built from them must still be the same attention, and its name stable.
+FLEX_OPTS = {"num_warps": 4, "BLOCK_N": 64, "BLOCK_M": 64, "num_stages": 3}
+
+
+def test_flex_backend_names_and_registers_once():
+    name = flex_backend(FLEX_OPTS)
+    assert name == "flex:BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"
+    impl = pa._IMPLS[name]
+    assert flex_backend(dict(reversed(list(FLEX_OPTS.items())))) == name
+    assert pa._IMPLS[name] is impl
+    assert flex_backend({}) == "flex"
+    assert pa.is_flex(name) and pa.is_flex("flex") and not pa.is_flex("gather_flash")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flex_with_kernel_options_matches_dense_reference(device, dtype):
+    worst, _ = drive(device, flex_backend(FLEX_OPTS), dtype)
+    assert worst < TOL[dtype]
+
+
+@pytest.mark.parametrize("backend", ["gather_flash", "gather_cudnn"])
+def test_pinned_gather_backends_match_dense_reference(device, backend):
+    # GQA here, so even on CUDA these take the SDPA-pinned fallback; the CPU has
+    # a flash kernel but no cuDNN one.
+    if device.type == "cpu" and backend == "gather_cudnn":
+        with pytest.raises(RuntimeError):
+            drive(device, backend, torch.float32)
+        return
+    worst, _ = drive(device, backend, torch.bfloat16)
+    assert worst < TOL[torch.bfloat16]
+
+
+def test_auto_candidates_are_configurable_and_checked():
+    d = AttentionDispatch("auto", candidates=("gather_sdpa",))
+    assert d.candidates == ("gather_sdpa",)
+    with pytest.raises(ValueError):
+        AttentionDispatch("auto", candidates=("gather_sdpa", "nope"))
+    default = AttentionDispatch("auto")
+    assert default.candidates == pa.CUDA_CANDIDATES + tuple(flex_backend(o) for o in pa.FLEX_CONFIGS)
+
+
+def test_gather_plan_is_built_once_per_batch():
+    # Every layer of a tick reuses the batch's plans: the second layer finds them.
+    torch.manual_seed(0)
+    g = KVGeometry(num_layers=2, kv_heads=2, head_dim=16, tokens_per_frame=128, block_size=128,
+                   sink_frames=1, window_frames=1, dtype=torch.float32)
+    c = PagedKVCache(g, pool_blocks(g, 2, 2), max_sessions=2, attention_backend="gather_sdpa")
+    for sid in "ab":
+        c.open(sid)
+    batch = c.begin_batch(["a", "b"])
+    q = torch.randn(2, 128, 2, 16)
+    paged_attention(q, q, q, c, 0, batch)
+    plan = batch.plans["gather"]
+    paged_attention(q, q, q, c, 1, batch)
+    assert batch.plans["gather"] is plan
+    flex_out = paged_attention(q, None, None, c, 1, batch, backend="flex")
+    bm = batch.plans[("flex", 128)]
+    paged_attention(q, None, None, c, 0, batch, backend="flex")
+    assert batch.plans[("flex", 128)] is bm
+    ref = paged_attention(q, None, None, c, 1, batch, backend="gather_sdpa")
+    assert torch.allclose(flex_out, ref, atol=1e-5)
