@@ -30,7 +30,6 @@ This module is pure (msgpack + numpy): decode, validate, encode. The endpoint in
 
 from __future__ import annotations
 
-import math
 import numbers
 import re
 from dataclasses import dataclass, field
@@ -82,7 +81,14 @@ def _encode(obj: Any) -> Any:
     return obj
 
 
+# Accepted dtype strings seen so far ("|u1", "<f4", ...): a robot sends the same few every call.
+_DTYPES: dict[str, np.dtype] = {}
+
+
 def _dtype(spec: Any) -> np.dtype:
+    dtype = _DTYPES.get(spec) if isinstance(spec, str) else None
+    if dtype is not None:
+        return dtype
     if not isinstance(spec, str):
         raise WireError(f"array dtype must be a string, got {type(spec).__name__}")
     try:
@@ -91,6 +97,8 @@ def _dtype(spec: Any) -> np.dtype:
         raise WireError(f"unknown array dtype {spec!r}") from exc
     if dtype.kind in _REFUSED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise WireError(f"unsupported array dtype {spec!r}")
+    if len(_DTYPES) < 256:
+        _DTYPES[spec] = dtype
     return dtype
 
 
@@ -101,13 +109,16 @@ def _decode(obj: dict) -> Any:
         if not isinstance(data, bytes):
             raise WireError("array data must be bytes")
         dtype = _dtype(obj.get(b"dtype"))
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        if type(shape) is not list:
             raise WireError("array shape must be a list of non-negative ints")
-        if math.prod(shape) * dtype.itemsize != len(data):
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                raise WireError("array shape must be a list of non-negative ints")
+            count *= d
+        if count * dtype.itemsize != len(data):
             raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
-                            f"{math.prod(shape) * dtype.itemsize}")
+                            f"{count * dtype.itemsize}")
         # A view of the immutable received bytes: read-only, as with the reference.
         return np.ndarray(buffer=data, dtype=dtype, shape=shape)
     if b"__npgeneric__" in obj:
@@ -355,12 +366,15 @@ def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
     if value.shape != (metadata.state_dim,):
         raise WireError(f"{name} must have shape [{metadata.state_dim}], got {list(value.shape)}")
     # Any real dtype is accepted (robots often send float64); the policy gets float32.
-    with np.errstate(over="ignore", invalid="ignore"):
-        state = value.astype(np.float32)
-    bad = np.flatnonzero(~np.isfinite(state))
-    if bad.size:
-        raise WireError(f"{name} has a non-finite value (NaN or inf) at index {int(bad[0])}")
-    state.flags.writeable = False
+    if value.dtype == np.float32 and not value.flags.writeable:
+        state = value  # the usual case: a read-only view of the received bytes
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            state = value.astype(np.float32)
+        state.flags.writeable = False
+    if not np.isfinite(state).all():
+        bad = int(np.flatnonzero(~np.isfinite(state))[0])
+        raise WireError(f"{name} has a non-finite value (NaN or inf) at index {bad}")
     return state
 
 

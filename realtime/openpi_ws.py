@@ -35,6 +35,7 @@ connection used is released when it closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -82,6 +83,7 @@ class OpenPIConnection:
         self.packer = wire.make_packer()
         self.requests = itertools.count()
         self.prev_total_ms: float | None = None
+        self.left = False  # the robot disconnected while a request was in flight
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -99,11 +101,17 @@ class OpenPIConnection:
                 if message["type"] == "websocket.disconnect":
                     return
                 received = time.perf_counter()
-                pending = asyncio.ensure_future(self.ws.receive())
                 work = asyncio.ensure_future(self.handle(message))
-                if not await self._finish_or_disconnect(work, pending):
-                    return
-                await self.ws.send_bytes(work.result())
+                pending = asyncio.ensure_future(self.ws.receive())
+                pending.add_done_callback(functools.partial(self._on_next_message, work))
+                try:
+                    reply = await work
+                except asyncio.CancelledError:
+                    if self.left:  # cancelled by _on_next_message, not by a server shutdown
+                        log.info("session %s: robot left during inference", self.conn_id)
+                        return
+                    raise
+                await self.ws.send_bytes(reply)
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
             await self._refuse(str(exc))
@@ -119,19 +127,15 @@ class OpenPIConnection:
                 pending.cancel()
             self._release()
 
-    async def _finish_or_disconnect(self, work: asyncio.Task, pending: asyncio.Task) -> bool:
-        """Wait for ``work``; False if the robot went away first (``work`` is cancelled)."""
-        while not work.done():
-            await asyncio.wait((work, pending), return_when=asyncio.FIRST_COMPLETED)
-            if work.done():
-                break
-            if pending.result()["type"] == "websocket.disconnect":
-                work.cancel()
-                log.info("session %s: robot left during inference", self.conn_id)
-                return False
-            # A pipelined request: it stays in ``pending`` and is answered next.
-            await asyncio.wait((work,))
-        return True
+    def _on_next_message(self, work: asyncio.Task, pending: asyncio.Task) -> None:
+        """The robot's next message arrived while ``work`` may still run. A disconnect
+        cancels the work (its queued tick is skipped by the engine); a pipelined
+        request stays in ``pending`` and is answered after this one."""
+        if pending.cancelled() or pending.exception() is not None:
+            return
+        if pending.result()["type"] == "websocket.disconnect" and not work.done():
+            self.left = True
+            work.cancel()
 
     async def _refuse(self, text: str) -> None:
         log.info("session %s: closing with error: %s", self.conn_id, text)
