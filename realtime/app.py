@@ -33,7 +33,8 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms)
+        policy_waits = {name: config.policy.batch_wait_ms for name in inventory.names("policy")}
+        engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits)
         app.state.engine = engine
         for adapter in inventory.adapters.values():
             # Adapters that drop sessions on their own (LRU eviction) report through the engine.

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"
-    # How long the engine waits for more ticks of the same model to fill a batch.
-    batch_wait_ms: float = 2.0
+    # How long after a model's batch ends the engine waits for that batch's sessions
+    # to queue their next tick (realtime/engine.py, _take_batch); strangers never wait.
+    batch_wait_ms: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class PolicyConfig:
     # "default", "dummy" or a user policy as "module:factory"; empty disables the endpoint.
     policy: str = "default"
     max_batch: int = 32
-    batch_wait_ms: float = 3.0
+    # The engine's returner wait for the policy model (robots call again after acting).
+    batch_wait_ms: float = 20.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ One step of the loop::
 
     controls first ──> pick the model whose oldest tick waited longest
                    ──> take up to adapter.max_batch ticks of that model
-                       (waiting at most batch_wait_ms for more to arrive)
+                       (waiting, at most batch_wait_ms after that model's last
+                       batch ended, for the sessions of that batch to return)
                    ──> adapter.run_batch(works) ──> validate each result
                    ──> adapter.end_tick(session, committed) ──> resolve futures
 
@@ -80,9 +81,19 @@ class EngineStats:
 class Engine:
     """Runs every model on one thread and batches work across sessions."""
 
-    def __init__(self, adapters: Mapping[str, ModelAdapter], *, batch_wait_ms: float = 2.0) -> None:
+    def __init__(
+        self,
+        adapters: Mapping[str, ModelAdapter],
+        *,
+        batch_wait_ms: float = 20.0,
+        model_wait_ms: Mapping[str, float] | None = None,
+    ) -> None:
         self._adapters = dict(adapters)
-        self._batch_wait = batch_wait_ms / 1000.0
+        # Per model: how long after a batch ends the engine waits for that batch's
+        # sessions to queue their next tick (see _take_batch).
+        self._wait = {n: (model_wait_ms or {}).get(n, batch_wait_ms) / 1000.0 for n in self._adapters}
+        self._returners: dict[str, frozenset[str]] = {n: frozenset() for n in self._adapters}
+        self._free_since: dict[str, float] = {n: 0.0 for n in self._adapters}
         self._ticks: dict[str, collections.deque[_Job]] = {n: collections.deque() for n in self._adapters}
         self._controls: collections.deque[_Control] = collections.deque()
         self._cv = threading.Condition()
@@ -235,7 +246,19 @@ class Engine:
             _resolve(item.loop, item.future, value)
 
     def _take_batch(self) -> list[_Job]:
-        """Oldest-first across models; wait up to batch_wait for a fuller batch."""
+        """Oldest-first across models, then wait for the model's returning sessions.
+
+        Sessions in a loop (a world client holding credits, a robot calling again)
+        queue their next tick a moment after their last batch ends. Waiting for
+        those *returners*, and only for them, keeps a fleet in full batches::
+
+            no wait:     [== 8 ==][== 8 ==][== 8 ==]      the fleet stays split
+            returners:   [== 8 ==]w[=== 16 ===]w[=== 16 ===]
+
+        A session that was not in the last batch never makes anyone wait, so a
+        lone caller is served at once; the wait ends batch_wait_ms after the last
+        batch at the latest (a returner may have stopped: out of credits, closed).
+        """
         with self._cv:
             ready = [(q[0].enqueued, name) for name, q in self._ticks.items() if q]
             if not ready:
@@ -243,15 +266,21 @@ class Engine:
             _, name = min(ready)
             queue = self._ticks[name]
             limit = max(1, self._adapters[name].max_batch)
-            if limit > 1 and len(queue) < limit and self._batch_wait > 0:
-                deadline = queue[0].enqueued + self._batch_wait
-                while len(queue) < limit and not self._controls and not self._stopping:
-                    remaining = deadline - time.perf_counter()
-                    if remaining <= 0:
-                        break
-                    self._cv.wait(remaining)
-                if self._controls or self._stopping or not queue:
-                    return []  # serve controls first; the ticks stay queued
+            returners = self._returners[name]
+            deadline = self._free_since[name] + self._wait[name]
+            while (
+                len(queue) < limit
+                and returners
+                and not returners <= {j.session_id for j in queue}
+                and not self._controls
+                and not self._stopping
+            ):
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+            if self._controls or self._stopping or not queue:
+                return []  # serve controls first; the ticks stay queued
             batch: list[_Job] = []
             seen: set[str] = set()
             skipped: list[_Job] = []
@@ -270,6 +299,14 @@ class Engine:
             return batch
 
     def _run_batch(self, batch: list[_Job]) -> None:
+        try:
+            self._forward(batch)
+        finally:
+            model = batch[0].model
+            self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
+            self._free_since[model] = time.perf_counter()
+
+    def _forward(self, batch: list[_Job]) -> None:
         adapter = self._adapters[batch[0].model]
         started = time.perf_counter()
         try:
@@ -285,7 +322,7 @@ class Engine:
             if len(batch) > 1:
                 log.warning("batch of %d on %s failed (%r); re-running one by one", len(batch), adapter.name, exc)
                 for job in batch:
-                    self._run_batch([job])
+                    self._forward([job])
                 return
             self._fail(batch[0], exc)
             return

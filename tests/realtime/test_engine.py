@@ -60,11 +60,50 @@ def test_ticks_of_sessions_are_batched_and_end_ticks_reported():
     model = Doubler(max_batch=4)
 
     async def main(engine: Engine):
-        return await asyncio.gather(*(engine.submit("doubler", i, session_id=f"s{i}") for i in range(4)))
+        hold = threading.Event()
+        engine.post_control(lambda: hold.wait(5))  # the engine is busy while all four queue
+        ticks = asyncio.gather(*(engine.submit("doubler", i, session_id=f"s{i}") for i in range(4)))
+        await asyncio.sleep(0.05)
+        hold.set()
+        return await ticks
 
     assert with_engine(model, main) == [0, 2, 4, 6]
     assert model.batches == [[0, 1, 2, 3]]
     assert sorted(model.ended) == [(f"s{i}", True) for i in range(4)]
+
+
+def test_a_fleet_in_a_loop_stays_in_full_batches():
+    """Sessions answered by one batch are waited for; a lone newcomer is not."""
+    model = Doubler(max_batch=8, delay=0.02)
+
+    async def robot(engine: Engine, sid: str, calls: int) -> None:
+        for k in range(calls):
+            await engine.submit("doubler", 100 + k, session_id=sid)
+            await asyncio.sleep(0.001 * (hash(sid) % 3))  # robots take a moment to act
+
+    async def main(engine: Engine):
+        hold = threading.Event()
+        engine.post_control(lambda: hold.wait(5))
+        fleet = asyncio.gather(*(robot(engine, f"r{i}", 6) for i in range(8)))
+        await asyncio.sleep(0.05)
+        hold.set()
+        await fleet
+
+    with_engine(model, main, batch_wait_ms=50.0)
+    assert [len(b) for b in model.batches] == [8] * 6
+
+
+def test_a_lone_session_does_not_wait():
+    model = Doubler(max_batch=8)
+
+    async def main(engine: Engine):
+        started = time.perf_counter()
+        for k in range(20):
+            await engine.submit("doubler", 100 + k, session_id="alone")
+        return (time.perf_counter() - started) / 20
+
+    # batch_wait is 1 s: a lone session (its own only returner) never pays it.
+    assert with_engine(model, main, batch_wait_ms=1000.0) < 0.1
 
 
 def test_one_session_never_twice_in_a_batch():
@@ -81,9 +120,14 @@ def test_a_failing_work_fails_alone():
     model = Doubler(max_batch=4)
 
     async def main(engine: Engine):
-        return await asyncio.gather(
+        hold = threading.Event()
+        engine.post_control(lambda: hold.wait(5))
+        ticks = asyncio.gather(
             *(engine.submit("doubler", w, session_id=f"s{w}") for w in (1, 13, 3)), return_exceptions=True
         )
+        await asyncio.sleep(0.05)
+        hold.set()
+        return await ticks
 
     one, bad, three = with_engine(model, main)
     assert (one, three) == (2, 6)
