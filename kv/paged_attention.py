@@ -176,6 +176,9 @@ def gather_cudnn(q, k_pool, v_pool, batch, scale=None):
 # -- FlexAttention on the pool ------------------------------------------------------
 
 _compiled_flex: Callable | None = None
+# Mark the batch dimension dynamic before the first compile (see _mark_batch_dynamic);
+# a switch so a torch version that rejects it can be measured without it.
+FLEX_MARK_DYNAMIC = True
 # Every row attends at least its own chunk, so no query row is fully masked and
 # the kernel may skip its all-masked-row guard.
 _FLEX_BASE_OPTIONS = {"ROWS_GUARANTEED_SAFE": True}
@@ -264,7 +267,7 @@ def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVB
     options = dict(_FLEX_BASE_OPTIONS)
     if kernel_options:
         options.update(kernel_options)
-    if q.is_cuda and R > 1:
+    if q.is_cuda and R > 1 and FLEX_MARK_DYNAMIC:
         _mark_batch_dynamic(qt, bm)
     out = _flex_fn(q.device)(qt, k, v, block_mask=bm, scale=scale, enable_gqa=Hq != Hkv,
                              kernel_options=options)
@@ -325,7 +328,11 @@ class AttentionDispatch:
                  backend: str | None = None) -> torch.Tensor:
         name = backend or self.backend
         if name == "auto":
-            name = self._choose(q, k_pool, v_pool, batch, scale)
+            # Every layer of a tick has the same shapes: choose once per batch.
+            memo = ("auto", q.shape, k_pool.shape, q.dtype)
+            name = batch.plans.get(memo)
+            if name is None:
+                name = batch.plans[memo] = self._choose(q, k_pool, v_pool, batch, scale)
         return _IMPLS[name](q, k_pool, v_pool, batch, scale)
 
     def _choose(self, q, k_pool, v_pool, batch, scale) -> str:

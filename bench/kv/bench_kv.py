@@ -44,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 from kv.cache import PagedKVCache  # noqa: E402
 from kv.capacity import pool_blocks  # noqa: E402
 from kv.geometry import KVGeometry  # noqa: E402
-from kv.paged_attention import _IMPLS, flex_supported  # noqa: E402
+from kv.paged_attention import _IMPLS, FLEX_CONFIGS, flex_backend, flex_supported, is_flex  # noqa: E402
 from kv.residency import Residency  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
@@ -190,7 +190,7 @@ def attention_case(g: KVGeometry, batch_size: int, device, *, backends, seed=0):
         except Exception as exc:  # a backend unavailable for this shape
             res["times_ms"][name] = f"error: {type(exc).__name__}: {exc}"[:200]
     for name in backends:
-        if name == "flex" and not flex_supported(g.block_size):
+        if is_flex(name) and not flex_supported(g.block_size):
             res["times_ms"][name] = "n/a: block_size not a multiple of 128"
             continue
         impl = _IMPLS[name]
@@ -435,6 +435,8 @@ def main():
         backends = ["gather_sdpa", "flex"]
         if device.type == "cuda":
             backends += ["gather_flash", "gather_cudnn"]
+        # The tuned flex configs auto also tries (bench_attention_tune.py picks them).
+        backends += [flex_backend(o) for o in FLEX_CONFIGS]
         if args.quick:
             maze = dataclasses.replace(MAZE, window_frames=3, tokens_per_frame=128, block_size=128)
             cases = [("maze_b1", maze, 1), ("maze_b4", maze, 4)]
