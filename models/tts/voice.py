@@ -130,9 +130,12 @@ class TorchVoice:
                 out.append(torch.zeros(self.channels, 1, device=dev))
                 continue
             rep = rep.to(dev)
-            z_p = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0).T
+            # output_size: the length is known on the host, so CUDA need not sync for it.
+            z_p = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0, output_size=frames).T
             if r.noise_scale:
-                log_var = torch.repeat_interleave(enc.prior_log_variances[b, : lengths[b]], rep, dim=0).T
+                log_var = torch.repeat_interleave(
+                    enc.prior_log_variances[b, : lengths[b]], rep, dim=0, output_size=frames
+                ).T
                 noise = torch.randn(z_p.shape, generator=gens[b]).to(dev)
                 z_p = z_p + noise * torch.exp(log_var) * r.noise_scale
             out.append(z_p)
