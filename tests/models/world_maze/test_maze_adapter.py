@@ -1,0 +1,131 @@
+"""MazeWorld behind the ModelAdapter seam, served through kv/'s paged cache (CPU, a tiny checkpoint)."""
+
+import numpy as np
+import pytest
+import torch
+
+from models.base import ModelError, WorldTick
+from models.world.maze.adapter import MazeWorld
+from models.world.maze.cache import FrameCache
+from models.world.maze.model import MazeDiT, MazeDiTConfig
+from models.world.maze.rollout import SamplerConfig, next_frame, to_model, write_frame
+from models.world.maze.sim import MazeSim
+from models.world.maze.weights import load_model, save_weights
+
+TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    torch.manual_seed(0)
+    m = MazeDiT(TINY)
+    for blk in m.blocks:
+        torch.nn.init.normal_(blk.ada.weight, std=0.05)
+    torch.nn.init.normal_(m.out.weight, std=0.05)
+    path = tmp_path_factory.mktemp("maze") / "tiny.safetensors"
+    save_weights(m, path, extra={"steps": 3})
+    return path
+
+
+def tick(sid: str, ci: int, *keys: str, seed: int = 0) -> WorldTick:
+    return WorldTick(session_id=sid, request_id=f"{sid}-{ci}", chunk_index=ci, applied_event_ids=(ci,),
+                     prompt=None, actions=tuple(frozenset(k) for k in keys), seed=seed)
+
+
+def play(world: MazeWorld, ticks: list[WorldTick], committed: bool = True):
+    out = world.run_batch(ticks)
+    for c in out:
+        world.end_tick(c.session_id, committed)
+    return out
+
+
+def test_describe_and_geometry(weights):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    d = w.describe()
+    assert (d["kind"], d["name"], d["denoising_steps"], d["window_frames"], d["train_steps"]) == (
+        "world", "maze", 2, 4, 3)
+    g = w.geometry
+    assert (g.height, g.width, g.frames_per_chunk, g.num_layers, g.kv_heads, g.head_dim,
+            g.tokens_per_frame, g.sink_frames, g.window_frames, g.dtype_bytes) == (
+        64, 64, 1, 2, 1, 64, 256, 1, 4, 4)
+
+
+def test_first_chunk_is_the_simulators_start_frame_and_echoes_ids(weights):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    (c,) = play(w, [tick("s", 0, "w", seed=11)])
+    assert (c.session_id, c.request_id, c.chunk_index, c.applied_event_ids) == ("s", "s-0", 0, (0,))
+    assert c.frames.shape == (1, 64, 64, 3) and c.frames.dtype == np.uint8
+    assert np.array_equal(c.frames[0], MazeSim([11]).render()[0].numpy())
+
+
+def test_paged_serving_matches_the_contiguous_cache_path(weights):
+    """kv's paged attention gives the frames the evaluation's contiguous cache gives."""
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5)
+    frames = [play(w, [tick("s", 0, "", seed=3)])[0].frames[0]]
+    keys = ["w", "w", "l", "wl", "", "a", "s", "j"]
+    for i, k in enumerate(keys, 1):
+        frames.append(play(w, [tick("s", i, k)])[0].frames[0])
+
+    model = load_model(weights)
+    cache = FrameCache(TINY, 1, 4, "cpu")
+    view = cache.view()
+    gen = torch.Generator().manual_seed(5)
+    first = MazeSim([3]).render()
+    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), 4)
+    ref = [first[0].numpy()]
+    for i, k in enumerate(keys, 1):
+        a = torch.tensor([[1.0 if c in k else 0.0 for c in "wasdijkl"]])
+        x0, _ = next_frame(model, view, a, torch.tensor([i]), 4, SamplerConfig(steps=2), gen)
+        ref.append(((x0.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(1, -1)[0].numpy())
+    diff = np.abs(np.stack(frames).astype(int) - np.stack(ref).astype(int))
+    assert diff.max() <= 1 and diff.mean() < 1e-3
+
+
+def test_dropped_tick_leaves_the_session_as_it_was(weights):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    play(w, [tick("s", 0, "")])
+    play(w, [tick("s", 1, "w")])
+    free, frames = w.cache.num_free_blocks, w.cache.committed_frames("s")
+    assert frames == 2
+    play(w, [tick("s", 2, "l")], committed=False)
+    assert (w.cache.num_free_blocks, w.cache.committed_frames("s")) == (free, frames)
+    play(w, [tick("s", 2, "l")])
+    assert w.cache.committed_frames("s") == 3
+
+
+def test_batches_mix_new_and_running_sessions_and_reset_restarts(weights):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    play(w, [tick("a", 0, "", seed=1)])
+    out = play(w, [tick("a", 1, "w"), tick("b", 0, "", seed=2)])
+    assert np.array_equal(out[1].frames[0], MazeSim([2]).render()[0].numpy())
+    assert (w.cache.committed_frames("a"), w.cache.committed_frames("b")) == (2, 1)
+    # chunk_index 0 again (a reset): the world starts over from its seed.
+    (c,) = play(w, [tick("a", 0, "", seed=4)])
+    assert np.array_equal(c.frames[0], MazeSim([4]).render()[0].numpy())
+    assert w.cache.committed_frames("a") == 1
+    with pytest.raises(ModelError):
+        w.run_batch([tick("a", 1, "w", "w")])   # two actions for a one-frame chunk
+    w.release("a")
+    w.release("a")
+    w.release("b")
+    assert w.cache.num_resident == 0
+
+
+def test_multi_frame_chunks(weights):
+    w = MazeWorld(weights=weights, frames_per_chunk=3, max_sessions=2, max_batch=2)
+    (c,) = play(w, [tick("s", 0, "", "w", "w", seed=6)])
+    assert c.frames.shape == (3, 64, 64, 3)
+    assert np.array_equal(c.frames[0], MazeSim([6]).render()[0].numpy())
+    (c,) = play(w, [tick("s", 1, "l", "l", "l")])
+    assert c.frames.shape == (3, 64, 64, 3) and w.cache.committed_frames("s") == 6
+    # A dropped multi-frame tick restarts the world (its first frames were already kept).
+    play(w, [tick("s", 2, "w", "w", "w")], committed=False)
+    assert "s" not in w.cache
+    (c,) = play(w, [tick("s", 2, "", "", "", seed=6)])
+    assert np.array_equal(c.frames[0], MazeSim([6]).render()[0].numpy())
+
+
+def test_shipped_weights_load():
+    w = MazeWorld(max_sessions=1, max_batch=1)
+    d = w.describe()
+    assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 4515, 192)
