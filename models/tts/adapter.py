@@ -69,6 +69,8 @@ logger = logging.getLogger(__name__)
 
 SUPPORTED_RATES = (22050, 24000)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0  # the protocol narrows this further
+# The segmenter cuts at 200; this only bounds the encoder's O(n^2) attention.
+MAX_SENTENCE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class SynthesizeSentence:
             raise ValueError("speed %r outside [%s, %s]" % (self.speed, MIN_SPEED, MAX_SPEED))
         if self.sample_rate not in SUPPORTED_RATES:
             raise ValueError("sample_rate %r not in %s" % (self.sample_rate, SUPPORTED_RATES))
+        if len(self.text) > MAX_SENTENCE_CHARS:
+            raise ValueError("sentence of %d characters; the limit is %d" % (len(self.text), MAX_SENTENCE_CHARS))
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class AudioChunk:
     session_id: str
     utterance_index: int
     sentence_index: int
-    window_index: int
+    window_index: int  # -1 when nothing was decoded (stale, or nothing to say)
     pcm: bytes = field(repr=False)  # PCM16 LE mono at sample_rate
     samples: int  # samples in pcm
     sample_rate: int

@@ -146,6 +146,8 @@ def test_bad_works(quiet_tts):
         SynthesizeSentence("x", 0, 0, "hi", speed=0.0)
     with pytest.raises(ValueError):
         SynthesizeSentence("x", 0, 0, "hi", sample_rate=16000)
+    with pytest.raises(ValueError):
+        SynthesizeSentence("x", 0, 0, "a" * 2001)
 
 
 def test_noise_on_is_reproducible_per_seed(voice, quiet_tts):
