@@ -7,7 +7,7 @@ the real-time factor (RTF) is compute time over audio time for the whole
 sentence. Piper's own ONNX Runtime synthesis (whole sentences) runs in the same
 process, interleaved with ours, as the baseline::
 
-    python -m bench.tts.bench_tts --threads 2 --out bench/results/tts_cpu.json
+    python -m bench.tts.bench_tts --cpu-threads 2 1 --out bench/results/tts_cpu.json
 
 Sessions (``--sessions N``, any device): N sessions each stream a paragraph
 (3-4 sentences) that arrives complete at t0, driven the way the engine drives
@@ -88,6 +88,7 @@ def summary_ms(values: Sequence[float]) -> dict[str, float]:
         "p50": round(pct(ms, 50), 2),
         "p90": round(pct(ms, 90), 2),
         "p99": round(pct(ms, 99), 2),
+        "min": round(min(ms), 2),
         "max": round(max(ms), 2),
         "mean": round(statistics.fmean(ms), 2),
         "n": len(ms),
@@ -202,6 +203,18 @@ def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
     }
 
 
+def _summarise(values: list[tuple[float, float, float]]) -> dict[str, Any]:
+    ttfa, total, audio = zip(*values)
+    rtf = [t / a for t, a in zip(total, audio)]
+    return {
+        "ttfa_ms": summary_ms(ttfa),
+        "rtf_p50": round(pct(rtf, 50), 4),
+        "rtf_min": round(min(rtf), 4),
+        "rtf_mean": round(statistics.fmean(rtf), 4),
+        "audio_s_mean": round(statistics.fmean(audio), 3),
+    }
+
+
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime as ort
     from piper import PiperVoice
@@ -211,58 +224,56 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
 
     tts = load_tts(args, SENTENCES)
     files = find_joe_voice()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    piper = PiperVoice(
-        session=ort.InferenceSession(str(files.onnx_path), options, providers=["CPUExecutionProvider"]),
-        config=PiperConfig.from_dict(json.loads(files.config_path.read_text(encoding="utf-8"))),
-    )
-    for text in SENTENCES:  # warm-up: allocators, espeak, ORT arenas
-        stream_once(tts, text, "warm", 0, 22050)
-        piper_once(piper, text)
+    config = PiperConfig.from_dict(json.loads(files.config_path.read_text(encoding="utf-8")))
+    pipers = {}
+    for threads in args.cpu_threads:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(files.onnx_path), options, providers=["CPUExecutionProvider"])
+        pipers[threads] = PiperVoice(session=session, config=config)
+    for threads, piper in pipers.items():  # warm-up: allocators, espeak, ORT arenas
+        torch.set_num_threads(threads)
+        for text in SENTENCES:
+            stream_once(tts, text, "warm", 0, 22050)
+            piper_once(piper, text)
 
-    rows: dict[str, list[tuple[float, float, float]]] = {"torch_22050": [], "torch_24000": [], "piper_onnx": []}
+    rows: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
     load_before = os.getloadavg()
     for rep in range(args.repeats):
         for k, text in enumerate(SENTENCES):
-            # Interleaved, so load from other processes hits all three alike.
-            rows["torch_22050"].append(stream_once(tts, text, "s", rep * 10 + k, 22050))
-            rows["piper_onnx"].append(piper_once(piper, text))
-            rows["torch_24000"].append(stream_once(tts, text, "s", rep * 10 + k, 24000))
-        log("repeat %d/%d: ttfa torch %.0f ms, piper %.0f ms" % (
-            rep + 1, args.repeats, rows["torch_22050"][-1][0] * 1e3, rows["piper_onnx"][-1][0] * 1e3))
+            # Everything interleaved, so load from other processes hits all alike.
+            for threads, piper in pipers.items():
+                torch.set_num_threads(threads)
+                seed = rep * 10 + k
+                rows.setdefault((threads, "torch_22050"), []).append(stream_once(tts, text, "s", seed, 22050))
+                rows.setdefault((threads, "piper_onnx"), []).append(piper_once(piper, text))
+                rows.setdefault((threads, "torch_24000"), []).append(stream_once(tts, text, "s", seed, 24000))
+        log("repeat %d/%d, load %.1f" % (rep + 1, args.repeats, os.getloadavg()[0]))
     load_after = os.getloadavg()
 
     results: dict[str, Any] = {}
-    for name, values in rows.items():
-        ttfa, total, audio = zip(*values)
-        rtf = [t / a for t, a in zip(total, audio)]
-        results[name] = {
-            "ttfa_ms": summary_ms(ttfa),
-            "rtf_p50": round(pct(rtf, 50), 4),
-            "rtf_mean": round(statistics.fmean(rtf), 4),
-            "audio_s_mean": round(statistics.fmean(audio), 3),
+    for threads in pipers:
+        torch.set_num_threads(threads)
+        block = {name: _summarise(rows[(threads, name)]) for name in ("torch_22050", "torch_24000", "piper_onnx")}
+        ours, base = block["torch_22050"], block["piper_onnx"]
+        block["breakdown_torch_first_chunk"] = breakdown(tts, SENTENCES[0], max(5, args.repeats))
+        block["ratios"] = {
+            "ttfa_p50_piper_over_torch": round(base["ttfa_ms"]["p50"] / ours["ttfa_ms"]["p50"], 2),
+            "rtf_p50_piper_over_torch": round(base["rtf_p50"] / ours["rtf_p50"], 2),
         }
-    ours, base = results["torch_22050"], results["piper_onnx"]
+        block["goals"] = {"ttfa_p50_ms_le_80": ours["ttfa_ms"]["p50"] <= 80.0, "rtf_le_0.05": ours["rtf_p50"] <= 0.05}
+        results["threads_%d" % threads] = block
     return {
         "benchmark": "tts_cpu",
         "description": "Time to first audio after a ~5 s sentence completes, and real-time factor; "
         "streamed torch decode (PiperTTS.run_batch, first window 12 frames) vs Piper's whole-sentence "
-        "ONNX Runtime synthesis, interleaved in one process. Noise on (voice defaults) for both.",
+        "ONNX Runtime synthesis, all interleaved in one process, per intra-op thread count (torch and "
+        "ONNX Runtime alike). Noise on (voice defaults) for both.",
         "sentences": list(SENTENCES),
         "repeats_per_sentence": args.repeats,
         "window_plan": tts.describe()["windows"],
         "results": results,
-        "breakdown_torch_first_chunk": breakdown(tts, SENTENCES[0], max(5, args.repeats)),
-        "ratios": {
-            "ttfa_p50_piper_over_torch": round(base["ttfa_ms"]["p50"] / ours["ttfa_ms"]["p50"], 2),
-            "rtf_p50_piper_over_torch": round(base["rtf_p50"] / ours["rtf_p50"], 2),
-        },
-        "goals": {
-            "ttfa_p50_ms_le_80": ours["ttfa_ms"]["p50"] <= 80.0,
-            "rtf_le_0.05": ours["rtf_p50"] <= 0.05,
-        },
         "load_average_before_after": [round(x, 2) for x in load_before + load_after],
     }
 
@@ -416,7 +427,8 @@ def write_phonemes(path: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=2, help="torch (and ONNX Runtime) CPU threads")
+    p.add_argument("--threads", type=int, default=2, help="sessions mode: torch CPU threads")
+    p.add_argument("--cpu-threads", type=int, nargs="+", default=[2, 1], help="CPU mode: thread counts to compare")
     p.add_argument("--repeats", type=int, default=10, help="CPU mode: runs per sentence")
     p.add_argument("--sessions", type=int, default=0, help="sessions mode: concurrent sessions")
     p.add_argument("--modes", nargs="+", default=["batched", "sequential", "round_robin"])
@@ -438,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1) + "\n")
     log("wrote %s" % out)
-    print(json.dumps({k: result[k] for k in ("results", "ratios", "goals") if k in result}, indent=1))
+    print(json.dumps({k: result[k] for k in ("results", "ratios", "goals", "load_average_before_after") if k in result}, indent=1))
     return 0
 
 
