@@ -82,14 +82,14 @@ def _client_process(url: str, n: int, credits: int, warmup: float, seconds: floa
 
 
 # ---------------------------------------------------------------- server side
-def _build_model(name: str, device: str, max_batch: int, steps: int | None):
+def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_sessions: int):
     if name == "tiny":
         from models.world.tiny import TinyWorld
 
         return TinyWorld(max_batch=max_batch, device=device)
     from models.world.maze.adapter import MazeWorld
 
-    kwargs: dict[str, Any] = {"device": device, "max_batch": max_batch}
+    kwargs: dict[str, Any] = {"device": device, "max_batch": max_batch, "max_sessions": max_sessions}
     if steps is not None:
         kwargs["steps"] = steps
     return MazeWorld(**kwargs)
@@ -149,7 +149,8 @@ def main() -> None:
     from realtime.registry import Inventory
     from tests.e2e.conftest import serve
 
-    model = _build_model(args.model, args.device, args.max_batch, args.steps)
+    # Room for every session of the largest run plus the bare-model sessions.
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions))
     inventory = Inventory()
     inventory.adapters[model.name] = model
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
