@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,9 +43,9 @@ from torch import nn
 from models.world.maze.cache import FrameCache
 from models.world.maze.data import render_trajectories
 from models.world.maze.model import MazeDiT
-from models.world.maze.policy import COMBOS, ScriptedPolicy, combo_bits
+from models.world.maze.policy import COMBOS, combo_bits
 from models.world.maze.rollout import SamplerConfig, denoise_frame, next_frame, to_model, to_u8, write_frame
-from models.world.maze.sim import KW, MazeSim
+from models.world.maze.sim import MazeSim
 from models.world.maze.train import psnr
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model
 

@@ -125,8 +125,22 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
-                        handlers=[logging.StreamHandler(sys.stdout), logging.FileHandler(out / "train.log")])
+    # Handlers on this module's logger only, removed at the end: a run inside another
+    # process (the tests) leaves its logging as it found it.
+    handlers = [logging.StreamHandler(sys.stdout), logging.FileHandler(out / "train.log")]
+    for h in handlers:
+        h.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    try:
+        return _train(args, argv, out, t_start)
+    finally:
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+
+
+def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start: float) -> int:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cuda = dev.type == "cuda"
     if cuda:
