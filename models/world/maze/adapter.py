@@ -22,7 +22,9 @@ rolls); ``committed=False`` aborts it, leaving the session exactly as before the
 tick when F = 1. With F > 1 the earlier frames of the chunk were committed inside
 ``run_batch`` (kv attention is non-causal within a chunk, so a chunk's frames are
 made one transaction at a time); a dropped tick then forgets the session, whose
-next tick restarts the maze from its seed.
+next tick restarts the maze from its seed. A ``run_batch`` that raises aborts
+every open transaction of the batch first (same rules), so the engine's retry
+one by one finds nothing in flight.
 
 Defaults per device (measured, bench/results/maze_eval*.json): CUDA bf16 with
 4 steps and a 14-frame window (the training clip); CPU float32 with 2 steps and a
@@ -116,7 +118,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         plan = plan_capacity(g, available_bytes=1 << 62, fraction=1.0, requested_sessions=max_sessions,
                              ticks_in_flight=max_batch)
         self.cache = PagedKVCache.from_plan(
-            g, plan, self.device, attention_backend=attention_backend or ("auto" if cuda else "gather_sdpa"))
+            g, plan, self.device, attention_backend=attention_backend or "gather_sdpa")
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.geometry = WorldGeometry(
             height=64, width=64, frames_per_chunk=frames_per_chunk, fps=FPS, num_layers=cfg.depth,
@@ -153,14 +155,14 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                 raise ModelError(f"session {w.session_id}: {len(w.actions)} actions for {F} frames")
         try:
             return self._run(works)
-        except ModelError:
+        except BaseException as e:
+            # Whatever failed, no kv transaction of this batch stays open.
+            self._abort_all(works)
+            if isinstance(e, ResidencyError):
+                raise ModelError(f"no KV room: {e}") from e
+            if isinstance(e, torch.cuda.OutOfMemoryError):  # pragma: no cover - GPU only
+                raise ModelError(f"out of memory: {e}") from e
             raise
-        except ResidencyError as e:
-            self._abort_all(works)
-            raise ModelError(f"no KV room: {e}") from e
-        except torch.cuda.OutOfMemoryError as e:  # pragma: no cover - GPU only
-            self._abort_all(works)
-            raise ModelError(f"out of memory: {e}") from e
 
     def end_tick(self, session_id: str, committed: bool) -> None:
         s = self._sessions.get(session_id)
@@ -195,11 +197,19 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.dropped.append(session_id)
 
     def _abort_all(self, works: Sequence[WorldTick]) -> None:
+        """Undo a failed ``run_batch``: abort open kv chunks; forget sessions that cannot be undone."""
         for w in works:
-            s = self._sessions.get(w.session_id)
-            if s is not None and s.open_tx:
-                self.cache.abort_chunk(w.session_id)
-                s.open_tx = False
+            sid = w.session_id
+            if sid in self.cache and self.cache.in_flight(sid):
+                self.cache.abort_chunk(sid)
+            s = self._sessions.get(sid)
+            if s is None:
+                continue
+            if s.frames == 0 or (self.frames_per_chunk > 1 and s.pending):
+                # A world that never started, or a chunk whose first frames were kept: start over.
+                self.release(sid)
+            else:
+                s.pending, s.open_tx = 0, False
 
     def _open(self, w: WorldTick) -> _Session:
         old = self._sessions.get(w.session_id)

@@ -129,3 +129,25 @@ def test_shipped_weights_load():
     w = MazeWorld(max_sessions=1, max_batch=1)
     d = w.describe()
     assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 4515, 192)
+
+
+def test_a_failed_batch_leaves_no_open_chunk(weights, monkeypatch):
+    """The engine's path on a model error: end_tick(False) for each, then the sessions run again."""
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    play(w, [tick("old", 0, "", seed=1)])
+    play(w, [tick("old", 1, "w")])
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(w, "_generate", boom)
+    with pytest.raises(RuntimeError):
+        w.run_batch([tick("new", 0, "", seed=2), tick("old", 2, "w")])
+    for sid in ("new", "old"):
+        w.end_tick(sid, False)
+    assert "new" not in w.cache                      # its start was never kept: it starts again
+    assert w.cache.committed_frames("old") == 2 and not w.cache.in_flight("old")
+    monkeypatch.undo()
+    out = play(w, [tick("new", 0, "", seed=2), tick("old", 2, "w")])
+    assert np.array_equal(out[0].frames[0], MazeSim([2]).render()[0].numpy())
+    assert (w.cache.committed_frames("new"), w.cache.committed_frames("old")) == (1, 3)
