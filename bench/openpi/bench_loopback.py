@@ -40,7 +40,6 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = "/v1/realtime/robot/openpi"
-RETURN_WAIT_MS = 20.0  # set from --return-wait-ms in main()
 
 
 def log(msg: str) -> None:
@@ -69,27 +68,18 @@ def pct(xs: list[float]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- servers (child processes)
-def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, engine_kind: str,
-               return_wait_ms: float) -> None:
+def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
     sys.path.insert(0, REPO)
     import uvicorn
 
-    if engine_kind == "proposed":
-        import realtime.app
-
-        from bench.openpi.proposed_engine import ReturnAwareEngine
-
-        # build_app's lifespan makes its engine from this name.
-        realtime.app.Engine = functools.partial(ReturnAwareEngine, return_wait_ms=return_wait_ms)
-
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime.app import build_app
-    from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
 
-    engine = EngineConfig() if batch_wait_ms is None else EngineConfig(batch_wait_ms=batch_wait_ms)
-    config = ServerConfig(port=port, engine=engine, world=WorldConfig(models=()), policy=PolicyConfig(policy=""),
-                          tts=TTSConfig(enabled=False))
+    # The app gives policy models config.policy.batch_wait_ms (the engine's returner wait).
+    policy_config = PolicyConfig(policy="") if batch_wait_ms is None else PolicyConfig(policy="", batch_wait_ms=batch_wait_ms)
+    config = ServerConfig(port=port, world=WorldConfig(models=()), policy=policy_config, tts=TTSConfig(enabled=False))
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
     inventory.adapters[policy.name] = policy
@@ -123,18 +113,16 @@ class Server:
     """A server child process; ``uri`` is what a robot passes as ``host``."""
 
     def __init__(self, kind: str, infer_ms: float, batch_wait_ms: float | None = None) -> None:
-        """``kind``: "ours" (the committed engine), "ours-proposed" or "reference"."""
+        """``kind``: "ours" (realtime/ as committed) or "reference" (openpi-server)."""
         self.kind = kind
         self.port = _free_port()
-        role, engine = ("ours", kind.partition("-")[2] or "committed") if kind.startswith("ours") else (kind, "")
-        args = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", role, "--port", str(self.port),
-                "--infer-ms", str(infer_ms), "--engine", engine or "committed",
-                "--return-wait-ms", str(RETURN_WAIT_MS)]
+        args = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", kind, "--port", str(self.port),
+                "--infer-ms", str(infer_ms)]
         if batch_wait_ms is not None:
             args += ["--batch-wait-ms", str(batch_wait_ms)]
         self.proc = subprocess.Popen(args, cwd=REPO)
         self.base = f"127.0.0.1:{self.port}"
-        self.uri = f"ws://{self.base}{PATH}" if role == "ours" else f"ws://{self.base}"
+        self.uri = f"ws://{self.base}{PATH}" if kind == "ours" else f"ws://{self.base}"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -266,7 +254,7 @@ def throughput(server: Server, robots: int, seconds: float, max_calls: int) -> d
 
 def batch_sizes(server: Server) -> dict[int, int] | None:
     """Forwards per batch size so far, from our server's /metrics (None for the reference)."""
-    if not server.kind.startswith("ours"):
+    if server.kind != "ours":
         return None
     with urllib.request.urlopen(f"http://{server.base}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -332,6 +320,10 @@ def hardware() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from openpi_client import msgpack_numpy
 
+    # Other jobs share this machine's cores: say how busy it was.
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    log(f"load average at start: {load_start}")
+
     report: dict[str, Any] = {
         "benchmark": "openpi_loopback",
         "command": "python -m bench.openpi.bench_loopback " + " ".join(sys.argv[1:]),
@@ -342,13 +334,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": "dummy: actions zeros (50, 32) float32",
     }
 
-    names = ("ours", "ours-proposed", "reference")
+    names = ("ours", "reference")
     log("latency: one robot, 0 ms policy, rounds alternate " + " / ".join(names))
     # A fresh server process per round, in a rotating order: on a small shared machine the
     # same code measures up to ~0.1 ms apart from one process to the next (thread placement).
     rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for r in range(args.rounds):
-        for name in names[r % 3:] + names[:r % 3]:
+        for name in names[r % 2:] + names[:r % 2]:
             with Server(name, 0.0) as server:
                 rounds[name].append(latency_round(server.uri, 20, args.calls, args.seconds))
             log(f"  round {r} {name}: p50 {np.percentile(rounds[name][-1]['rtt_ms'], 50):.3f} ms")
@@ -360,9 +352,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rounds_p50_ms": [round(float(np.percentile(r["rtt_ms"], 50)), 3) for r in rs],
         }
     ref_lat = latency["reference"]["rtt_ms"]
-    for name in names[:2]:
-        for q in ("p50", "p99"):
-            latency[f"ratio_{q}_{name}_over_reference"] = round(latency[name]["rtt_ms"][q] / ref_lat[q], 3)
+    for q in ("p50", "p99"):
+        latency[f"ratio_{q}_ours_over_reference"] = round(latency["ours"]["rtt_ms"][q] / ref_lat[q], 3)
     report["latency_1_robot_0ms"] = latency
 
     log(f"throughput: {args.robots} robots, {args.infer_ms} ms policy, {args.throughput_seconds} s each")
@@ -372,9 +363,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             tput[name] = throughput(server, args.robots, args.throughput_seconds, args.max_calls)
         log(f"  {name}: {tput[name]['calls_per_s']} calls/s, p50 {tput[name]['rtt_ms'].get('p50')} ms, "
             f"p99 {tput[name]['rtt_ms'].get('p99')} ms, healthz p50 {tput[name]['healthz_ms'].get('p50')} ms")
-    for name in names[:2]:
-        tput[f"ratio_calls_per_s_{name}_over_reference"] = round(
-            tput[name]["calls_per_s"] / tput["reference"]["calls_per_s"], 2)
+    tput["ratio_calls_per_s_ours_over_reference"] = round(
+        tput["ours"]["calls_per_s"] / tput["reference"]["calls_per_s"], 2)
     report[f"throughput_{args.robots}_robots_{args.infer_ms:g}ms"] = tput
 
     log("keepalive: client pings squeezed to 0.1 s / 0.3 s timeout, 2 s inference")
@@ -386,17 +376,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["keepalive_2s_inference_ping_timeout_0.3s"] = ka
 
     report["goals"] = {
-        name: {
-            "latency_p50_no_worse": latency[name]["rtt_ms"]["p50"] <= ref_lat["p50"],
-            "latency_p99_no_worse": latency[name]["rtt_ms"]["p99"] <= ref_lat["p99"],
-            "throughput_at_least_200_calls_per_s": tput[name]["calls_per_s"] >= 200,
-        }
-        for name in names[:2]
+        "latency_p50_no_worse": latency["ours"]["rtt_ms"]["p50"] <= ref_lat["p50"],
+        "latency_p99_no_worse": latency["ours"]["rtt_ms"]["p99"] <= ref_lat["p99"],
+        "throughput_at_least_200_calls_per_s": tput["ours"]["calls_per_s"] >= 200,
     }
+    report["load_average"] = {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]}
     report["notes"] = (
-        "ours = realtime/engine.py as committed (batch_wait_ms 2 after the oldest queued tick); ours-proposed = "
-        "the same server with bench/openpi/proposed_engine.py swapped in (waits only for the previous batch's "
-        f"robots, at most {args.return_wait_ms:g} ms after that batch ended)."
+        "ours = realtime/ as committed: the engine waits, at most config.policy.batch_wait_ms (20) after the "
+        "policy's last batch ended, only for that batch's robots to queue again; a lone robot never waits. "
+        "reference = openpi-server in its own process, same dummy policy, same client. "
+        f"Load average (1, 5, 15 min) at start {load_start} on {os.cpu_count()} cores shared with other jobs."
     )
     return report
 
@@ -407,9 +396,6 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--infer-ms", type=float, default=50.0, help="policy time per forward for the throughput run")
     ap.add_argument("--batch-wait-ms", type=float, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--engine", choices=["committed", "proposed"], default="committed", help=argparse.SUPPRESS)
-    ap.add_argument("--return-wait-ms", type=float, default=20.0,
-                    help="the proposed engine's wait for the previous batch's robots to come back")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=500, help="timed calls per latency round (at most)")
     ap.add_argument("--seconds", type=float, default=3.0, help="time per latency round (at most)")
@@ -419,13 +405,11 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.role == "ours":
-        serve_ours(args.port, args.infer_ms, args.batch_wait_ms, args.engine, args.return_wait_ms)
+        serve_ours(args.port, args.infer_ms, args.batch_wait_ms)
         return
     if args.role == "reference":
         serve_reference(args.port, args.infer_ms)
         return
-    global RETURN_WAIT_MS
-    RETURN_WAIT_MS = args.return_wait_ms
     report = run(args)
     text = json.dumps(report, indent=2)
     if args.out:
