@@ -61,6 +61,7 @@ class WorldConnection:
         self._driver: asyncio.Task | None = None
         self._stopping = False
         self._open = True
+        self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: dict[str, Any]) -> None:
@@ -174,6 +175,7 @@ class WorldConnection:
         if session.in_flight is not None:
             session.fail_tick("tick abandoned by reset")
         dropped = session.reset()
+        self._evicted = None
         await self.engine.control(self.engine.release_session(self.model, session.session_id))
         log.info("session %s: reset (dropped events %s)", session.session_id, list(dropped))
         await self.send(wire.reset_done(session.session_id, list(dropped)))
@@ -207,19 +209,29 @@ class WorldConnection:
         return dropped
 
     def evicted(self, reason: str) -> None:
-        """The model dropped this session's state (LRU with a full host budget)."""
+        """The model dropped this session's state (LRU with a full host budget).
+
+        Runs on the event loop before any later result of this session's ticks (both
+        travel through ``call_soon_threadsafe`` in order); the model refuses further
+        ticks of the session until it is reset, so nothing restarts silently.
+        """
         session = self.session
         if session is None or session.state is not SessionState.ACTIVE:
             return
-        self._stopping = True
-        self._wake.set()
-        pending = list(session.pending_event_ids)
+        self._evicted = reason
         if session.in_flight is None:
+            pending = list(session.pending_event_ids)
             session.fail_tick(f"evicted: {reason}")
-        asyncio.ensure_future(
-            self.send_error(wire.SESSION_EVICTED, f"session state was dropped: {reason}; reset or close",
-                            pending_event_ids=pending)
-        )
+            asyncio.ensure_future(self._report_failure(pending))
+        # else: the queued tick fails in the model and the driver reports it.
+
+    async def _report_failure(self, pending: list[int], detail: str = "") -> None:
+        if self._evicted is not None:
+            await self.send_error(wire.SESSION_EVICTED, f"session state was dropped ({self._evicted}); "
+                                  "reset or close the session", pending_event_ids=pending)
+        else:
+            await self.send_error(wire.SESSION_FAILED, f"tick failed: {detail}; reset or close the session",
+                                  pending_event_ids=pending)
 
     # ------------------------------------------------------------------ driver
     def _start_driver(self) -> None:
@@ -271,8 +283,7 @@ class WorldConnection:
             except (ModelError, EngineDeadError, EngineStopped) as exc:
                 pending = list(session.pending_event_ids)
                 session.fail_tick(str(exc))
-                await self.send_error(wire.SESSION_FAILED, f"tick failed: {exc}; reset or close the session",
-                                      pending_event_ids=pending)
+                await self._report_failure(pending, str(exc))
                 return
             tick_ms = (time.perf_counter() - started) * 1000.0
             metadata = ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -127,6 +127,8 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self._sessions: dict[str, _Session] = {}
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.dropped: list[str] = []  # sessions residency dropped (they restart from their seed)
+        self._drop_listener: Callable[[str, str], None] | None = None
+        self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
 
@@ -153,6 +155,11 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         for w in works:
             if len(w.actions) != F:
                 raise ModelError(f"session {w.session_id}: {len(w.actions)} actions for {F} frames")
+            if w.session_id in self._evicted and w.chunk_index > 0:
+                # Never restart an evicted world silently: only a reset (chunk 0) starts it again.
+                raise ModelError(f"session {w.session_id}: its KV was evicted; reset or close it")
+        for w in works:
+            self._evicted.discard(w.session_id)
         try:
             return self._run(works)
         except BaseException as e:
@@ -184,6 +191,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         s.pending, s.open_tx = 0, False
 
     def release(self, session_id: str) -> None:
+        self._evicted.discard(session_id)
         s = self._sessions.pop(session_id, None)
         if s is None:
             return
@@ -191,10 +199,18 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             self.residency.close(session_id)
 
     # ------------------------------------------------------------------ internals
+    def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
+        """``listener(session_id, reason)`` runs (on the engine thread) when residency
+        drops a session's KV; the server tells that session's client."""
+        self._drop_listener = listener
+
     def _dropped(self, session_id: str) -> None:
         log.warning("maze kv dropped session=%s: its world restarts from its seed", session_id)
         self._sessions.pop(session_id, None)
         self.dropped.append(session_id)
+        self._evicted.add(session_id)
+        if self._drop_listener is not None:
+            self._drop_listener(session_id, "KV evicted: device and host memory for sessions are full")
 
     def _abort_all(self, works: Sequence[WorldTick]) -> None:
         """Undo a failed ``run_batch``: abort open kv chunks; forget sessions that cannot be undone."""

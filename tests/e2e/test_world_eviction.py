@@ -1,0 +1,71 @@
+"""LRU residency through the real server: swap to host and back, or drop with session_evicted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from clients.world import WorldClient
+from models.world.maze.adapter import MazeWorld
+from realtime.app import build_app
+from realtime.config import ServerConfig, WorldConfig
+from realtime.registry import Inventory
+from tests.e2e.conftest import serve
+
+
+def maze_app(host_budget_bytes: int):
+    # Room on the "device" for one session only, so a second one must evict the first.
+    model = MazeWorld(device="cpu", steps=1, window=2, max_batch=1, max_sessions=1,
+                      host_budget_bytes=host_budget_bytes)
+    inventory = Inventory()
+    inventory.adapters[model.name] = model
+    return build_app(ServerConfig(world=WorldConfig(models=("maze",))), inventory), model
+
+
+def url(addr: str) -> str:
+    return f"ws://{addr}/v1/realtime/world"
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def test_idle_session_is_swapped_to_host_and_back():
+    app, model = maze_app(host_budget_bytes=1 << 26)
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a, WorldClient.connect(url(addr)) as b:
+                await a.create("a", credits=2, seed=1, format="rgb8")
+                assert [(await a.next_chunk(credit=False)).chunk_index for _ in range(2)] == [0, 1]
+                await b.create("b", credits=2, seed=2, format="rgb8")
+                assert [(await b.next_chunk(credit=False)).chunk_index for _ in range(2)] == [0, 1]
+                assert model.residency.is_swapped("a")
+                await a.credit(1)
+                assert (await a.next_chunk(credit=False)).chunk_index == 2
+                assert a.errors == [] and b.errors == []
+                assert model.dropped == []
+
+        run(main())
+
+
+def test_session_dropped_when_host_is_full_is_told_and_can_reset():
+    app, model = maze_app(host_budget_bytes=0)
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a, WorldClient.connect(url(addr)) as b:
+                await a.create("a", credits=1, seed=1)
+                assert (await a.next_chunk(credit=False)).chunk_index == 0
+                await a.event(event_id=7)  # accepted, waits for a credit
+                await b.create("b", credits=1, seed=2)
+                assert (await b.next_chunk(credit=False)).chunk_index == 0
+                err = await a.expect("error")
+                assert (err["code"], err["pending_event_ids"]) == ("session_evicted", [7])
+                await a.send({"type": "event", "event_id": 8})
+                assert (await a.expect("error"))["code"] == "session_failed"
+                reset = await a.reset()
+                assert reset["dropped_event_ids"] == [7]
+                await a.credit(1)
+                chunk = await a.next_chunk(credit=False)
+                assert (chunk.chunk_index, chunk.applied_event_ids) == (0, [])
+                assert "a" in model.dropped
+
+        run(main())
