@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args)
     import uvicorn
 
+    from realtime.allocator import tune_malloc
+
+    tune_malloc()
+
     from realtime.app import build_app
 
     app = build_app(config)

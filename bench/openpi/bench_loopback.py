@@ -83,7 +83,10 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
     inventory.adapters[policy.name] = policy
-    # The same uvicorn settings as ``realtime serve`` (realtime/cli.py).
+    # The same process set-up and uvicorn settings as ``realtime serve`` (realtime/cli.py).
+    from realtime.allocator import tune_malloc
+
+    tune_malloc()
     uvicorn.run(build_app(config, inventory), host="127.0.0.1", port=port, log_level="warning",
                 ws_max_size=config.ws_max_bytes, ws_ping_interval=20.0, ws_ping_timeout=None)
 
