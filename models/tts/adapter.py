@@ -229,7 +229,10 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
                 outs = self.voice.flow([stream.flow_input(chunk) for stream, chunk in flows])
                 for (stream, chunk), z in zip(flows, outs):
                     stream.accept_flow(chunk, z)
-            audio = self.voice.decode([stream.window_latents(window) for _, _, stream, window in jobs])
+            audio = self.voice.decode(
+                [stream.window_latents(window) for _, _, stream, window in jobs],
+                cores=[window.core_offset(self.voice.hop) for _, _, _, window in jobs],
+            )
             sizes = [a.numel() for a in audio]
             host = torch.cat(audio).cpu().split(sizes)  # one device->host copy for the batch
             for (i, work, stream, window), samples in zip(jobs, host):

@@ -65,42 +65,103 @@ def _resblock_forward(block: nn.Module, x: torch.Tensor, mask: torch.Tensor | No
     return _resblock1_forward(block, x, mask)
 
 
-def _length_mask(lengths: torch.Tensor, scale: int, size: int) -> torch.Tensor:
-    positions = torch.arange(size, device=lengths.device)
-    return (positions[None, :] < (lengths[:, None] * scale)).unsqueeze(1)
-
-
 def decode_padded(decoder: nn.Module, latents: torch.Tensor, lengths: Sequence[int] | None = None) -> torch.Tensor:
     """HiFi-GAN forward of ``latents`` [B, C, T] whose item b is valid for its
     first ``lengths[b]`` frames (all T when None). Returns [B, T * hop] audio;
     item b's samples past ``lengths[b] * hop`` are meaningless."""
+    x, _, _ = _forward(decoder, latents, lengths, None)
+    return x
+
+
+def decode_cores(
+    decoder: nn.Module,
+    geometry: "DecoderGeometry",
+    latents: torch.Tensor,
+    lengths: Sequence[int],
+    cores: Sequence[tuple[int, int]],
+) -> list[torch.Tensor]:
+    """Like ``decode_padded``, but returns only each item's output samples
+    ``cores[b] = (a, b)`` (relative to its first frame), and after every
+    upsampling drops the activations those samples cannot read.
+
+    A window carries 11 frames of context each side because conv_pre and the
+    first level need them, but the last level (32 channels at the audio rate,
+    the most expensive) reads only ~0.2 frames past the core: cropping there
+    saves most of the context's cost. The crop bounds come from the same
+    backward walk as ``receptive_field`` (``level_spans``), so the result
+    equals the uncropped decode up to float rounding.
+    """
+    crops = [level_spans(geometry, a, b - 1)[0] for a, b in cores]
+    x, offsets, _ = _forward(decoder, latents, lengths, crops)
+    return [x[i, a - offsets[i] : b - offsets[i]] for i, (a, b) in enumerate(cores)]
+
+
+def _forward(
+    decoder: nn.Module,
+    latents: torch.Tensor,
+    lengths: Sequence[int] | None,
+    crops: Sequence[Sequence[tuple[int, int]]] | None,
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The masked (and optionally cropped) decoder forward.
+
+    Returns the audio [B, S], each item's offset (the sample of its window that
+    its row starts at) and its valid length. ``crops[b][level]`` is the
+    inclusive sample range item b keeps after upsampling ``level``.
+    """
     batch, _, frames = latents.shape
-    masked = lengths is not None and any(n != frames for n in lengths)
-    if masked:
-        length_t = torch.as_tensor(list(lengths), device=latents.device)
-        mask = _length_mask(length_t, 1, frames).to(latents.dtype)
-        x = latents * mask
-    else:
-        mask = None
-        x = latents
+    lengths = [frames] * batch if lengths is None else list(lengths)
+    offsets = [0] * batch
+    mask = _mask(lengths, frames, latents)
+    x = latents if mask is None else latents * mask
     x = decoder.conv_pre(x)
     if mask is not None:
         x = x * mask
-    scale = 1
-    for i, up in enumerate(decoder.upsampler):
+    for level, up in enumerate(decoder.upsampler):
         x = up(nn.functional.leaky_relu(x, decoder.config.leaky_relu_slope))
-        scale *= up.stride[0]
-        if masked:
-            mask = _length_mask(length_t, scale, x.shape[-1]).to(x.dtype)
+        stride = up.stride[0]
+        offsets = [o * stride for o in offsets]
+        lengths = [n * stride for n in lengths]
+        if crops is not None:
+            x, offsets, lengths = _crop(x, offsets, lengths, [c[level] for c in crops])
+        mask = _mask(lengths, x.shape[-1], x)
+        if mask is not None:
             x = x * mask
-        blocks = decoder.resblocks[i * decoder.num_kernels : (i + 1) * decoder.num_kernels]
+        blocks = decoder.resblocks[level * decoder.num_kernels : (level + 1) * decoder.num_kernels]
         acc = _resblock_forward(blocks[0], x, mask)
         for block in blocks[1:]:
             acc = acc + _resblock_forward(block, x, mask)
         x = acc / decoder.num_kernels
     # VITS uses torch's default slope (0.01) before conv_post, not LEAKY_SLOPE.
     x = decoder.conv_post(nn.functional.leaky_relu(x))
-    return torch.tanh(x)[:, 0]
+    return torch.tanh(x)[:, 0], offsets, lengths
+
+
+def _mask(lengths: Sequence[int], size: int, like: torch.Tensor) -> torch.Tensor | None:
+    """[B, 1, size] ones over each item's valid prefix; None when all are full."""
+    if all(n == size for n in lengths):
+        return None
+    length_t = torch.as_tensor(list(lengths), device=like.device)
+    positions = torch.arange(size, device=like.device)
+    return (positions[None, :] < length_t[:, None]).unsqueeze(1).to(like.dtype)
+
+
+def _crop(
+    x: torch.Tensor, offsets: list[int], lengths: list[int], keep: Sequence[tuple[int, int]]
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Keep item b's samples keep[b] (inclusive, window coordinates), clipped to
+    what it has; the window's own edges stay where they are, so a sentence edge
+    keeps its zero-padding meaning."""
+    starts, stops = [], []
+    for b, (lo, hi) in enumerate(keep):
+        starts.append(max(lo, offsets[b]) - offsets[b])
+        stops.append(min(hi + 1, offsets[b] + lengths[b]) - offsets[b])
+    if x.shape[0] == 1:
+        out = x[:, :, starts[0] : stops[0]]
+    else:
+        out = x.new_zeros(x.shape[0], x.shape[1], max(e - s for s, e in zip(starts, stops)))
+        for b, (s, e) in enumerate(zip(starts, stops)):
+            out[b, :, : e - s] = x[b, :, s:e]
+    return out, [o + s for o, s in zip(offsets, starts)], [e - s for s, e in zip(starts, stops)]
 
 
 # --- receptive field -----------------------------------------------------------------
@@ -147,23 +208,21 @@ class DecoderGeometry:
         return out
 
 
-def receptive_field(geometry: DecoderGeometry) -> tuple[int, int]:
-    """Frames of latent context (left, right) that one output frame's samples read.
+def level_spans(geometry: DecoderGeometry, lo: int, hi: int) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """What the output samples [lo, hi] (inclusive) read, walking back through
+    the decoder: per upsampling level, the samples (at that level's rate, after
+    its upsampler) the rest of the network reads, and the latent frames.
 
-    Walks the decoder backwards from the samples of frame 0, [0, hop - 1], to the
-    latent frames they depend on, [-left, right]::
+    ::
 
-        latent frames    . . . [-left ........ 0 ........ right] . . .
-                                 \\__ conv_pre, ups.0, resblocks.0,   /
-                                    ups.1, resblocks.1, ..., conv_post
-        output samples                    [0 .. hop-1]
-
-    Windows decoded with at least this much context on each side (or the
-    sentence edge, where the whole decode pads with zeros too) reproduce the
-    whole-sentence decode except for float rounding. Strides are whole numbers
-    of samples per frame, so the answer is the same for every frame.
+        frames  ..... [f_lo ........................... f_hi] .....   conv_pre reads
+        level 0   ....... [lo0 ..................... hi0] .......      ups.0 -> resblocks.0
+        level 1         ........ [lo1 ............ hi1] ........       ups.1 -> resblocks.1
+        level 2                ....... [lo2 .... hi2] .......          ups.2 -> resblocks.2
+        output                          [lo ... hi]                    conv_post
     """
-    lo, hi = geometry.conv_post.reads(0, geometry.hop - 1)
+    spans = [(0, 0)] * len(geometry.upsamples)
+    lo, hi = geometry.conv_post.reads(lo, hi)
     for level in reversed(range(len(geometry.upsamples))):
         widest_lo, widest_hi = lo, hi  # the residual path reads the same samples
         for chain in geometry.resblocks[level]:
@@ -171,8 +230,22 @@ def receptive_field(geometry: DecoderGeometry) -> tuple[int, int]:
             for conv in reversed(chain):
                 c_lo, c_hi = conv.reads(c_lo, c_hi)
             widest_lo, widest_hi = min(widest_lo, c_lo), max(widest_hi, c_hi)
+        spans[level] = (widest_lo, widest_hi)
         lo, hi = geometry.upsamples[level].reads(widest_lo, widest_hi)
-    lo, hi = geometry.conv_pre.reads(lo, hi)
+    return spans, geometry.conv_pre.reads(lo, hi)
+
+
+def receptive_field(geometry: DecoderGeometry) -> tuple[int, int]:
+    """Frames of latent context (left, right) that one output frame's samples read.
+
+    The walk of ``level_spans`` from the samples of frame 0, [0, hop - 1], ends
+    at latent frames [-left, right]. Windows decoded with at least this much
+    context on each side (or the sentence edge, where the whole decode pads
+    with zeros too) reproduce the whole-sentence decode except for float
+    rounding. Strides are whole numbers of samples per frame, so the answer is
+    the same for every frame.
+    """
+    _, (lo, hi) = level_spans(geometry, 0, geometry.hop - 1)
     return -lo, hi
 
 

@@ -107,13 +107,13 @@ class SentenceStream:
             raise ValueError("window reads frames to %d, flow done to %d" % (window.hi, self.flow_done))
         return self.latents[:, window.lo : window.hi]
 
-    def accept(self, window: Window, audio: torch.Tensor) -> bytes:
-        """Take the decoded audio of ``window`` (its whole span, CPU), advance, and
-        return the PCM16 to send. The last window also flushes the resampler."""
+    def accept(self, window: Window, core: torch.Tensor) -> bytes:
+        """Take the decoded core audio of ``window`` (CPU), advance, and return
+        the PCM16 to send. The last window also flushes the resampler."""
         if window.start != self._cursor.frame:
             raise ValueError("window starts at %d, cursor at %d" % (window.start, self._cursor.frame))
-        a, b = window.core_offset(self.hop)
-        core = audio[a:b]
+        if core.numel() != (window.end - window.start) * self.hop:
+            raise ValueError("window core has %d samples, expected %d" % (core.numel(), (window.end - window.start) * self.hop))
         state = self._cursor.resampler
         last = window.end >= self.frames
         if self._resampler is not None:

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from models.tts.hifigan import decode_padded, decoder_geometry, receptive_field
+from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class TorchVoice:
         self.spec = spec
         self.device = torch.device(device)
         self.hop = spec.hop_length
-        geometry = decoder_geometry(model.decoder)
+        self.geometry = geometry = decoder_geometry(model.decoder)
         if geometry.hop != self.hop:
             raise ValueError("decoder hop %d != voice hop_length %d" % (geometry.hop, self.hop))
         self.context_left, self.context_right = receptive_field(geometry)
@@ -176,16 +176,27 @@ class TorchVoice:
     # --- decoder stage ----------------------------------------------------------------
 
     @torch.inference_mode()
-    def decode(self, windows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def decode(
+        self, windows: Sequence[torch.Tensor], cores: Sequence[tuple[int, int]] | None = None
+    ) -> list[torch.Tensor]:
         """HiFi-GAN over latent windows [C, T_i] of any lengths, in one forward.
-        Returns audio [T_i * hop] per window, on the voice's device."""
+
+        Returns audio [T_i * hop] per window, or with ``cores`` only the samples
+        ``cores[i] = (a, b)`` of window i, computed without the activations
+        they cannot read (``hifigan.decode_cores``). On the voice's device.
+        """
         if not windows:
             return []
         lengths = [w.shape[-1] for w in windows]
         longest = max(lengths)
-        batch = torch.zeros(len(windows), self.channels, longest, device=self.device)
-        for b, w in enumerate(windows):
-            batch[b, :, : lengths[b]] = w
+        if len(windows) == 1:
+            batch = windows[0][None]
+        else:
+            batch = torch.zeros(len(windows), self.channels, longest, device=self.device)
+            for b, w in enumerate(windows):
+                batch[b, :, : lengths[b]] = w
+        if cores is not None:
+            return decode_cores(self.model.decoder, self.geometry, batch, lengths, cores)
         audio = decode_padded(self.model.decoder, batch, lengths)
         return [audio[b, : lengths[b] * self.hop] for b in range(len(windows))]
 

@@ -63,6 +63,24 @@ def test_windows_concatenate_to_the_whole_decode(voice, latents):
         assert float((streamed - whole).abs().max()) <= 1e-5, plan
 
 
+def test_cropped_windows_equal_the_whole_decode_alone_and_batched(voice, latents):
+    (z, short), _ = latents
+    whole = voice.decode_whole(z)
+    windows = plan_windows(WindowPlan(12, 96, 11), z.shape[-1])
+    cores = [w.core_offset(voice.hop) for w in windows]
+    alone = [voice.decode([z[:, w.lo : w.hi]], cores=[c])[0] for w, c in zip(windows, cores)]
+    assert float((torch.cat(alone) - whole).abs().max()) <= 1e-5
+    # All windows of the sentence in one padded, cropped forward, plus a window
+    # of another sentence that ends it.
+    short_whole = voice.decode_whole(short)
+    batched = voice.decode(
+        [z[:, w.lo : w.hi] for w in windows] + [short[:, 150:173]],
+        cores=cores + [(12 * 256, 23 * 256)],
+    )
+    assert float((torch.cat(batched[:-1]) - whole).abs().max()) <= 1e-5
+    assert float((batched[-1] - short_whole[162 * 256 :]).abs().max()) <= 1e-5
+
+
 def test_too_little_context_is_visible(voice, latents):
     (z, _), _ = latents
     whole = voice.decode_whole(z)

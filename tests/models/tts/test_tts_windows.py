@@ -24,6 +24,15 @@ def test_receptive_field_of_joe_medium():
     assert receptive_field(JOE) == (11, 11)
 
 
+def test_level_spans_of_one_frame_and_of_a_core():
+    from models.tts.hifigan import level_spans
+
+    # Samples of frame 0 read 48 samples around them at the audio rate, 58 at
+    # 1/4 of it, 53 at 1/32, and 11 latent frames: the cropping bounds.
+    assert level_spans(JOE, 0, 255) == ([(-53, 60), (-58, 121), (-48, 303)], (-11, 11))
+    assert level_spans(JOE, 40 * 256, 52 * 256 - 1) == ([(267, 468), (2502, 3385), (10192, 13359)], (29, 62))
+
+
 def test_receptive_field_of_a_bare_conv_stack():
     # No resblocks, one x2 upsampler with kernel 2: each output sample reads one
     # input frame; conv_pre k3 and conv_post k3 add one frame each side, the
