@@ -182,25 +182,27 @@ def piper_once(piper, text: str) -> tuple[float, float, float]:
 
 
 def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
-    """Where the first chunk's time goes (p50 ms): phonemes, latents, first window."""
+    """Where the first chunk's time goes (p50 ms), along the adapter's path:
+    phonemes, prior (encoder + durations), flow prefix, first window."""
     from models.tts.voice import LatentRequest
+    from models.tts.windows import flow_chunk, window_at
 
-    phon, lat, dec = [], [], []
+    voice, parts = tts.voice, {"phonemize": [], "prior": [], "flow_prefix": [], "first_window_decode": []}
     for i in range(repeats):
         t0 = time.perf_counter()
         ids = tts.phonemize(text)
         t1 = time.perf_counter()
-        (z,) = tts.voice.latents([LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, i)])
+        (prior,) = voice.prior([LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, i)])
         t2 = time.perf_counter()
-        first = tts.plan.first_frames + tts.plan.context_frames
-        tts.voice.decode([z[:, :first]])[0].cpu()
+        window = window_at(tts.plan, 0, 0, prior.shape[-1])
+        chunk = flow_chunk(0, window.hi, prior.shape[-1], voice.flow_context)
+        (z,) = voice.flow([prior[:, chunk.lo : chunk.hi]])
         t3 = time.perf_counter()
-        phon.append(t1 - t0), lat.append(t2 - t1), dec.append(t3 - t2)
-    return {
-        "phonemize_ms_p50": round(pct(phon, 50) * 1e3, 2),
-        "latents_ms_p50": round(pct(lat, 50) * 1e3, 2),
-        "first_window_decode_ms_p50": round(pct(dec, 50) * 1e3, 2),
-    }
+        voice.decode([z[:, window.lo : window.hi]], cores=[window.core_offset(voice.hop)])[0].cpu()
+        t4 = time.perf_counter()
+        for name, dt in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            parts[name].append(dt)
+    return {name + "_ms_p50": round(pct(v, 50) * 1e3, 2) for name, v in parts.items()}
 
 
 def _summarise(values: list[tuple[float, float, float]]) -> dict[str, Any]:
@@ -229,6 +231,9 @@ def run_cpu_threads(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # ORT's workers otherwise spin for a while after each run and take the
+    # cores from whatever is measured next (ours, interleaved).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     piper = PiperVoice(
         session=ort.InferenceSession(str(files.onnx_path), options, providers=["CPUExecutionProvider"]),
         config=PiperConfig.from_dict(json.loads(files.config_path.read_text(encoding="utf-8"))),
