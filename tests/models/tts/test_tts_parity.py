@@ -1,13 +1,14 @@
 """torch (VitsModel + ResBlock2) vs ONNX Runtime on the same phoneme ids, noise off."""
 
 import numpy as np
+import pytest
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
 
 @needs_tts
 def test_torch_matches_onnx_runtime(voice):
-    import onnxruntime as ort
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime (a piper-tts dependency) is missing")
 
     from models.tts.phonemes import Phonemizer
     from models.tts.piper_convert import find_joe_voice
