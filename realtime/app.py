@@ -18,6 +18,8 @@ from realtime.config import ServerConfig
 from realtime.engine import Engine
 from realtime.metrics import render_metrics
 from realtime.registry import Inventory, build_inventory
+from realtime.openpi_ws import openpi_endpoint
+from realtime.tts_ws import tts_endpoint
 from realtime.world_ws import world_endpoint
 from sessions import SessionManager
 
@@ -59,8 +61,9 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         Route("/v1/models", list_models),
         Route("/metrics", metrics),
         WebSocketRoute("/v1/realtime/world", world_endpoint),
+        WebSocketRoute("/v1/realtime/robot/openpi", openpi_endpoint),
+        WebSocketRoute("/v1/realtime/tts", tts_endpoint),
     ]
-    routes += _optional_routes()
     if WEB_DIR.is_dir():
         routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
     app = Starlette(routes=routes, lifespan=lifespan)
@@ -70,20 +73,6 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
     app.state.world_connections = {}
     return app
-
-
-def _optional_routes() -> list[WebSocketRoute]:
-    """Endpoints whose modules may not exist in a trimmed install."""
-    routes = []
-    with contextlib.suppress(ImportError):
-        from realtime.openpi_ws import openpi_endpoint
-
-        routes.append(WebSocketRoute("/v1/realtime/robot/openpi", openpi_endpoint))
-    with contextlib.suppress(ImportError):
-        from realtime.tts_ws import tts_endpoint
-
-        routes.append(WebSocketRoute("/v1/realtime/tts", tts_endpoint))
-    return routes
 
 
 async def healthz(request: Request) -> Response:

@@ -37,7 +37,9 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class TTSConfig:
     enabled: bool = True
-    max_batch: int = 32
+    # Decoder windows per forward; None: the adapter's default (1 on CPU, where batching
+    # does not pay, 32 on CUDA; bench/results/tts_sessions_cpu.json).
+    max_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ def _add_tts(inv: Inventory, config: ServerConfig) -> None:
         inv.skip("piper-joe-medium", "tts", f"{type(exc).__name__}: {exc}")
         return
     try:
-        adapter = PiperTTS.load(device=config.engine.device, max_batch=config.tts.max_batch)
+        kwargs = {} if config.tts.max_batch is None else {"max_batch": config.tts.max_batch}
+        adapter = PiperTTS.load(device=config.engine.device, **kwargs)
     except Exception as exc:  # noqa: BLE001 - TTSUnavailable and friends: serve without TTS
         inv.skip("piper-joe-medium", "tts", f"TTS unavailable: {exc}")
         return
