@@ -84,6 +84,7 @@ class OpenPIConnection:
         self.requests = itertools.count()
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
+        self.busy = False  # a request is being handled (a disconnect then cancels it)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -96,21 +97,27 @@ class OpenPIConnection:
             await self.ws.send_bytes(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
             pending = asyncio.ensure_future(self.ws.receive())
+            me = asyncio.current_task()
             while True:
                 message = await pending
                 if message["type"] == "websocket.disconnect":
                     return
                 received = time.perf_counter()
-                work = asyncio.ensure_future(self.handle(message))
+                # The request runs in this task (no task per request: tens of microseconds
+                # a call); the next receive watches for a disconnect meanwhile.
                 pending = asyncio.ensure_future(self.ws.receive())
-                pending.add_done_callback(functools.partial(self._on_next_message, work))
+                pending.add_done_callback(functools.partial(self._on_next_message, me))
+                self.busy = True
                 try:
-                    reply = await work
+                    reply = await self.handle(message)
                 except asyncio.CancelledError:
                     if self.left:  # cancelled by _on_next_message, not by a server shutdown
+                        me.uncancel()
                         log.info("session %s: robot left during inference", self.conn_id)
                         return
                     raise
+                finally:
+                    self.busy = False
                 await self.ws.send_bytes(reply)
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
@@ -127,15 +134,15 @@ class OpenPIConnection:
                 pending.cancel()
             self._release()
 
-    def _on_next_message(self, work: asyncio.Task, pending: asyncio.Task) -> None:
-        """The robot's next message arrived while ``work`` may still run. A disconnect
-        cancels the work (its queued tick is skipped by the engine); a pipelined
-        request stays in ``pending`` and is answered after this one."""
+    def _on_next_message(self, task: asyncio.Task, pending: asyncio.Task) -> None:
+        """The robot's next message arrived while a request may still run in ``task``.
+        A disconnect during the request cancels it (its queued tick is skipped by the
+        engine); a pipelined request stays in ``pending`` and is answered after this one."""
         if pending.cancelled() or pending.exception() is not None:
             return
-        if pending.result()["type"] == "websocket.disconnect" and not work.done():
+        if pending.result()["type"] == "websocket.disconnect" and self.busy:
             self.left = True
-            work.cancel()
+            task.cancel()
 
     async def _refuse(self, text: str) -> None:
         log.info("session %s: closing with error: %s", self.conn_id, text)

@@ -182,8 +182,10 @@ def test_two_robots_at_once_are_batched():
             t.join(20)
         elapsed = time.perf_counter() - started
     assert results == {0: [(5, 3)] * 3, 1: [(5, 3)] * 3}
-    # Six calls, three forwards: the two robots shared each one.
-    assert policy.calls == 3
+    # Six calls in three or four forwards: a robot that arrives a moment after the
+    # first forward started joins from the second on (the engine waits only for the
+    # robots of the last batch; a newcomer never waits), then they share every one.
+    assert policy.calls in (3, 4)
     assert elapsed < 6 * 0.150
 
 
