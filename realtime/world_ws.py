@@ -88,7 +88,8 @@ class WorldConnection:
                     await self.ws.close(wire.CLOSE_UNSUPPORTED_DATA)
                     break
                 text = msg.get("text") or ""
-                if len(text) > wire.MAX_TEXT_BYTES:
+                # UTF-8 never has fewer bytes than characters: encode only when it might fit.
+                if len(text) > wire.MAX_TEXT_BYTES or len(text.encode("utf-8")) > wire.MAX_TEXT_BYTES:
                     await self.send_error(wire.MESSAGE_TOO_LARGE, f"text frame over {wire.MAX_TEXT_BYTES} bytes")
                     await self.ws.close(wire.CLOSE_TOO_BIG)
                     break
