@@ -144,8 +144,9 @@ def test_frames_follow_keys_and_are_deterministic(tiny_server):
 def test_reset_restarts_at_zero_and_keeps_the_floor(tiny_server):
     async def main():
         async with WorldClient.connect(url(tiny_server)) as c:
-            await c.create("w3", credits=2)
+            await c.create("w3", credits=0)
             await c.hold_keys(["d"], event_id=10)
+            await c.credit(2)
             chunks = [await c.next_chunk(credit=False) for _ in range(2)]
             assert [x.chunk_index for x in chunks] == [0, 1]
             await c.event(event_id=11)  # no credit left: stays pending, dropped by reset
