@@ -198,6 +198,8 @@ def main() -> None:
         "python": platform.python_version(),
         "credits": args.credits,
         "seconds": args.seconds,
+        # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
+        "adapter": {k: v for k, v in model.describe().items() if k != "config"},
         "rows": rows,
     }
     text = json.dumps(report, indent=2)

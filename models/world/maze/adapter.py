@@ -32,6 +32,14 @@ Defaults per device (measured, bench/results/maze_eval*.json): CUDA bf16 with
 held-out mazes it scores as well or better on one-step PSNR and at a third of
 the cost).
 
+CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
+from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
+bucket (1, 2, 4, ..., ``max_batch``), captured once per bucket and replayed with
+one launch; the eager launches were the served tick's cost (host-bound). Noise
+is drawn outside the graph from the same generator, so graph and eager see the
+same noise. A session's first frame (the simulator's) stays eager. On CPU,
+``cuda_graphs=True`` runs the same static-buffer path without capture (tests).
+
 Noise comes from one generator per adapter (``seed``): a session's frames depend
 on what else shared its batches, not only on its own seed.
 """
@@ -49,6 +57,7 @@ import torch
 from kv import KVGeometry, PagedKVCache, Residency, ResidencyError, plan_capacity
 from kv.paged_attention import paged_attention
 from models.base import ACTION_KEYS, ModelAdapter, ModelError, WorldChunk, WorldGeometry, WorldTick
+from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
 from models.world.maze.sim import MazeSim
@@ -95,7 +104,8 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                  weights: str | Path = DEFAULT_WEIGHTS, steps: int | None = None,
                  frames_per_chunk: int = 1, window: int | None = None, max_batch: int = 32,
                  max_sessions: int = 64, host_budget_bytes: int = 1 << 30,
-                 attention_backend: str | None = None, seed: int = 0) -> None:
+                 attention_backend: str | None = None, seed: int = 0,
+                 cuda_graphs: bool | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -129,6 +139,10 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.dropped: list[str] = []  # sessions residency dropped (they restart from their seed)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
+        self.cuda_graphs = cuda if cuda_graphs is None else bool(cuda_graphs)
+        self.graph_buckets = graph_buckets(max_batch) if self.cuda_graphs else ()
+        self._runners: dict[int, FrameRunner] = {}
+        self._graph_pool: Any = None
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
 
@@ -142,6 +156,8 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
             "params": sum(p.numel() for p in self.model.parameters()), "config": cfg.to_dict(),
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),
+            "cuda_graphs": self.cuda_graphs and self.device.type == "cuda",
+            "static_frame_path": self.cuda_graphs, "graph_buckets": list(self.graph_buckets),
             "start": "frame 0 of a session is the simulator's first frame of maze `seed`; "
                      "every later frame is generated",
         }
@@ -272,8 +288,8 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                            applied_event_ids=w.applied_event_ids, frames=out[i])
                 for i, w in enumerate(works)]
 
-    def _begin(self, ids: list[str]):
-        batch = self.cache.begin_batch(ids)
+    def _begin(self, ids: list[str], pad_to: int | None = None):
+        batch = self.cache.begin_batch(ids, pad_to=pad_to)
         if batch is None:
             raise ModelError(f"no KV room for a batch of {len(ids)}")
         return batch
@@ -292,9 +308,26 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                                  idx, idx == 0, ctx)
         return first.cpu().numpy()
 
+    def _runner(self, rows: int) -> FrameRunner:
+        r = self._runners.get(rows)
+        if r is None:
+            capture = self.device.type == "cuda"
+            if capture and self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            r = self._runners[rows] = FrameRunner(self.model, self.cache, self.sampler, rows, self.dtype,
+                                                  capture=capture, pool=self._graph_pool)
+        return r
+
     @torch.no_grad()
     def _generate(self, ids: list[str], sessions: list[_Session], acts: torch.Tensor) -> np.ndarray:
         B = len(ids)
+        rows = bucket_for(B, self.graph_buckets)
+        if rows is not None:
+            batch = self._begin(ids, pad_to=rows)
+            idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)
+            # Drawn as denoise_frame draws it: graph and eager consume the generator alike.
+            noise = torch.randn((B, 3, 64, 64), device=self.device, generator=self.gen)
+            return self._runner(rows).run(batch, acts, idx, noise).cpu().numpy()
         batch = self._begin(ids)
         ctx = PagedContext(self.cache, batch)
         idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)

@@ -62,11 +62,15 @@ def write_frame(model: MazeDiT, view: CacheView, x0: torch.Tensor, actions: torc
 
 @torch.no_grad()
 def denoise_frame(model: MazeDiT, view: CacheView, actions: torch.Tensor, frames: torch.Tensor,
-                  cfg: SamplerConfig = SamplerConfig(), gen: torch.Generator | None = None) -> torch.Tensor:
-    """Sample frame ``frames`` [B] (>= 1) under ``actions`` [B, 8]; returns x0 [B, 3, 64, 64] float32."""
+                  cfg: SamplerConfig = SamplerConfig(), gen: torch.Generator | None = None,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample frame ``frames`` [B] (>= 1) under ``actions`` [B, 8]; returns x0 [B, 3, 64, 64] float32.
+
+    ``noise``: the starting sample (else drawn from ``gen``); a CUDA graph passes a static buffer.
+    """
     B = actions.shape[0]
     dev = actions.device
-    x = torch.randn((B, 3, 64, 64), device=dev, generator=gen)
+    x = noise if noise is not None else torch.randn((B, 3, 64, 64), device=dev, generator=gen)
     ts = timesteps(cfg.steps, cfg.shift)
     sink = torch.zeros(B, dtype=torch.bool, device=dev)
     x0 = x

@@ -1,0 +1,153 @@
+"""One frame of a maze batch from static buffers: fixed-width masked paged attention, CUDA graphs.
+
+Eager serving costs ~2,200 kernel launches per frame (``steps`` denoising passes
++ the clean pass, 8 layers each), so on a fast GPU the host is the bottleneck.
+``FrameRunner`` runs the same passes on tensors whose shapes and addresses never
+change, so on CUDA the whole frame is captured once per batch-size bucket and
+replayed with one launch. kv/ still owns the pages: ``begin_batch`` allocates
+the frame's page before the replay and commit / abort / prune stay outside it.
+
+Every row attends a fixed ``W = sink + window + 1`` pages, read from the batch's
+null-padded block table (kv's ``KVBatch.index``); pages it does not hold yet are
+the null block, masked out. Pad rows (the batch padded up to its bucket) write
+and attend kv's pad block only; their outputs are dropped::
+
+    row   block table (W = 6)          key mask          chunk (written)
+    0     [s, w1, w2, w3, w4, c0]      1 1 1 1 1 1       c0
+    1     [s, w1, c1, 0, 0, 0]         1 1 1 0 0 0       c1
+    pad   [pad, 0, 0, 0, 0, 0]         1 0 0 0 0 0       pad
+
+(each mask entry covers one page's ``block_size`` keys). The unmasked keys are
+the eager path's keys in the same order, so the result equals
+``kv.paged_attention``'s up to float rounding.
+
+On CPU (and in tests) the same code runs without capture.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from models.world.maze.model import FrameContext, MazeDiT
+from models.world.maze.rollout import SamplerConfig, denoise_frame, to_u8
+
+log = logging.getLogger(__name__)
+
+
+def graph_buckets(max_batch: int) -> tuple[int, ...]:
+    """Padded batch sizes: powers of two below ``max_batch``, then ``max_batch`` (1, 2, 4, ..., 32)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return tuple(out)
+
+
+def bucket_for(rows: int, buckets: tuple[int, ...]) -> int | None:
+    """The smallest bucket holding ``rows`` rows; None when none does (run eagerly)."""
+    for b in buckets:
+        if b >= rows:
+            return b
+    return None
+
+
+class StaticPagedContext(FrameContext):
+    """``forward_frame``'s attention over fixed-width page tables with a key mask (graph-safe).
+
+    ``index``: a ``KVBatch.index`` layout ``[lengths (R) | cross slots (R) | tables (R x W)]``
+    int32 on the device; each frame is one page (``block_size == tokens``). Everything is
+    derived on the device, so nothing here reads back to the host.
+    """
+
+    def __init__(self, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor], index: torch.Tensor,
+                 rows: int) -> None:
+        self.k_pool, self.v_pool = k_pool, v_pool            # per layer [num_blocks, bs, H, D]
+        bs = k_pool[0].shape[1]
+        W = index.numel() // rows - 2
+        lengths = index[:rows].long()
+        tables = index[2 * rows:].view(rows, W).long()
+        self.tables = tables.reshape(-1)                     # [R * W]
+        self.chunk = tables.gather(1, (lengths - 1)[:, None]).reshape(rows)   # the frame's own page
+        valid = torch.arange(W, device=index.device)[None, :] < lengths[:, None]
+        self.mask = valid.repeat_interleave(bs, 1)[:, None, None, :]         # [R, 1, 1, W * bs]
+        self.own = [None] * len(k_pool)  # type: ignore[list-item]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        # model layout [R, H, n, D]; pool layout [blocks, n, H, D]
+        R, H, n, D = k.shape
+        kp, vp = self.k_pool[layer], self.v_pool[layer]
+        kp.index_copy_(0, self.chunk, k.transpose(1, 2).reshape(R, n, H, D))
+        vp.index_copy_(0, self.chunk, v.transpose(1, 2).reshape(R, n, H, D))
+        keys = kp.index_select(0, self.tables).view(R, -1, H, D).transpose(1, 2)
+        vals = vp.index_select(0, self.tables).view(R, -1, H, D).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self.mask)
+
+
+class FrameRunner:
+    """Makes one frame for a batch padded to ``rows`` rows, from static input and output buffers.
+
+    ``run`` fills the inputs (``copy_``), then runs the passes: eagerly when ``capture`` is
+    False, else through a CUDA graph captured on first use (warmed up on a side stream
+    first; ``pool`` is shared by every bucket's graph).
+    """
+
+    def __init__(self, model: MazeDiT, cache: Any, sampler: SamplerConfig, rows: int, dtype: torch.dtype,
+                 *, capture: bool, pool: Any = None) -> None:
+        dev = cache.device
+        self.model, self.cache, self.sampler, self.rows, self.dtype = model, cache, sampler, rows, dtype
+        self.capture, self.pool = capture, pool
+        width = cache.max_held_pages + 1
+        self.index = torch.zeros(rows * (2 + width), dtype=torch.int32, device=dev)
+        self.actions = torch.zeros(rows, 8, device=dev)
+        self.frames = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.noise = torch.zeros(rows, 3, 64, 64, device=dev)
+        self.out = torch.zeros(rows, 64, 64, 3, dtype=torch.uint8, device=dev)
+        self.graph: Any = None
+
+    def _body(self) -> None:
+        st = self.cache.storage
+        ctx = StaticPagedContext(st.k, st.v, self.index, self.rows)
+        x0 = denoise_frame(self.model, ctx, self.actions, self.frames, self.sampler, noise=self.noise)
+        zeros = torch.zeros(self.rows, device=self.frames.device)
+        self.model.forward_frame(x0.to(self.dtype), zeros, self.actions, self.frames, self.frames == 0, ctx)
+        self.out.copy_(to_u8(x0))
+
+    def _capture(self) -> None:  # pragma: no cover - CUDA only
+        # Warm-up passes write the in-flight frames' pages, which the replay overwrites.
+        side = torch.cuda.Stream(self.index.device)
+        side.wait_stream(torch.cuda.current_stream(self.index.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body()
+        torch.cuda.current_stream(self.index.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self._body()
+        self.graph = graph
+        log.info("maze frame graph captured for %d rows", self.rows)
+
+    @torch.no_grad()
+    def run(self, batch: Any, actions: torch.Tensor, frames: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """``batch``: kv's ``KVBatch`` padded to ``rows``; actions [B, 8], frames [B], noise [B, 3, 64, 64].
+
+        Returns the frames [B, 64, 64, 3] uint8: a view of the output buffer, valid until the next run.
+        """
+        B = actions.shape[0]
+        self.index.copy_(batch.index)
+        self.actions[:B].copy_(actions)
+        self.actions[B:].zero_()
+        self.frames[:B].copy_(frames)
+        self.frames[B:].zero_()
+        self.noise[:B].copy_(noise)
+        if not self.capture:
+            self._body()
+        else:  # pragma: no cover - CUDA only
+            if self.graph is None:
+                self._capture()
+            self.graph.replay()
+        return self.out[:B]

@@ -1,0 +1,115 @@
+"""The static-buffer frame path (what MazeWorld captures in a CUDA graph), run on CPU without capture."""
+
+import numpy as np
+import pytest
+import torch
+
+from kv import KVGeometry, PagedKVCache
+from models.base import WorldTick
+from models.world.maze.adapter import MazeWorld, PagedContext
+from models.world.maze.frame_graph import StaticPagedContext, bucket_for, graph_buckets
+from models.world.maze.model import MazeDiT, MazeDiTConfig
+from models.world.maze.weights import save_weights
+
+TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
+
+
+def test_buckets():
+    assert graph_buckets(32) == (1, 2, 4, 8, 16, 32)
+    assert graph_buckets(1) == (1,)
+    assert graph_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    b = graph_buckets(128)
+    assert [bucket_for(n, b) for n in (1, 2, 3, 5, 31, 33, 128, 129)] == [1, 2, 4, 8, 32, 64, 128, None]
+    assert bucket_for(1, ()) is None
+
+
+def _filled_cache() -> tuple[PagedKVCache, list[str]]:
+    """Sessions holding 0, 2 and a full sink + window of frames (window 3), random K/V."""
+    torch.manual_seed(0)
+    g = KVGeometry(num_layers=2, kv_heads=2, head_dim=8, tokens_per_frame=16, block_size=16,
+                   sink_frames=1, window_frames=3, frames_per_tick=1, dtype=torch.float32)
+    cache = PagedKVCache(g, 64, "cpu", max_sessions=4, attention_backend="gather_sdpa")
+    ids = ["empty", "two", "full"]
+    for sid, frames in zip(ids, (0, 2, 6)):
+        cache.open(sid)
+        for _ in range(frames):
+            b = cache.begin_batch([sid])
+            for layer in range(2):
+                cache.write(layer, b, torch.randn(1, 16, 2, 8), torch.randn(1, 16, 2, 8))
+            cache.commit_batch(b)
+    assert [len(cache.table(s).held) for s in ids] == [0, 2, 4]
+    return cache, ids
+
+
+def test_static_context_equals_paged_attention_with_pad_rows():
+    cache, ids = _filled_cache()
+    padded = cache.begin_batch(ids, pad_to=4)
+    plain = cache.batch(ids)                       # the same in-flight pages, no pad row
+    st = cache.storage
+    static = StaticPagedContext(st.k, st.v, padded.index, 4)
+    # key mask: pages held + the frame's own, per row (pad row: the pad block only)
+    assert static.mask[:, 0, 0, ::16].int().tolist() == [
+        [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert static.chunk.tolist() == [padded.block_tables[r, n - 1].item()
+                                     for r, n in enumerate(padded.num_pages)]
+    assert static.chunk[3].item() == cache.pad_block
+    eager = PagedContext(cache, plain)
+    torch.manual_seed(1)
+    for layer in range(2):
+        q, k, v = (torch.randn(3, 2, 16, 8) for _ in range(3))    # model layout [R, H, n, D]
+        want = eager.attend(layer, q, k, v)
+        own = plain.chunk_blocks.reshape(-1)
+        written = (st.k[layer][own].clone(), st.v[layer][own].clone())
+        st.k[layer][own] = 0                       # the static path must write them itself
+        st.v[layer][own] = 0
+        pad = torch.randn(1, 2, 16, 8)
+        got = static.attend(layer, torch.cat([q, pad]), torch.cat([k, pad]), torch.cat([v, pad]))
+        assert torch.equal(st.k[layer][own], written[0]) and torch.equal(st.v[layer][own], written[1])
+        assert torch.equal(st.k[layer][cache.pad_block], pad[0].transpose(0, 1))
+        assert torch.allclose(got[:3], want, atol=1e-6, rtol=0), (got[:3] - want).abs().max()
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    torch.manual_seed(0)
+    m = MazeDiT(TINY)
+    for blk in m.blocks:
+        torch.nn.init.normal_(blk.ada.weight, std=0.05)
+    torch.nn.init.normal_(m.out.weight, std=0.05)
+    path = tmp_path_factory.mktemp("maze") / "tiny.safetensors"
+    save_weights(m, path, extra={"steps": 3})
+    return path
+
+
+def _tick(sid: str, ci: int, keys: str) -> WorldTick:
+    return WorldTick(session_id=sid, request_id=f"{sid}-{ci}", chunk_index=ci, applied_event_ids=(ci,),
+                     prompt=None, actions=(frozenset(keys),), seed=ord(sid[-1]))
+
+
+def test_static_frame_path_matches_eager_adapter(weights):
+    """Same seed, same ticks: frames and kept K/V of the static path equal the eager path's."""
+    worlds = [MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=flag) for flag in (False, True)]
+    assert [w.graph_buckets for w in worlds] == [(), (1, 2, 4, 8)]
+    assert [w.describe()["static_frame_path"] for w in worlds] == [False, True]
+    started: dict[str, int] = {}
+    for step in range(7):
+        sids = ["s0", "s1", "s2"][: 1 + step // 2]   # staggered: rows hold different page counts
+        works = []
+        for sid in sids:
+            works.append(_tick(sid, started.get(sid, 0), "wjl"[step % 3]))
+            started[sid] = started.get(sid, 0) + 1
+        outs = []
+        for w in worlds:
+            chunks = w.run_batch(works)
+            for c in chunks:
+                w.end_tick(c.session_id, True)
+            outs.append(np.stack([c.frames for c in chunks]))
+        assert np.array_equal(outs[0], outs[1]), np.abs(outs[0].astype(int) - outs[1]).max()
+    assert started == {"s0": 7, "s1": 5, "s2": 3}
+    for sid in started:
+        held = [w.cache.table(sid).held for w in worlds]
+        assert held[0] == held[1]
+        for layer in range(TINY.depth):
+            a = worlds[0].cache.storage.k[layer][held[0]]
+            b = worlds[1].cache.storage.k[layer][held[1]]
+            assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
