@@ -255,46 +255,57 @@ class WorldConnection:
             pass
 
     async def _drive(self) -> None:
+        """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
+        driver commits, queues its next tick, and then sends, so a batch's sessions are
+        back in the engine's queue moments after it ends. Sends stay in chunk order."""
         session = self.session
         assert session is not None
         sid = session.session_id
         geometry = self.engine.adapter(self.model).geometry
-        while not self._stopping:
-            if self.credits <= 0 or session.state is not SessionState.ACTIVE:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            request = session.begin_tick()
-            tick = WorldTick(
-                session_id=sid,
-                request_id=request.request_id,
-                chunk_index=request.chunk_index,
-                applied_event_ids=request.applied_event_ids,
-                prompt=request.prompt,
-                actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
-                seed=self.seed,
-            )
-            started = time.perf_counter()
-            try:
-                chunk: WorldChunk = await self.engine.submit(
-                    self.model, tick, session_id=sid, validate=lambda c, r=request: _validate(c, r, geometry)
+        sending: asyncio.Task | None = None
+        try:
+            while not self._stopping:
+                if self.credits <= 0 or session.state is not SessionState.ACTIVE:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                request = session.begin_tick()
+                tick = WorldTick(
+                    session_id=sid,
+                    request_id=request.request_id,
+                    chunk_index=request.chunk_index,
+                    applied_event_ids=request.applied_event_ids,
+                    prompt=request.prompt,
+                    actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
+                    seed=self.seed,
                 )
-            except TickCancelled:
-                return  # reset/close purged it; they take it from here
-            except (ModelError, EngineDeadError, EngineStopped) as exc:
-                pending = list(session.pending_event_ids)
-                session.fail_tick(str(exc))
-                await self._report_failure(pending, str(exc))
-                return
-            tick_ms = (time.perf_counter() - started) * 1000.0
-            metadata = ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)
-            try:
-                committed = session.complete_tick(metadata)
-            except SessionError as exc:
-                await self.send_error(exc.code.value, exc.message)
-                return
-            self.credits -= 1
-            await self._send_chunk(committed, chunk.frames, tick_ms)
+                started = time.perf_counter()
+                try:
+                    chunk: WorldChunk = await self.engine.submit(
+                        self.model, tick, session_id=sid, validate=lambda c, r=request: _validate(c, r, geometry)
+                    )
+                except TickCancelled:
+                    return  # reset/close purged it; they take it from here
+                except (ModelError, EngineDeadError, EngineStopped) as exc:
+                    pending = list(session.pending_event_ids)
+                    session.fail_tick(str(exc))
+                    await _finish(sending)
+                    await self._report_failure(pending, str(exc))
+                    return
+                tick_ms = (time.perf_counter() - started) * 1000.0
+                metadata = ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index,
+                                         chunk.applied_event_ids)
+                try:
+                    committed = session.complete_tick(metadata)
+                except SessionError as exc:
+                    await _finish(sending)
+                    await self.send_error(exc.code.value, exc.message)
+                    return
+                self.credits -= 1
+                await _finish(sending)  # chunk N-1 is out before chunk N starts
+                sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
+        finally:
+            await _finish(sending)
 
     async def _send_chunk(self, request: TickRequest, frames: np.ndarray, tick_ms: float) -> None:
         payloads = [encode_frame(f, self.format) for f in frames]
@@ -308,6 +319,16 @@ class WorldConnection:
             await self.ws.send_text(wire.dumps(header))
             for payload in payloads:
                 await self.ws.send_bytes(payload)
+
+
+async def _finish(task: asyncio.Task | None) -> None:
+    """Wait for a chunk send; a closed socket only ends the connection, handled by its reader."""
+    if task is None:
+        return
+    try:
+        await asyncio.shield(task)
+    except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+        log.debug("chunk send failed: %r", exc)
 
 
 def _validate(chunk: Any, request: TickRequest, geometry: Any) -> None:
