@@ -48,6 +48,8 @@ import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kv import sync, time_ms as _time_ms  # noqa: E402  (the same timer for both kv benches)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -86,37 +88,9 @@ def log(msg: str) -> None:
     print(f"[tune {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_ms(fn, device, *, target_ms=3.0, reps=7, warmup=2) -> float:
-    """Median ms per call; CUDA events around a loop sized to ~target_ms (launches count)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    est = max((time.perf_counter() - t0) * 1e3, 1e-3)
-    iters = max(1, min(100, int(target_ms / est)))
-    samples = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / iters)
-        else:
-            t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter() - t) * 1e3 / iters)
-    return statistics.median(samples)
+    """bench_kv's timer with this script's shorter budget."""
+    return _time_ms(fn, device, target_ms=target_ms, reps=reps, warmup=warmup, max_iters=100)
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> dict:

@@ -64,8 +64,9 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn, device, *, target_ms=5.0, reps=11, warmup=3):
-    """Median milliseconds per call. CUDA events around a loop of calls sized to ~target_ms."""
+def time_ms(fn, device, *, target_ms=5.0, reps=11, warmup=3, max_iters=200):
+    """Median milliseconds per call. CUDA events around a loop of calls sized to ~target_ms
+    (so launch overhead counts)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -73,7 +74,7 @@ def time_ms(fn, device, *, target_ms=5.0, reps=11, warmup=3):
     fn()
     sync(device)
     est = max((time.perf_counter() - t0) * 1e3, 1e-3)
-    iters = max(1, min(200, int(target_ms / est)))
+    iters = max(1, min(max_iters, int(target_ms / est)))
     samples = []
     for _ in range(reps):
         if device.type == "cuda":
