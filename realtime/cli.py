@@ -49,17 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from_args(args)
-    import uvicorn
-
-    from realtime.allocator import tune_malloc
-
-    tune_malloc()
-
     from realtime.app import build_app
+    from realtime.server import run
 
-    app = build_app(config)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level,
-                ws_max_size=config.ws_max_bytes, ws_ping_interval=20.0, ws_ping_timeout=None)
+    run(build_app(config), host=config.host, port=config.port, log_level=args.log_level)
     return 0
 
 

@@ -50,7 +50,3 @@ class ServerConfig:
     world: WorldConfig = field(default_factory=WorldConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tts: TTSConfig = field(default_factory=TTSConfig)
-    # The largest WebSocket message uvicorn accepts at all; endpoints enforce their
-    # own, smaller limits with a protocol error (OpenPI must see 64 MiB+ bodies to
-    # answer them with its error rule).
-    ws_max_bytes: int = 80 * 1024 * 1024

@@ -22,7 +22,7 @@ Keepalive: the client pings every 20 s and gives up after 20 s without a pong.
 The server answers pings in uvicorn's protocol code on the event loop, which this
 module never blocks, so a 60 s inference keeps its connection (the reference
 server computes on its event loop and drops the robot after 20 s). uvicorn must
-run with ``ws_ping_timeout=None`` (a robot stuck in a long control loop is not a
+run (as realtime/server.py sets it up) with ``ws_ping_timeout=None`` (a robot stuck in a long control loop is not a
 dead peer) and ``ws_max_size`` above ``MAX_MESSAGE_BYTES`` so that an over-limit
 body is answered with a readable error rather than a bare 1009 close.
 

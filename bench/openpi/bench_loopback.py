@@ -70,8 +70,6 @@ def pct(xs: list[float]) -> dict[str, float]:
 # ---------------------------------------------------------------- servers (child processes)
 def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
     sys.path.insert(0, REPO)
-    import uvicorn
-
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime.app import build_app
     from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
@@ -83,12 +81,10 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
     inventory.adapters[policy.name] = policy
-    # The same process set-up and uvicorn settings as ``realtime serve`` (realtime/cli.py).
-    from realtime.allocator import tune_malloc
+    # The same process set-up and uvicorn settings as ``realtime serve``.
+    from realtime.server import run
 
-    tune_malloc()
-    uvicorn.run(build_app(config, inventory), host="127.0.0.1", port=port, log_level="warning",
-                ws_max_size=config.ws_max_bytes, ws_ping_interval=20.0, ws_ping_timeout=None)
+    run(build_app(config, inventory), host="127.0.0.1", port=port, log_level="warning")
 
 
 def serve_reference(port: int, infer_ms: float) -> None:

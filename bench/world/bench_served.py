@@ -147,7 +147,7 @@ def main() -> None:
     from realtime.app import build_app
     from realtime.config import EngineConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
-    from tests.e2e.conftest import serve
+    from realtime.server import serve_in_thread
 
     # Room for every session of the largest run plus the bare-model sessions.
     model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions))
@@ -156,7 +156,7 @@ def main() -> None:
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
     rows = []
-    with serve(build_app(config, inventory)) as addr:
+    with serve_in_thread(build_app(config, inventory)) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         for n in args.sessions:
             log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")

@@ -1,0 +1,60 @@
+"""Running the app under uvicorn: one place for the process and WebSocket settings.
+
+``realtime serve``, the end-to-end tests and the benchmarks all start the server
+through here, so what they measure is what a user runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import uvicorn
+
+from realtime.allocator import tune_malloc
+
+# The largest WebSocket message uvicorn accepts at all; each endpoint enforces its own,
+# smaller limit with a protocol error (OpenPI must read a 64 MiB+ body to answer it).
+WS_MAX_BYTES = 80 * 1024 * 1024
+# Pings keep proxies' idle timers happy; no ping timeout, so a client busy in a long
+# control loop is not dropped (the event loop itself always answers pings).
+WS_PING_INTERVAL_S = 20.0
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
+                          ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None, lifespan="on")
+
+
+def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
+    """Serve in the foreground, as ``realtime serve`` does."""
+    tune_malloc()
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warning") -> Iterator[str]:
+    """Run ``app`` on a free port in a background thread; yields ``host:port``."""
+    port = free_port(host)
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
