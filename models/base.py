@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Generic, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -100,3 +100,9 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
 
     def release(self, session_id: str) -> None:
         """Forget every piece of state kept for ``session_id``. Idempotent."""
+
+    def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
+        """The server calls this once. An adapter that drops a session's state on its
+        own (LRU eviction) calls ``listener(session_id, reason)`` on the engine thread,
+        and must then refuse that session's ticks until it is reset (chunk 0) or
+        released, so that no world restarts silently. Adapters that never drop ignore it."""

@@ -38,18 +38,17 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         policy_waits = {name: config.policy.batch_wait_ms for name in inventory.names("policy")}
         engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits)
         app.state.engine = engine
-        for adapter in inventory.adapters.values():
-            # Adapters that drop sessions on their own (LRU eviction) report through the engine.
-            if hasattr(adapter, "set_drop_listener"):
-                adapter.set_drop_listener(lambda sid, why, m=adapter.name: engine.notify_dropped(m, sid, why))
         loop = asyncio.get_running_loop()
 
-        def on_dropped(model: str, session_id: str, reason: str) -> None:
+        def on_dropped(session_id: str, reason: str) -> None:  # on the event loop
             conn = app.state.world_connections.get(session_id)
             if conn is not None:
-                loop.call_soon_threadsafe(conn.evicted, reason)
+                conn.evicted(reason)
 
-        engine.add_listener(on_dropped)
+        for adapter in inventory.adapters.values():
+            # Called on the engine thread when a model drops a session's state on its own
+            # (LRU eviction with a full host budget); the connection is looked up on the loop.
+            adapter.set_drop_listener(lambda sid, why: loop.call_soon_threadsafe(on_dropped, sid, why))
         engine.start()
         try:
             yield

@@ -75,7 +75,6 @@ class EngineStats:
     controls: int = 0
     busy_seconds: float = 0.0
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)
-    last_batch_ms: dict[str, float] = field(default_factory=dict)
 
 
 class Engine:
@@ -101,7 +100,6 @@ class Engine:
         self._dead: str | None = None
         self._thread: threading.Thread | None = None
         self.stats = EngineStats()
-        self._listeners: list[Callable[[str, str, str], None]] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -132,16 +130,6 @@ class Engine:
     @property
     def adapters(self) -> Mapping[str, ModelAdapter]:
         return self._adapters
-
-    def add_listener(self, fn: Callable[[str, str, str], None]) -> None:
-        """``fn(model, session_id, reason)`` runs on the engine thread when a model
-        drops a session's state on its own (LRU eviction); it must only enqueue."""
-        self._listeners.append(fn)
-
-    def notify_dropped(self, model: str, session_id: str, reason: str) -> None:
-        """Called by adapters (on the engine thread) when they drop a session."""
-        for fn in self._listeners:
-            fn(model, session_id, reason)
 
     # ------------------------------------------------------------------ asyncio side
     async def submit(
@@ -329,7 +317,6 @@ class Engine:
         finally:
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
-            self.stats.last_batch_ms[adapter.name] = elapsed * 1000.0
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1
         for job, result in zip(batch, results):

@@ -136,7 +136,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             window_frames=self.window, dtype_bytes=g.itemsize)
         self._sessions: dict[str, _Session] = {}
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.dropped: list[str] = []  # sessions residency dropped (they restart from their seed)
+        self.dropped: list[str] = []  # sessions residency dropped (refused until reset, see _evicted)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
         self.cuda_graphs = cuda if cuda_graphs is None else bool(cuda_graphs)
@@ -216,12 +216,11 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
 
     # ------------------------------------------------------------------ internals
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
-        """``listener(session_id, reason)`` runs (on the engine thread) when residency
-        drops a session's KV; the server tells that session's client."""
+        # Residency drops call it (engine thread); run_batch refuses the session until reset.
         self._drop_listener = listener
 
     def _dropped(self, session_id: str) -> None:
-        log.warning("maze kv dropped session=%s: its world restarts from its seed", session_id)
+        log.warning("maze kv dropped session=%s: refused until it is reset", session_id)
         self._sessions.pop(session_id, None)
         self.dropped.append(session_id)
         self._evicted.add(session_id)
