@@ -7,24 +7,12 @@ import torch
 from models.base import ModelError, WorldTick
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.cache import FrameCache
-from models.world.maze.model import MazeDiT, MazeDiTConfig
+from models.world.maze.model import MazeDiTConfig
 from models.world.maze.rollout import SamplerConfig, next_frame, to_model, write_frame
 from models.world.maze.sim import MazeSim
-from models.world.maze.weights import load_model, save_weights
+from models.world.maze.weights import load_model
 
-TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    torch.manual_seed(0)
-    m = MazeDiT(TINY)
-    for blk in m.blocks:
-        torch.nn.init.normal_(blk.ada.weight, std=0.05)
-    torch.nn.init.normal_(m.out.weight, std=0.05)
-    path = tmp_path_factory.mktemp("maze") / "tiny.safetensors"
-    save_weights(m, path, extra={"steps": 3})
-    return path
+TINY = MazeDiTConfig(dim=64, depth=2, heads=1)  # the config of conftest.py's `weights`
 
 
 def tick(sid: str, ci: int, *keys: str, seed: int = 0) -> WorldTick:

@@ -8,10 +8,9 @@ from kv import KVGeometry, PagedKVCache
 from models.base import WorldTick
 from models.world.maze.adapter import MazeWorld, PagedContext
 from models.world.maze.frame_graph import StaticPagedContext, bucket_for, graph_buckets
-from models.world.maze.model import MazeDiT, MazeDiTConfig
-from models.world.maze.weights import save_weights
+from models.world.maze.model import MazeDiTConfig
 
-TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
+TINY = MazeDiTConfig(dim=64, depth=2, heads=1)  # the config of conftest.py's `weights`
 
 
 def test_buckets():
@@ -67,18 +66,6 @@ def test_static_context_equals_paged_attention_with_pad_rows():
         assert torch.equal(st.k[layer][own], written[0]) and torch.equal(st.v[layer][own], written[1])
         assert torch.equal(st.k[layer][cache.pad_block], pad[0].transpose(0, 1))
         assert torch.allclose(got[:3], want, atol=1e-6, rtol=0), (got[:3] - want).abs().max()
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    torch.manual_seed(0)
-    m = MazeDiT(TINY)
-    for blk in m.blocks:
-        torch.nn.init.normal_(blk.ada.weight, std=0.05)
-    torch.nn.init.normal_(m.out.weight, std=0.05)
-    path = tmp_path_factory.mktemp("maze") / "tiny.safetensors"
-    save_weights(m, path, extra={"steps": 3})
-    return path
 
 
 def _tick(sid: str, ci: int, keys: str) -> WorldTick:
