@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from models.base import EngineDeadError, ModelError
+from models.tts.adapter import DecodeWindow, SynthesizeSentence
+from models.tts.segmenter import SentenceSegmenter
 from protocols import tts_v1 as wire
 from realtime.engine import Engine, EngineStopped, TickCancelled
 
@@ -47,10 +49,6 @@ class _UtteranceEnd:
 
 class TTSConnection:
     def __init__(self, ws: WebSocket, model: str) -> None:
-        from models.tts.adapter import DecodeWindow, SynthesizeSentence
-        from models.tts.segmenter import SentenceSegmenter
-
-        self._synthesize, self._decode = SynthesizeSentence, DecodeWindow
         self.ws = ws
         self.engine: Engine = ws.app.state.engine
         self.model = model
@@ -174,7 +172,7 @@ class TTSConnection:
         config = self.config
         utt, k = item.utterance_index, item.sentence_index
         await self.send(wire.encode(wire.AudioStart(utt, k, item.text, config.sample_rate)))
-        work = self._synthesize(self.session_id, utt, k, item.text, config.speed, config.sample_rate)
+        work = SynthesizeSentence(self.session_id, utt, k, item.text, config.speed, config.sample_rate)
         samples = 0
         while True:
             try:
@@ -192,7 +190,7 @@ class TTSConnection:
             samples = chunk.sentence_samples
             if chunk.done:
                 break
-            work = self._decode(self.session_id, utt, k)
+            work = DecodeWindow(self.session_id, utt, k)
         self.samples[utt] = self.samples.get(utt, 0) + samples
         await self.send(wire.encode(wire.AudioDone(utt, k, samples)))
 

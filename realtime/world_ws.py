@@ -293,10 +293,8 @@ class WorldConnection:
                     await self._report_failure(pending, str(exc))
                     return
                 tick_ms = (time.perf_counter() - started) * 1000.0
-                metadata = ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index,
-                                         chunk.applied_event_ids)
                 try:
-                    committed = session.complete_tick(metadata)
+                    committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
@@ -331,11 +329,16 @@ async def _finish(task: asyncio.Task | None) -> None:
         log.debug("chunk send failed: %r", exc)
 
 
+def _metadata(chunk: WorldChunk) -> ChunkMetadata:
+    """The identities a model echoed, as the session compares them with its snapshot."""
+    return ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)
+
+
 def _validate(chunk: Any, request: TickRequest, geometry: Any) -> None:
     """Engine-thread check of a tick's output against its snapshot."""
     if not isinstance(chunk, WorldChunk):
         raise ModelError(f"model returned {type(chunk).__name__}, not a WorldChunk")
-    metadata = ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)
+    metadata = _metadata(chunk)
     if not metadata.matches(request):
         raise ModelError(f"metadata {metadata} does not match the submitted snapshot {request.request_id}")
     expected = (geometry.frames_per_chunk, geometry.height, geometry.width, 3)
