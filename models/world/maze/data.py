@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from models.world.maze.policy import ScriptedPolicy
+from models.world.maze.policy import WEIGHTS, ScriptedPolicy
 from models.world.maze.sim import MazeSim
 
 TRAIN_SEED0 = 1_000_000   # training mazes; evaluation uses seeds below this
 
 
-def render_trajectories(seeds: list[int], steps: int, policy_seed: int, device: torch.device | str):
+def render_trajectories(seeds: list[int], steps: int, policy_seed: int, device: torch.device | str,
+                        policy_weights: tuple[float, ...] = WEIGHTS):
     """frames [B, steps+1, 64, 64, 3] uint8 and actions [B, steps+1, 8] (actions[:, 0] = 0)."""
     sim = MazeSim(seeds, device)
-    pol = ScriptedPolicy(len(seeds), policy_seed, device)
+    pol = ScriptedPolicy(len(seeds), policy_seed, device, policy_weights)
     frames = [sim.render()]
     acts = [torch.zeros(len(seeds), 8, device=sim.device)]
     for _ in range(steps):
@@ -40,10 +41,11 @@ def render_trajectories(seeds: list[int], steps: int, policy_seed: int, device: 
 
 class ClipStream:
     def __init__(self, device: torch.device | str, envs: int = 4096, traj_len: int = 48, rounds: int = 6,
-                 clip: int = 16, seed0: int = TRAIN_SEED0, p_gapped: float = 0.5) -> None:
+                 clip: int = 16, seed0: int = TRAIN_SEED0, p_gapped: float = 0.5,
+                 policy_weights: tuple[float, ...] = WEIGHTS) -> None:
         self.device = torch.device(device)
         self.envs, self.traj_len, self.rounds, self.clip = envs, traj_len, rounds, clip
-        self.seed0, self.p_gapped = seed0, p_gapped
+        self.seed0, self.p_gapped, self.policy_weights = seed0, p_gapped, policy_weights
         self.frames = torch.empty(rounds * envs, traj_len, 64, 64, 3, dtype=torch.uint8, device=self.device)
         self.actions = torch.empty(rounds * envs, traj_len, 8, dtype=torch.float32, device=self.device)
         self.next_round = 0
@@ -53,7 +55,8 @@ class ClipStream:
     def render_round(self) -> None:
         r = self.next_round
         seeds = [self.seed0 + r * self.envs + i for i in range(self.envs)]
-        f, a = render_trajectories(seeds, self.traj_len - 1, policy_seed=self.seed0 + r, device=self.device)
+        f, a = render_trajectories(seeds, self.traj_len - 1, policy_seed=self.seed0 + r, device=self.device,
+                                   policy_weights=self.policy_weights)
         slot = (r % self.rounds) * self.envs
         self.frames[slot:slot + self.envs] = f
         self.actions[slot:slot + self.envs] = a

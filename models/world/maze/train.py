@@ -3,11 +3,14 @@
 Objective: flow matching in pixel space with independent per-frame noise levels
 (diffusion forcing). A clip's frame i is ``x_t = (1 - t_i) x0 + t_i eps`` and the
 model predicts ``x0``; the loss is the mean squared error of that estimate.
-Noise levels lean towards pure noise, where sampling is hardest (``noise_levels``).
+Noise levels lean towards pure noise, where sampling is hardest (``noise_plan``).
 The sink (frame 0) and, in half the clips, a random prefix are *context*: noise
 level 0 or a little noise (up to 0.1), so the model learns both the serving case
 (clean cached frames) and not to trust context blindly (drift).
 A quarter of the steps use a 4-frame attention window (the CPU serving config).
+``--own-context P``: in a share P of the clips the context is the model's own
+reconstruction instead of the truth (``own_context``: against drift in long
+rollouts). ``--policy balanced`` renders data with more backing up and standing still.
 
 Data: rendered on the training device by ``ClipStream`` (no CPU workers); a new
 round of mazes replaces the oldest every ``--render-every`` steps.
@@ -32,6 +35,7 @@ import torch
 
 from models.world.maze.data import ClipStream, render_trajectories
 from models.world.maze.model import MazeDiT, MazeDiTConfig, param_count
+from models.world.maze.policy import POLICY_WEIGHTS
 from models.world.maze.rollout import to_model
 from models.world.maze.weights import load_model, save_weights
 
@@ -41,8 +45,9 @@ EVAL_SEED0 = 500_000       # held-out mazes for the in-training check (evaluate.
 SHORT_WINDOW = 4
 
 
-def noise_levels(batch: int, frames: int, device: torch.device, gen: torch.Generator | None = None) -> torch.Tensor:
-    """Per-frame noise levels [batch, frames] in [0, 1].
+def noise_plan(batch: int, frames: int, device: torch.device,
+               gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-frame noise levels [batch, frames] in [0, 1] and the context mask [batch, frames].
 
     Target frames: 10% exactly 1 (pure noise, the first sampling step), 15%
     uniform, 75% logit-normal centred at sigmoid(0.4) ~ 0.6. Context: frame 0
@@ -57,7 +62,41 @@ def noise_levels(batch: int, frames: int, device: torch.device, gen: torch.Gener
     prefix_len = torch.randint(1, frames, (batch,), device=device, generator=gen)
     prefix_len = torch.where(r(batch) < 0.5, prefix_len, torch.ones_like(prefix_len))
     is_ctx = torch.arange(frames, device=device)[None] < prefix_len[:, None]
-    return torch.where(is_ctx, ctx, t)
+    return torch.where(is_ctx, ctx, t), is_ctx
+
+
+def noise_levels(batch: int, frames: int, device: torch.device, gen: torch.Generator | None = None) -> torch.Tensor:
+    """``noise_plan``'s noise levels alone."""
+    return noise_plan(batch, frames, device, gen)[0]
+
+
+def own_context(model: MazeDiT, x0: torch.Tensor, a: torch.Tensor, t: torch.Tensor, is_ctx: torch.Tensor,
+                share: float, mask, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replace some clips' context frames with the model's own reconstructions (exposure bias).
+
+    At serving every context frame after the sink was *generated*, with the
+    model's own errors (mostly lost detail), and then cached as if clean. Training
+    only on true context teaches the model to trust context it will never get; an
+    error then compounds frame after frame (drift). Here, in a ``share`` of the
+    clips, context frames 1.. become the model's x0 estimate from one no-grad pass
+    at a noise level in [0.2, 0.8], cached at level 0 exactly as served, while the
+    target frames after them stay true: the model learns to correct its own errors
+    instead of copying them. Returns (x0 for the inputs, the frames to leave out of
+    the loss: reconstructed context, whose true value the model could not know).
+    """
+    B, T = t.shape
+    dev = x0.device
+    pick = (torch.rand(B, device=dev, generator=gen) < share)[:, None] & is_ctx
+    pick[:, 0] = False                     # the sink is the simulator's real frame at serving too
+    if not bool(pick.any()):
+        return x0, pick
+    level = 0.2 + 0.6 * torch.rand(B, T, device=dev, generator=gen)
+    level[:, 0] = 0.0
+    tb = level[:, :, None, None, None]
+    noisy = (1 - tb) * x0 + tb * torch.randn(x0.shape, device=dev, generator=gen)
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        recon = model.forward_clip(noisy, level, a, mask=mask).float().clamp(-1, 1)
+    return torch.where(pick[:, :, None, None, None], recon, x0), pick
 
 
 def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
@@ -111,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traj-len", type=int, default=48)
     ap.add_argument("--render-every", type=int, default=50)
     ap.add_argument("--p-short", type=float, default=0.25, help="share of steps with the short window")
+    ap.add_argument("--own-context", type=float, default=0.0,
+                    help="share of clips whose context is the model's own reconstruction (own_context)")
+    ap.add_argument("--policy", choices=sorted(POLICY_WEIGHTS), default="default",
+                    help="key-combination mix of the scripted data policy")
     ap.add_argument("--eval-every", type=float, default=90.0, help="seconds")
     ap.add_argument("--ckpt-every", type=float, default=150.0, help="seconds")
     ap.add_argument("--max-steps", type=int, default=10**9)
@@ -182,7 +225,8 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
 
     t0 = time.time()
     stream = ClipStream(dev, envs=args.envs, traj_len=args.traj_len, rounds=args.rounds,
-                        seed0=1_000_000 + 10_000_000 * (start_step > 0) + step * 7)
+                        seed0=1_000_000 + 10_000_000 * (start_step > 0) + step * 7,
+                        policy_weights=POLICY_WEIGHTS[args.policy])
     stream.fill()
     ev_f, ev_a = render_trajectories(list(range(EVAL_SEED0, EVAL_SEED0 + (8 if args.tiny else 128))),
                                      cfg.clip_frames - 1 + 8, policy_seed=EVAL_SEED0, device=dev)
@@ -195,12 +239,15 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
     model.flex = use_flex
     masks = {w: model.clip_mask(cfg.clip_frames, dev, w) for w in (None, SHORT_WINDOW)}
 
-    def loss_fn(x0: torch.Tensor, a: torch.Tensor, t: torch.Tensor, eps: torch.Tensor, mask) -> torch.Tensor:
+    def loss_fn(x_in: torch.Tensor, x0: torch.Tensor, a: torch.Tensor, t: torch.Tensor, eps: torch.Tensor,
+                skip: torch.Tensor, mask) -> torch.Tensor:
         tb = t[:, :, None, None, None]
-        xt = (1 - tb) * x0 + tb * eps
+        xt = (1 - tb) * x_in + tb * eps
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
             pred = model.forward_clip(xt, t, a, mask=mask)
-        return (pred.float() - x0).pow(2).mean()
+        err = (pred.float() - x0).pow(2).mean((2, 3, 4))      # [B, T]
+        keep = (~skip).float()
+        return (err * keep).sum() / keep.sum()
 
     if use_flex:
         # Per block, as the probe did: one small graph compiles fast and all 8 blocks share it.
@@ -212,9 +259,12 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
     def train_step(lr: float, window) -> tuple[torch.Tensor, torch.Tensor]:
         f, a = stream.sample(args.bs, gen)
         x0 = to_model(f)
-        t = noise_levels(args.bs, cfg.clip_frames, dev, gen)
+        t, is_ctx = noise_plan(args.bs, cfg.clip_frames, dev, gen)
+        x_in, skip = x0, torch.zeros_like(is_ctx)
+        if args.own_context > 0:
+            x_in, skip = own_context(model, x0, a, t, is_ctx, args.own_context, masks[window], gen)
         eps = torch.randn(x0.shape, device=dev, generator=gen)
-        loss = step_fn(x0, a, t, eps, masks[window])
+        loss = step_fn(x_in, x0, a, t, eps, skip, masks[window])
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)

@@ -6,7 +6,7 @@ from models.world.maze.attention import frame_causal_mask
 from models.world.maze.cache import FrameCache, window_slot, window_slots
 from models.world.maze.model import FrameContext, MazeDiT, MazeDiTConfig, param_count
 from models.world.maze.rollout import timesteps, to_model, to_u8, write_frame
-from models.world.maze.train import lr_at, noise_levels
+from models.world.maze.train import lr_at, noise_levels, noise_plan, own_context
 from models.world.maze.weights import load_model, read_metadata, save_weights
 
 TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
@@ -134,6 +134,33 @@ def test_noise_levels():
     assert float(t[:, 0].max()) <= 0.1                         # the sink is always context
     assert abs(float((t[:, 1:] == 1).float().mean()) - 0.1 * (1 - 0.25)) < 0.02  # ~10% of targets
     assert float((t[:, 1:] > 0.5).float().mean()) > 0.45      # leaning towards noise
+
+
+def test_noise_plan_marks_the_context_prefix():
+    gen = torch.Generator().manual_seed(1)
+    t, ctx = noise_plan(512, 16, torch.device("cpu"), gen)
+    assert bool(ctx[:, 0].all())
+    # The context is a prefix: once a frame is a target, every later frame is.
+    assert bool((ctx[:, 1:] <= ctx[:, :-1]).all())
+    assert float(t[ctx].max()) <= 0.1
+    assert 0.4 < float((ctx.sum(1) > 1).float().mean()) < 0.6   # half the clips have a longer prefix
+
+
+def test_own_context_replaces_only_picked_context_frames():
+    torch.manual_seed(0)
+    m = tiny_model()
+    x0 = torch.rand(6, 4, 3, 64, 64) * 2 - 1
+    a = torch.zeros(6, 4, 8)
+    gen = torch.Generator().manual_seed(2)
+    t, _ = noise_plan(6, 4, torch.device("cpu"), gen)
+    is_ctx = torch.tensor([[True, True, True, False]] * 3 + [[True, False, False, False]] * 3)
+    x_in, skip = own_context(m, x0, a, t, is_ctx, 1.0, None, gen)
+    assert skip.tolist() == [[False, True, True, False]] * 3 + [[False] * 4] * 3
+    assert torch.equal(x_in[~skip], x0[~skip])                 # sink, targets and other clips untouched
+    assert not torch.equal(x_in[skip], x0[skip])
+    assert float(x_in.abs().max()) <= 1.0
+    none, skip0 = own_context(m, x0, a, t, is_ctx, 0.0, None, gen)
+    assert none is x0 and not bool(skip0.any())
 
 
 def test_lr_schedule():
