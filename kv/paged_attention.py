@@ -28,6 +28,18 @@ Backends:
     not ``sdpa_kernel`` + dispatch: at batch 1 the call is launch-bound and that
     Python is most of its cost). GQA or an unsupported head dim falls back to
     SDPA pinned to that kernel.
+``triton``
+    ``kv.triton_paged``: a Triton flash-attention forward that reads each row's
+    pages straight from the pool (no gather, no copy), split over the KV range
+    when the batch alone would leave SMs idle ("flash-decoding": at batch 1 the
+    maze geometry is 6 programs of 128 queries on 132 SMs without it). Split
+    count and tiles come from shapes only, so it is CUDA-graph capturable. Needs
+    triton and head_dim in (16, 32, 64, 128); in ``CUDA_CANDIDATES`` only when
+    triton imports.
+``triton:<options>``
+    ``triton`` with fixed ``block_m``, ``block_n``, ``num_warps``, ``num_stages``
+    or ``num_splits``; ``triton_backend(options)`` registers one and returns its
+    name (for the benchmark).
 ``flex:<options>``
     ``flex`` with Triton ``kernel_options`` (``BLOCK_M``, ``BLOCK_N``,
     ``num_warps``, ``num_stages``, ``USE_TMA``, ...); ``flex_backend(options)``
@@ -58,11 +70,12 @@ import torch
 import torch.nn.functional as F
 
 from kv.batch import KVBatch
+from kv.triton_paged import paged_attention_triton, triton_available
 
 log = logging.getLogger(__name__)
 
 FLEX_TILE = 128
-BACKENDS = ("gather_sdpa", "flex", "gather_flash", "gather_cudnn")
+BACKENDS = ("gather_sdpa", "flex", "gather_flash", "gather_cudnn", "triton")
 # Flex kernel options ``auto`` tries on CUDA besides torch's defaults, best first.
 # Each costs one compile (a few seconds) on the first batch; keep the list short
 # and set it from bench/kv/bench_attention_tune.py's ``recommended_flex_configs``.
@@ -274,11 +287,46 @@ def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVB
     return out.transpose(1, 2)
 
 
+# -- Triton on the pool ------------------------------------------------------------------
+
+TRITON_OPTIONS = ("block_m", "block_n", "num_warps", "num_stages", "num_splits")
+
+
+def triton_paged(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
+                 scale: float | None = None, options: Mapping[str, int] | None = None) -> torch.Tensor:
+    """``kv.triton_paged`` over the batch's block tables (every row's attended pages)."""
+    return paged_attention_triton(q, k_pool, v_pool, batch.block_tables, batch.lengths, scale=scale,
+                                  **(options or {}))
+
+
+def triton_backend(options: Mapping[str, int]) -> str:
+    """Register ``triton`` with fixed tiles / splits (keys of ``TRITON_OPTIONS``); returns its name.
+
+    Like ``flex_backend``: ``triton:block_m=64,num_splits=4`` (keys sorted), one name per options.
+    """
+    if not options:
+        return "triton"
+    unknown = set(options) - set(TRITON_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown triton options {sorted(unknown)}; choose from {TRITON_OPTIONS}")
+    opts = dict(sorted(options.items()))
+    name = "triton:" + ",".join(f"{k}={v}" for k, v in opts.items())
+    if name not in _IMPLS:
+        _IMPLS[name] = functools.partial(triton_paged, options=opts)
+    return name
+
+
+def is_triton(name: str) -> bool:
+    return name == "triton" or name.startswith("triton:")
+
+
 _IMPLS: dict[str, Callable] = {"gather_sdpa": gather_sdpa, "flex": flex,
-                               "gather_flash": gather_flash, "gather_cudnn": gather_cudnn}
+                               "gather_flash": gather_flash, "gather_cudnn": gather_cudnn,
+                               "triton": triton_paged}
 # Candidates ``auto`` measures on CUDA (the pinned-SDPA variants only matter there),
-# before the ``FLEX_CONFIGS`` variants.
-CUDA_CANDIDATES = ("gather_sdpa", "gather_flash", "gather_cudnn", "flex")
+# before the ``FLEX_CONFIGS`` variants. ``triton`` only where triton imports.
+CUDA_CANDIDATES = ("gather_sdpa", "gather_flash", "gather_cudnn", "flex") + (
+    ("triton",) if triton_available() else ())
 
 
 def flex_backend(kernel_options: Mapping[str, Any]) -> str:

@@ -10,7 +10,8 @@ from kv.cache import PagedKVCache
 from kv.capacity import pool_blocks
 from kv.geometry import KVGeometry
 from kv import paged_attention as pa
-from kv.paged_attention import AttentionDispatch, flex_backend, paged_attention
+from kv.paged_attention import AttentionDispatch, flex_backend, paged_attention, triton_backend
+from kv.triton_paged import triton_available
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
 
@@ -115,9 +116,12 @@ def test_auto_tuner_measures_checks_and_keeps_a_choice():
     assert key[0] == 2                                  # batch-size bucket
     times = choice["times_ms"]
     assert set(times) == {"gather_sdpa", "gather_flash", "gather_cudnn", "flex",
-                          "flex:BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"}
+                          "flex:BLOCK_M=64,BLOCK_N=64,num_stages=3,num_warps=4"} | (
+                              {"triton"} if triton_available() else set())
     assert isinstance(times["gather_sdpa"], float)
     assert str(times["gather_cudnn"]).startswith("error")  # no cuDNN on the CPU
+    if triton_available():   # a clear refusal on CPU tensors (no interpreter in this process)
+        assert times["triton"].startswith("error: ValueError: the triton paged kernel needs CUDA")
     assert choice["backend"] in {n for n, t in times.items() if isinstance(t, float)}
     paged_attention(q, None, None, c, 0, batch)         # second call: no new measurement
     assert len(c.attention.choices) == 1
@@ -136,6 +140,19 @@ def test_flex_backend_names_and_registers_once():
     assert pa._IMPLS[name] is impl
     assert flex_backend({}) == "flex"
     assert pa.is_flex(name) and pa.is_flex("flex") and not pa.is_flex("gather_flash")
+
+
+def test_triton_backend_names_and_registers_once():
+    name = triton_backend({"num_splits": 4, "block_m": 64})
+    assert name == "triton:block_m=64,num_splits=4"
+    impl = pa._IMPLS[name]
+    assert triton_backend({"block_m": 64, "num_splits": 4}) == name and pa._IMPLS[name] is impl
+    assert impl.keywords["options"] == {"block_m": 64, "num_splits": 4}
+    assert triton_backend({}) == "triton"
+    assert pa.is_triton(name) and pa.is_triton("triton") and not pa.is_triton("flex")
+    with pytest.raises(ValueError, match="unknown triton options"):
+        triton_backend({"BLOCK_M": 64})
+    assert ("triton" in pa.CUDA_CANDIDATES) == triton_available()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
