@@ -21,6 +21,13 @@ and attend kv's pad block only; their outputs are dropped::
 the eager path's keys in the same order, so the result equals
 ``kv.paged_attention``'s up to float rounding.
 
+On CUDA with triton, attention is ``kv.triton_paged`` instead: it reads each
+row's first ``lengths[r]`` pages straight from the pool (same table, no gather,
+no mask), split over the pages when the batch is small. Its split count and
+tiles depend on shapes only, so it is captured like the rest. The gather +
+masked SDPA path stays for CPU, for machines without triton and as
+``attention="sdpa"``.
+
 On CPU (and in tests) the same code runs without capture.
 """
 
@@ -32,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kv.triton_paged import HEAD_DIMS, paged_attention_triton, triton_available
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_u8
 
@@ -62,19 +70,31 @@ class StaticPagedContext(FrameContext):
     ``index``: a ``KVBatch.index`` layout ``[lengths (R) | cross slots (R) | tables (R x W)]``
     int32 on the device; each frame is one page (``block_size == tokens``). Everything is
     derived on the device, so nothing here reads back to the host.
+
+    ``attention``: ``"triton"`` (``kv.triton_paged`` on the pool), ``"sdpa"`` (gather +
+    masked SDPA) or ``"auto"``: triton on CUDA when it imports and supports the head dim, else sdpa.
     """
 
     def __init__(self, k_pool: list[torch.Tensor], v_pool: list[torch.Tensor], index: torch.Tensor,
-                 rows: int) -> None:
+                 rows: int, *, attention: str = "auto") -> None:
+        if attention == "auto":
+            fits = index.is_cuda and triton_available() and k_pool[0].shape[-1] in HEAD_DIMS
+            attention = "triton" if fits else "sdpa"
+        if attention not in ("triton", "sdpa"):
+            raise ValueError(f"attention must be auto, triton or sdpa, got {attention!r}")
+        self.attention = attention
         self.k_pool, self.v_pool = k_pool, v_pool            # per layer [num_blocks, bs, H, D]
         bs = k_pool[0].shape[1]
         W = index.numel() // rows - 2
-        lengths = index[:rows].long()
-        tables = index[2 * rows:].view(rows, W).long()
-        self.tables = tables.reshape(-1)                     # [R * W]
+        self.lengths = index[:rows]                          # int32 views of the static index
+        self.page_tables = index[2 * rows:].view(rows, W)
+        lengths = self.lengths.long()
+        tables = self.page_tables.long()
         self.chunk = tables.gather(1, (lengths - 1)[:, None]).reshape(rows)   # the frame's own page
-        valid = torch.arange(W, device=index.device)[None, :] < lengths[:, None]
-        self.mask = valid.repeat_interleave(bs, 1)[:, None, None, :]         # [R, 1, 1, W * bs]
+        if attention == "sdpa":
+            self.tables = tables.reshape(-1)                 # [R * W]
+            valid = torch.arange(W, device=index.device)[None, :] < lengths[:, None]
+            self.mask = valid.repeat_interleave(bs, 1)[:, None, None, :]     # [R, 1, 1, W * bs]
         self.own = [None] * len(k_pool)  # type: ignore[list-item]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -83,6 +103,10 @@ class StaticPagedContext(FrameContext):
         kp, vp = self.k_pool[layer], self.v_pool[layer]
         kp.index_copy_(0, self.chunk, k.transpose(1, 2).reshape(R, n, H, D))
         vp.index_copy_(0, self.chunk, v.transpose(1, 2).reshape(R, n, H, D))
+        if self.attention == "triton":
+            # [R, n, H, D] views in and out: the caller's transpose + reshape back is free.
+            return paged_attention_triton(q.transpose(1, 2), kp, vp, self.page_tables,
+                                          self.lengths).transpose(1, 2)
         keys = kp.index_select(0, self.tables).view(R, -1, H, D).transpose(1, 2)
         vals = vp.index_select(0, self.tables).view(R, -1, H, D).transpose(1, 2)
         return F.scaled_dot_product_attention(q, keys, vals, attn_mask=self.mask)
@@ -93,14 +117,14 @@ class FrameRunner:
 
     ``run`` fills the inputs (``copy_``), then runs the passes: eagerly when ``capture`` is
     False, else through a CUDA graph captured on first use (warmed up on a side stream
-    first; ``pool`` is shared by every bucket's graph).
+    first; ``pool`` is shared by every bucket's graph). ``attention``: see ``StaticPagedContext``.
     """
 
     def __init__(self, model: MazeDiT, cache: Any, sampler: SamplerConfig, rows: int, dtype: torch.dtype,
-                 *, capture: bool, pool: Any = None) -> None:
+                 *, capture: bool, pool: Any = None, attention: str = "auto") -> None:
         dev = cache.device
         self.model, self.cache, self.sampler, self.rows, self.dtype = model, cache, sampler, rows, dtype
-        self.capture, self.pool = capture, pool
+        self.capture, self.pool, self.attention = capture, pool, attention
         width = cache.max_held_pages + 1
         self.index = torch.zeros(rows * (2 + width), dtype=torch.int32, device=dev)
         self.actions = torch.zeros(rows, 8, device=dev)
@@ -111,7 +135,7 @@ class FrameRunner:
 
     def _body(self) -> None:
         st = self.cache.storage
-        ctx = StaticPagedContext(st.k, st.v, self.index, self.rows)
+        ctx = StaticPagedContext(st.k, st.v, self.index, self.rows, attention=self.attention)
         x0 = denoise_frame(self.model, ctx, self.actions, self.frames, self.sampler, noise=self.noise)
         zeros = torch.zeros(self.rows, device=self.frames.device)
         self.model.forward_frame(x0.to(self.dtype), zeros, self.actions, self.frames, self.frames == 0, ctx)
