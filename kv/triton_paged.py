@@ -192,8 +192,9 @@ def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
 
     ========================  ===========================================================
     ``block_m``               128; 16 / 32 / 64 for shorter query chunks (``lq`` <= 16 / 32 / 64)
-    ``block_n``               64 when it divides ``block_size``, else 32 or 16 when one does
-                              (a small page), else 64 with the page's last tile masked
+    ``block_n``               64 when it divides ``block_size``, else 32 or 16 when one does,
+                              else 64 (or the page rounded up to a power of two, if smaller)
+                              with the keys past the page masked in each page's last tile
     ``num_warps``             8 when ``block_m * head_dim`` >= 128 * 128, else 4
     ``num_stages``            3 for ``head_dim`` <= 64, else 2 (shared memory for K/V tiles)
     ========================  ===========================================================
@@ -208,7 +209,9 @@ def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
             break
     block_n = 64
     if block_size % 64:
-        block_n = next((n for n in (32, 16) if block_size % n == 0), 64)
+        # a smaller tile that divides the page, else one masked tile per page's tail
+        fallback = 64 if block_size > 64 else max(16, 1 << (block_size - 1).bit_length())
+        block_n = next((n for n in (32, 16) if block_size % n == 0), fallback)
     num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
     num_stages = 3 if head_dim <= 64 else 2
     return Tiles(block_m, block_n, num_warps, num_stages)

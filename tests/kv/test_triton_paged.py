@@ -34,7 +34,7 @@ def test_default_tiles():
     assert maze == Tiles(block_m=128, block_n=64, num_warps=4, num_stages=3)
     assert choose_tiles(4680, 128, 1560) == Tiles(128, 64, 8, 2)      # LingBot: last tile of a page masked
     assert [choose_tiles(lq, 16, 32).block_m for lq in (1, 16, 17, 40, 64, 65)] == [16, 16, 32, 64, 64, 128]
-    assert [choose_tiles(256, 32, bs).block_n for bs in (256, 96, 32, 48, 24)] == [64, 32, 32, 16, 64]
+    assert [choose_tiles(256, 32, bs).block_n for bs in (256, 96, 32, 48, 24, 1560)] == [64, 32, 32, 16, 32, 64]
 
 
 def test_split_heuristic_on_an_h200():
