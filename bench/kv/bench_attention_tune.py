@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tune paged attention for the maze geometry against contiguous SDPA, in one short run.
 
-    python bench/kv/bench_attention_tune.py --out $OUT/kv_attention_tune.json     # H200, < 90 s
+    python bench/kv/bench_attention_tune.py --out $OUT/kv_attention_tune.json     # H200, < 100 s
+    python bench/kv/bench_attention_tune.py --no-flex --out $OUT/kv_attention_tune.json   # ~40 s
     python bench/kv/bench_attention_tune.py --quick --out /tmp/tune.json          # CPU smoke test
 
 Maze geometry: 8 layers, 3 heads x 64, 256 tokens per frame = one 256-token block,
@@ -15,12 +16,17 @@ each skipped once the ``--budget-s`` deadline is near:
 
 1. per layer, contiguous SDPA on the same K/V laid out ``[R, H, S, D]`` (default
    dispatch = the baseline; also bshd, and cuDNN / flash called directly);
-2. per layer, every paged backend: gather + SDPA / flash / cuDNN, flex with torch's
-   default kernel options, then flex with each ``FLEX_TRIALS`` config (b32 and b128
-   first; b1 only for the best flex config, as b1 is a separate compile);
+2. per layer, every paged backend: gather + SDPA / flash / cuDNN, ``triton``
+   (kv.triton_paged with its default tiles and split count) and each
+   ``TRITON_TRIALS`` variant at every batch, flex with torch's default kernel
+   options, then flex with each ``FLEX_TRIALS`` config (b32 and b128 first; b1
+   only for the best flex config, as b1 is a separate compile);
 3. per tick (all 8 layers, the comparison that counts): 8 contiguous SDPA calls vs
    building the batch's plans (gather indices / block mask, once per tick) plus 8
-   paged calls, for the best candidates, with and without the per-layer K/V write;
+   paged calls, for the best candidates (always ``triton`` and the best triton
+   variant), with and without the per-layer K/V write; then the same ticks
+   replayed from a CUDA graph (``per_tick[b]["graph_ms"]``: kernel time without
+   launch overhead, which is how the maze frame path runs);
 4. optionally ``torch.compile(flex_attention, mode="max-autotune-no-cudagraphs")``
    in a child process with whatever time is left (``--max-autotune``).
 
@@ -29,6 +35,8 @@ calls, so launch overhead counts) and its max abs / relative error against a
 float32 SDPA on the same K/V. ``winners`` names the fastest correct paged
 configuration per shape with its speed vs contiguous SDPA (goal >= 0.9);
 ``recommended_flex_configs`` is what to put in ``kv.paged_attention.FLEX_CONFIGS``.
+``triton`` summarises kv.triton_paged per batch: default and best variant per layer
+and per tick (eager and graph-replayed), each as speed vs contiguous SDPA.
 """
 
 from __future__ import annotations
@@ -79,6 +87,23 @@ FLEX_TRIALS = (
     {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3},
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "PRESCALE_QK": True},
     {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3},
+)
+# kv.triton_paged variants besides its defaults (128 x 64 tiles, 4 warps, 3 stages, split
+# count from choose_splits: 17 / 2 / 1 at b1 / b32 / b128 on an H200). 128 x 128 with
+# 4 warps spills registers (ptxas), so 128 x 128 runs with 8.
+TRITON_TRIALS = (
+    {"block_m": 64},
+    {"num_warps": 8},
+    {"num_stages": 2},
+    {"block_n": 128, "num_warps": 8},
+    {"block_m": 64, "block_n": 128},
+    {"block_m": 64, "num_stages": 4},
+    {"num_splits": 1},
+    {"num_splits": 2},
+    {"num_splits": 4},
+    {"num_splits": 8},
+    {"num_splits": 34},
+    {"block_m": 64, "num_splits": 8},
 )
 GATHER = ("gather_sdpa", "gather_flash", "gather_cudnn")
 MAX_REL_ERR = 2e-2   # what AttentionDispatch accepts; bf16 SDPA itself is ~2.3e-3
@@ -212,6 +237,37 @@ def per_tick(s: Setup, b: int, backend: str | None, device: torch.device, write:
     return time_ms(tick, device)
 
 
+def graph_tick_ms(s: Setup, b: int, backend: str | None, device: torch.device) -> float:
+    """ms per tick (all layers, no writes) replayed from a CUDA graph; ``None`` = contiguous SDPA."""
+    g, c = s.g, s.cache
+    q = s.q[b]
+    if backend is None:
+        kv = [s.contiguous(b, layer) for layer in range(g.num_layers)]
+        qh = q.transpose(1, 2)
+
+        def tick():
+            for k, v in kv:
+                F.scaled_dot_product_attention(qh, k, v)
+    else:
+        batch, impl = s.batches[b], pa._IMPLS[backend]
+
+        def tick():
+            for layer in range(g.num_layers):
+                impl(q, c.storage.k[layer], c.storage.v[layer], batch)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            tick()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tick()
+    ms = time_ms(graph.replay, device)
+    del graph
+    return ms
+
+
 def environment() -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
@@ -251,11 +307,46 @@ def child_max_autotune(args) -> None:
             json.dump(res, f)
 
 
+def triton_summary(out: dict, batch_sizes, best_triton) -> dict:
+    """Per batch: kv.triton_paged (defaults and best variant) as speed vs contiguous SDPA."""
+    summary = {}
+    for b in batch_sizes:
+        row = out["per_layer"].get(str(b), {})
+        base = row.get("sdpa_bhsd_default", {}).get("ms")
+        tick = out["per_tick"].get(str(b), {})
+        res = {}
+        default = row.get("triton", {})
+        if "error" in default:
+            res["error"] = default["error"]
+        if base and default.get("ok"):
+            res.update(per_layer_ms=default["ms"], per_layer_speed_vs_sdpa=round(base / default["ms"], 4),
+                       rel_err=default["rel_err"])
+        best = best_triton(b)
+        if base and best:
+            res.update(best_variant=best, best_per_layer_ms=row[best]["ms"],
+                       best_per_layer_speed_vs_sdpa=round(base / row[best]["ms"], 4))
+        tbase = tick.get("sdpa_default_ms")
+        if tbase:
+            for key, name in (("per_tick_speed_vs_sdpa", "triton"), ("best_per_tick_speed_vs_sdpa", best)):
+                if name and isinstance(tick.get(name), float):
+                    res[key] = round(tbase / tick[name], 4)
+        graph = tick.get("graph_speed_vs_sdpa", {})
+        for key, name in (("graph_per_tick_speed_vs_sdpa", "triton"),
+                          ("best_graph_per_tick_speed_vs_sdpa", best)):
+            if name in graph:
+                res[key] = graph[name]
+        res["speed_vs_sdpa"] = res.get("per_tick_speed_vs_sdpa", res.get("per_layer_speed_vs_sdpa"))
+        summary[str(b)] = res
+    return summary
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget-s", type=float, default=75.0,
-                    help="stop starting new stages past this many seconds (default 75)")
+    ap.add_argument("--budget-s", type=float, default=90.0,
+                    help="stop starting new stages past this many seconds (default 90)")
+    ap.add_argument("--no-flex", action="store_true", help="skip the flex stages (no compiles)")
+    ap.add_argument("--no-triton", action="store_true", help="skip kv.triton_paged")
     ap.add_argument("--quick", action="store_true", help="tiny geometry, for a CPU smoke test")
     ap.add_argument("--max-autotune", action="store_true",
                     help="also try mode=max-autotune-no-cudagraphs in a child, with the time left")
@@ -273,12 +364,20 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = QUICK if args.quick else MAZE
     batch_sizes = (1, 4) if args.quick else (1, 32, 128)
-    trials = FLEX_TRIALS[:2] if args.quick else FLEX_TRIALS
+    trials = () if args.no_flex else FLEX_TRIALS[:2] if args.quick else FLEX_TRIALS
+    # Triton runs on CUDA, or on CPU under TRITON_INTERPRET=1 (slow: --quick only).
+    use_triton = (not args.no_triton and pa.triton_available()
+                  and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"))
+    triton_names = (["triton"] + [pa.triton_backend(o) for o in
+                                  (TRITON_TRIALS[:2] if args.quick else TRITON_TRIALS)]) if use_triton else []
     out = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
            "environment": environment(), "device": str(device), "quick": args.quick,
            "geometry": {k: str(v) for k, v in dataclasses.asdict(g).items()},
            "goal": "paged / contiguous SDPA speed >= 0.9 (speed = sdpa_ms / paged_ms)",
            "per_layer": {}, "per_tick": {}, "skipped": [], "errors": {}}
+    if not use_triton:
+        out["skipped"].append("triton: " + ("--no-triton" if args.no_triton else
+                                            "not installed" if not pa.triton_available() else "needs CUDA"))
 
     def save():
         out["elapsed_s"] = round(time.perf_counter() - t_start, 2)
@@ -318,8 +417,22 @@ def main() -> None:
         for name in GATHER:
             record(b, name, paged_fn(name, b), False)
         save()
+    # 2a: kv.triton_paged, every variant at every batch (a compile is ~1 s per variant).
+    for name in triton_names:
+        if left() < 8:
+            out["skipped"].append(f"{name}: budget")
+            continue
+        for b in batch_sizes:
+            record(b, name, paged_fn(name, b), False)
+        save()
+
+    def best_triton(b):
+        row = out["per_layer"].get(str(b), {})
+        ok = {n: r["ms"] for n, r in row.items() if pa.is_triton(n) and r.get("ok")}
+        return min(ok, key=ok.get) if ok else None
+
     # 2b: flex. The first flex compile pays for Inductor's warm-up (~12 s).
-    flex_names = ["flex"] + [pa.flex_backend(o) for o in trials]
+    flex_names = (["flex"] + [pa.flex_backend(o) for o in trials]) if not args.no_flex else []
     big = [b for b in batch_sizes if b > 1]
     for name in flex_names:
         if name != "flex" and pa.FLEX_MARK_DYNAMIC and big and all(
@@ -343,7 +456,7 @@ def main() -> None:
         return min(ok, key=ok.get) if ok else None
 
     # b1: one flex compile, for the config that won at the smallest big batch.
-    b1_flex = best_flex(big[0]) if big else None
+    b1_flex = best_flex(big[0]) if big and flex_names else None
     if b1_flex and 1 in batch_sizes:
         if left() > 15:
             record(1, b1_flex, paged_fn(b1_flex, 1), False)
@@ -361,21 +474,51 @@ def main() -> None:
         fb = best_flex(b)
         if fb and (b > 1 or fb in row):
             cands.append(fb)
+        tb = best_triton(b)
+        for name in dict.fromkeys(["triton", tb]):
+            if name and row.get(name, {}).get("ok"):
+                cands.append(name)
         tick = out["per_tick"].setdefault(str(b), {"layers": g.num_layers})
         try:
             tick["sdpa_default_ms"] = base = per_tick(s, b, None, device, False)
-            for name in cands:
-                tick[name] = per_tick(s, b, name, device, False)
-            best = min(cands, key=lambda n: tick[n])
-            tick[best + "+write"] = per_tick(s, b, best, device, True)
-            tick["best"] = best
-            tick["speed_vs_sdpa"] = round(base / tick[best], 4)
-            tick["speed_vs_sdpa_with_write"] = round(base / tick[best + "+write"], 4)
-            log(f"tick b{b}: sdpa {base:.4f} ms, best {best} {tick[best]:.4f} ms "
-                f"-> {tick['speed_vs_sdpa']}x ({tick['speed_vs_sdpa_with_write']}x with writes)")
         except Exception as exc:
             traceback.print_exc()
             out["errors"][f"per_tick_b{b}"] = f"{type(exc).__name__}: {exc}"[:300]
+            save()
+            continue
+        for name in cands:
+            try:
+                tick[name] = per_tick(s, b, name, device, False)
+            except Exception as exc:
+                traceback.print_exc()
+                out["errors"][f"per_tick_b{b}_{name}"] = f"{type(exc).__name__}: {exc}"[:300]
+        timed = [n for n in cands if isinstance(tick.get(n), float)]
+        if timed:
+            best = min(timed, key=lambda n: tick[n])
+            try:
+                tick[best + "+write"] = per_tick(s, b, best, device, True)
+                tick["speed_vs_sdpa_with_write"] = round(base / tick[best + "+write"], 4)
+            except Exception as exc:
+                out["errors"][f"per_tick_b{b}_{best}+write"] = f"{type(exc).__name__}: {exc}"[:300]
+            tick["best"] = best
+            tick["speed_vs_sdpa"] = round(base / tick[best], 4)
+            log(f"tick b{b}: sdpa {base:.4f} ms, best {best} {tick[best]:.4f} ms "
+                f"-> {tick['speed_vs_sdpa']}x ({tick.get('speed_vs_sdpa_with_write')}x with writes)")
+        # The same ticks from a CUDA graph (the maze frame path): contiguous SDPA vs triton.
+        if device.type == "cuda" and left() > 3:
+            graph = tick.setdefault("graph_ms", {})
+            for name in [None] + [n for n in dict.fromkeys(["triton", tb]) if n and n in timed]:
+                key = name or "sdpa_default"
+                try:
+                    graph[key] = graph_tick_ms(s, b, name, device)
+                except Exception as exc:
+                    traceback.print_exc()
+                    graph[key] = f"error: {type(exc).__name__}: {exc}"[:300]
+            if isinstance(graph.get("sdpa_default"), float):
+                for name, ms in list(graph.items()):
+                    if name != "sdpa_default" and isinstance(ms, float):
+                        tick.setdefault("graph_speed_vs_sdpa", {})[name] = round(graph["sdpa_default"] / ms, 4)
+            log(f"tick b{b} graph: {graph}")
         save()
 
     # 4: max-autotune, in a child so a slow compile cannot blow the budget.
@@ -418,7 +561,7 @@ def main() -> None:
         if tick and "best" in tick:
             winners[str(b)].update(per_tick_best=tick["best"],
                                    per_tick_speed_vs_sdpa=tick["speed_vs_sdpa"],
-                                   per_tick_speed_vs_sdpa_with_write=tick["speed_vs_sdpa_with_write"])
+                                   per_tick_speed_vs_sdpa_with_write=tick.get("speed_vs_sdpa_with_write"))
     out["winners"] = winners
     # Flex configs ranked by their summed time over the batches >= 2 where all ran.
     totals = {}
@@ -431,9 +574,10 @@ def main() -> None:
     ranked = sorted((n for n in totals if totals[n] < default_total), key=totals.get)
     out["recommended_flex_configs"] = [dict(pa._IMPLS[n].keywords["kernel_options"])
                                        for n in ranked[:2]]
+    out["triton"] = triton_summary(out, batch_sizes, best_triton) if triton_names else {}
     save()
     log(f"done in {time.perf_counter() - t_start:.1f} s -> {args.out}")
-    print(json.dumps({"winners": winners, "per_tick": out["per_tick"],
+    print(json.dumps({"winners": winners, "triton": out["triton"], "per_tick": out["per_tick"],
                       "recommended_flex_configs": out["recommended_flex_configs"],
                       "skipped": out["skipped"]}, indent=1))
 
