@@ -33,6 +33,7 @@ triton is imported, the kernels run on CPU tensors (how the tests check them).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -187,6 +188,7 @@ class Tiles:
     num_stages: int
 
 
+@functools.lru_cache(maxsize=256)
 def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
     """The default tiles for these shapes (a fixed table, no autotuning).
 
@@ -217,6 +219,7 @@ def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
     return Tiles(block_m, block_n, num_warps, num_stages)
 
 
+@functools.lru_cache(maxsize=1024)   # pure; called per layer, so the loop runs once per shape
 def choose_splits(query_tiles: int, rows_heads: int, kv_tiles: int, sms: int,
                   max_splits: int = MAX_SPLITS) -> int:
     """Split count for ``query_tiles * rows_heads`` programs over ``kv_tiles`` KV tiles each.
@@ -358,7 +361,11 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     if num_splits > 1:
+        # Small combine tiles when there are few of them: at batch 1 the maze geometry
+        # would otherwise be 12 programs each reading 17 partials.
         bm = 32 if D > 64 else 64
+        while bm > 16 and -(-Lq // bm) * R * Hq < sm_count(q.device):
+            bm //= 2
         _paged_combine[(-(-Lq // bm), R * Hq)](
             ws_acc, ws_m, ws_l, out, Lq, split_stride,
             out.stride(0), out.stride(1), out.stride(2),

@@ -104,6 +104,8 @@ TRITON_TRIALS = (
     {"num_splits": 8},
     {"num_splits": 34},
     {"block_m": 64, "num_splits": 8},
+    {"block_m": 256, "num_warps": 8},
+    {"block_m": 256, "num_warps": 8, "num_splits": 2},
 )
 GATHER = ("gather_sdpa", "gather_flash", "gather_cudnn")
 MAX_REL_ERR = 2e-2   # what AttentionDispatch accepts; bf16 SDPA itself is ~2.3e-3

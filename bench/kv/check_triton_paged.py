@@ -270,6 +270,7 @@ def main() -> None:
             fns[f"triton_splits_{s}"] = c.triton(num_splits=s)
         if name == "maze" and not args.smoke:
             fns["triton_block_m_64"] = c.triton(block_m=64)
+            fns["triton_block_m_256_8_warps"] = c.triton(block_m=256, num_warps=8)
         res = {}
         for label, fn in fns.items():
             row = {}
