@@ -230,7 +230,8 @@ def choose_splits(query_tiles: int, rows_heads: int, kv_tiles: int, sms: int,
     prologue / epilogue (load Q, write the partials); more than one split adds the
     combine kernel, ~2 + a quarter tile per partial it reads. The smallest ``s``
     of least cost wins. From 4 waves at ``s = 1`` on there is no split: programs
-    do not run in lockstep, so the tail of the last wave matters little. Maze geometry on 132 SMs (128 x 64 tiles, 17 pages of 4 tiles)::
+    do not run in lockstep, so the tail of the last wave matters little. Maze
+    geometry on 132 SMs (128 x 64 tiles, 17 pages of 4 tiles)::
 
         batch   programs at s=1   waves   chosen s   programs
         1       6                 0.05    17         102 (one page each)
