@@ -2,94 +2,132 @@
 
 The tensors live in ``storage.KVStorage``; this module hands out block ids.
 Block 0 is the null block: it is never handed out or freed, and positional
-block tables point at it for frames that were released or skipped. Free blocks
-sit in a doubly linked queue of slotted records (``KVBlock``), so popping from
-the front, appending at the back and removing a given block from the middle are
-all O(1). ``allocate`` counts first and returns ``None`` when the request does
-not fit: nothing is ever half-allocated. ``free`` checks that every block comes
-back exactly once.
+block tables point at it for frames that were released or skipped.
+
+Free blocks wait in a FIFO queue (``FreeBlockQueue``): allocation takes from
+the front, freeing appends at the back, and a given free block can be removed
+from the middle, each in O(1). The queue is a numpy buffer, so a whole batch's
+blocks come off the front, or go on the back, as one slice. ``allocate``
+counts first and returns ``None`` when the request does not fit: nothing is
+ever half-allocated. ``free`` checks that every block comes back exactly once.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
+
 NULL_BLOCK = 0
 
-
-class KVBlock:
-    """One pool block's record; the links are only meaningful while it is free."""
-
-    __slots__ = ("block_id", "prev_free", "next_free", "is_free")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-        self.is_free = False
-
-    def __repr__(self) -> str:
-        return f"KVBlock({self.block_id}, free={self.is_free})"
+# Up to this many ids, element-wise numpy access beats building index arrays
+# (a single session's commit releases one chunk per branch).
+_FEW = 4
 
 
 class FreeBlockQueue:
-    """Doubly linked queue of free blocks between two sentinels.
+    """FIFO of free block ids ``0 .. num_blocks-1`` in a numpy buffer.
 
-    The sentinels remove every "is this the end?" branch from the link updates.
+    The queue is ``buf[head:tail]``. ``pos[b]`` is the buffer index of block
+    ``b``'s entry while it is free and -1 otherwise, so an entry ``i`` is live
+    iff ``pos[buf[i]] == i``::
+
+        buf:  [ consumed | 7  3  x  9  4 | room ... ]      x: a removed block's
+                          ^head          ^tail                stale entry
+        pos:  pos[7] = head, pos[3] = head + 1, pos[x] = -1 (or a newer entry)
+
+    ``remove`` only marks the block (O(1)) and leaves its stale entry; the next
+    ``popleft``/``popleft_many`` sweeps stale entries out of the buffer in one
+    vectorised pass first. When the back of the buffer is full the live entries
+    move to the front (the buffer is twice the pool, so that costs O(1) per
+    appended block amortised). Ids are not checked here; ``BlockPool`` checks.
     """
 
-    __slots__ = ("_head", "_tail", "num_free")
+    __slots__ = ("_buf", "_pos", "_head", "_tail", "_stale", "num_free")
 
-    def __init__(self, blocks: Iterable[KVBlock] = ()) -> None:
-        self._head = KVBlock(-1)
-        self._tail = KVBlock(-1)
-        self._head.next_free = self._tail
-        self._tail.prev_free = self._head
+    def __init__(self, num_blocks: int, ids: Iterable[int] = ()) -> None:
+        self._buf = np.zeros(2 * num_blocks + 1, dtype=np.int32)
+        self._pos = np.full(num_blocks, -1, dtype=np.int64)
+        self._head = self._tail = 0
+        self._stale = 0
         self.num_free = 0
-        for block in blocks:
-            self.append(block)
+        self.extend(np.fromiter(ids, dtype=np.int64))
 
-    def popleft(self) -> KVBlock:
-        block = self._head.next_free
-        if block is self._tail:
+    # -- one block ---------------------------------------------------------------
+
+    def popleft(self) -> int:
+        if not self.num_free:
             raise IndexError("no free blocks")
-        nxt = block.next_free
-        self._head.next_free = nxt
-        nxt.prev_free = self._head
-        block.prev_free = block.next_free = None
-        block.is_free = False
-        self.num_free -= 1
-        return block
+        return int(self.popleft_many(1)[0])
 
-    def append(self, block: KVBlock) -> None:
-        if block.is_free:
-            raise ValueError(f"block {block.block_id} is already free")
-        last = self._tail.prev_free
-        last.next_free = block
-        block.prev_free = last
-        block.next_free = self._tail
-        self._tail.prev_free = block
-        block.is_free = True
-        self.num_free += 1
+    def append(self, block_id: int) -> None:
+        if self._pos[block_id] >= 0:
+            raise ValueError(f"block {block_id} is already free")
+        self.extend(np.array([block_id], dtype=np.int64))
 
-    def remove(self, block: KVBlock) -> None:
-        """Take ``block`` out of the middle of the queue."""
-        if not block.is_free:
-            raise ValueError(f"block {block.block_id} is not free")
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
-        block.prev_free = block.next_free = None
-        block.is_free = False
+    def remove(self, block_id: int) -> None:
+        """Take ``block_id`` out of the middle of the queue."""
+        if self._pos[block_id] < 0:
+            raise ValueError(f"block {block_id} is not free")
+        self._pos[block_id] = -1
+        self._stale += 1
         self.num_free -= 1
+
+    # -- many blocks at once -------------------------------------------------------
+
+    def popleft_many(self, n: int) -> np.ndarray:
+        """The ``n`` blocks at the front, in order (the caller checked ``n <= num_free``)."""
+        if self._stale:
+            self._compact()
+        h = self._head
+        out = self._buf[h:h + n].astype(np.int64)  # a copy: compaction reuses the buffer
+        self._pos[out] = -1
+        self._head = h + n
+        self.num_free -= n
+        return out
+
+    def extend(self, ids: np.ndarray | list[int]) -> None:
+        """Append ``ids`` (distinct blocks that are not free) at the back, in order."""
+        k = len(ids)
+        if self._tail + k > len(self._buf):
+            self._compact()
+        t = self._tail
+        if k <= _FEW:
+            buf, pos = self._buf, self._pos
+            for i, b in enumerate(ids, t):
+                buf[i] = b
+                pos[b] = i
+        else:
+            self._buf[t:t + k] = ids
+            self._pos[ids] = np.arange(t, t + k)
+        self._tail = t + k
+        self.num_free += k
+
+    def _compact(self) -> None:
+        """Move the live entries, in order, to the front of the buffer."""
+        live = self._live()
+        m = len(live)
+        self._buf[:m] = live
+        self._pos[live] = np.arange(m)
+        self._head, self._tail, self._stale = 0, m, 0
+
+    def _live(self) -> np.ndarray:
+        entries = self._buf[self._head:self._tail].astype(np.int64)
+        if self._stale:
+            entries = entries[self._pos[entries] == np.arange(self._head, self._tail)]
+        return entries
+
+    # -- reading -----------------------------------------------------------------------
+
+    def is_free(self, block_id: int) -> bool:
+        return self._pos.item(block_id) >= 0
+
+    def free_mask(self, ids: np.ndarray) -> np.ndarray:
+        return self._pos[ids] >= 0
 
     def ids(self) -> list[int]:
         """Free block ids in queue order (tests and debugging)."""
-        out = []
-        block = self._head.next_free
-        while block is not self._tail:
-            out.append(block.block_id)
-            block = block.next_free
-        return out
+        return self._live().tolist()
 
 
 class BlockPool:
@@ -99,8 +137,7 @@ class BlockPool:
         if num_blocks < 2:
             raise ValueError(f"a pool needs the null block and at least one more, got {num_blocks}")
         self.num_blocks = num_blocks
-        self._blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free = FreeBlockQueue(self._blocks[1:])
+        self._free = FreeBlockQueue(num_blocks, range(1, num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -108,33 +145,23 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` block ids from the front of the free queue, or ``None`` if fewer are free."""
-        free = self._free
-        if n > free.num_free:
+        out = self.allocate_array(n)
+        return None if out is None else out.tolist()
+
+    def allocate_array(self, n: int) -> np.ndarray | None:
+        """``allocate`` as an int64 array (the batch path)."""
+        if n > self._free.num_free:
             return None
-        # FreeBlockQueue.popleft, unrolled: this runs for every block of every tick.
-        head = free._head
-        out = []
-        block = head.next_free
-        for _ in range(n):
-            out.append(block.block_id)
-            block.is_free = False
-            block.prev_free = None
-            nxt = block.next_free
-            block.next_free = None
-            block = nxt
-        head.next_free = block
-        block.prev_free = head
-        free.num_free -= n
-        return out
+        return self._free.popleft_many(n)
 
     def take(self, block_ids: Iterable[int]) -> bool:
         """Claim these specific free blocks (all or nothing); False if any is not free."""
         ids = list(block_ids)
-        blocks = [self._blocks[i] for i in ids]
-        if len(set(ids)) != len(ids) or not all(b.is_free for b in blocks):
+        if len(set(ids)) != len(ids) or not all(0 < i < self.num_blocks and self._free.is_free(i)
+                                                for i in ids):
             return False
-        for block in blocks:
-            self._free.remove(block)
+        for i in ids:
+            self._free.remove(i)
         return True
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -143,41 +170,46 @@ class BlockPool:
         A bad id (null, out of range, already free, repeated) raises and leaves
         the queue as it was.
         """
-        blocks = self._blocks
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if not len(ids):
+            return
         n = self.num_blocks
-        free = self._free
-        tail = free._tail
-        linked: list[KVBlock] = []
-        for i in block_ids:
-            if not 0 < i < n:
-                self._unlink(linked)
-                if i == NULL_BLOCK:
-                    raise ValueError("the null block is never freed")
-                raise ValueError(f"block id {i} out of range 1..{n - 1}")
-            block = blocks[i]
-            if block.is_free:
-                self._unlink(linked)
-                raise ValueError(f"block {i} freed twice")
-            # FreeBlockQueue.append, unrolled.
-            last = tail.prev_free
-            last.next_free = block
-            block.prev_free = last
-            block.next_free = tail
-            tail.prev_free = block
-            block.is_free = True
-            linked.append(block)
-        free.num_free += len(linked)
+        in_range = (ids > 0) & (ids < n)
+        if in_range.all():
+            # Already free, or repeated in this call (only the last of equal ids
+            # keeps its own index in ``last``).
+            last = np.empty(n, dtype=np.int64)
+            last[ids] = np.arange(len(ids))
+            twice = self._free.free_mask(ids) | (last[ids] != np.arange(len(ids)))
+            if not twice.any():
+                self._free.extend(ids)
+                return
+            first_bad = ids[np.argmax(twice)]
+        else:
+            first_bad = ids[np.argmin(in_range)]
+        if first_bad == NULL_BLOCK:
+            raise ValueError("the null block is never freed")
+        if not 0 < first_bad < n:
+            raise ValueError(f"block id {first_bad} out of range 1..{n - 1}")
+        raise ValueError(f"block {first_bad} freed twice")
 
-    def _unlink(self, linked: list[KVBlock]) -> None:
-        """Undo the appends of a failed ``free`` (they are the queue's last entries)."""
-        for block in reversed(linked):
-            block.prev_free.next_free = block.next_free
-            block.next_free.prev_free = block.prev_free
-            block.prev_free = block.next_free = None
-            block.is_free = False
+    def release(self, block_ids: np.ndarray | list[int]) -> None:
+        """``free`` for blocks a block table held: in-range and distinct by construction.
+
+        Only the cheap check stays (none of them is free already), so a
+        bookkeeping bug still raises instead of handing a block out twice.
+        """
+        if len(block_ids) <= _FEW:
+            for b in block_ids:
+                if self._free.is_free(b):
+                    raise ValueError(f"block {b} freed twice")
+        elif self._free.free_mask(block_ids).any():
+            ids = np.asarray(block_ids)
+            raise ValueError(f"block {ids[self._free.free_mask(ids)][0]} freed twice")
+        self._free.extend(block_ids)
 
     def is_free(self, block_id: int) -> bool:
-        return self._blocks[block_id].is_free
+        return self._free.is_free(block_id)
 
     def free_ids(self) -> list[int]:
         return self._free.ids()

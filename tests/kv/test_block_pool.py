@@ -1,6 +1,8 @@
 import pytest
 
-from kv.block_pool import NULL_BLOCK, BlockPool, FreeBlockQueue, KVBlock
+import numpy as np
+
+from kv.block_pool import NULL_BLOCK, BlockPool, FreeBlockQueue
 
 
 def test_null_block_is_never_handed_out():
@@ -62,23 +64,49 @@ def test_take_removes_from_the_middle():
     assert pool.allocate(5) == [1, 2, 4, 6, 7]
 
 
-def test_free_queue_links():
-    blocks = [KVBlock(i) for i in range(4)]
-    q = FreeBlockQueue(blocks)
-    q.remove(blocks[2])
+def test_free_queue_order_and_removal():
+    q = FreeBlockQueue(4, range(4))
+    q.remove(2)
     assert q.ids() == [0, 1, 3]
-    assert q.popleft().block_id == 0
-    q.append(blocks[2])
+    assert q.popleft() == 0
+    q.append(2)
     assert q.ids() == [1, 3, 2]
     with pytest.raises(ValueError):
-        q.append(blocks[2])
+        q.append(2)
     with pytest.raises(ValueError):
-        q.remove(blocks[0])
+        q.remove(0)
     for _ in range(3):
         q.popleft()
     with pytest.raises(IndexError):
         q.popleft()
     assert q.num_free == 0
+
+
+def test_free_queue_compacts_stale_entries_and_a_full_buffer():
+    q = FreeBlockQueue(6, range(1, 6))
+    q.remove(3)
+    q.remove(1)
+    assert q.popleft_many(2).tolist() == [2, 4]   # stale entries of 1 and 3 swept first
+    q.append(3)
+    assert q.ids() == [5, 3]
+    # Cycle every block through the queue many times: the buffer (twice the pool)
+    # fills from the back and the live entries move to the front, order kept.
+    for _ in range(10):
+        out = q.popleft_many(2)
+        q.extend(out[::-1])
+    assert q.ids() == [5, 3] and q.num_free == 2
+    q.extend(np.array([1, 2, 4]))
+    assert q.ids() == [5, 3, 1, 2, 4]
+    assert [q.is_free(i) for i in range(6)] == [False, True, True, True, True, True]
+
+
+def test_release_refuses_a_free_block():
+    pool = BlockPool(4)
+    pool.allocate(3)
+    pool.release(np.array([2, 1]))
+    with pytest.raises(ValueError, match="block 1 freed twice"):
+        pool.release([3, 1])
+    assert pool.free_ids() == [2, 1]
 
 
 def test_pool_needs_a_real_block():
