@@ -1,8 +1,9 @@
 """``PagedKVCache``: the adapter-facing paged KV cache of one model.
 
 It owns the pool tensors (``storage.KVStorage``), the block allocator
-(``block_pool.BlockPool``), the cross-attention slots and one ``SessionKV`` per
-open session. The engine thread is its only caller.
+(``block_pool.BlockPool``), the block tables of every session branch
+(``block_table.BlockTables``), the cross-attention slots and the open sessions
+(``session_kv.SessionRegistry``). The engine thread is its only caller.
 
 A tick, for a batch of sessions::
 
@@ -15,29 +16,41 @@ A tick, for a batch of sessions::
 Rows of a batch are (session, branch) pairs, every branch of every session in
 order. Shortage (no free blocks or session slots) is a return value; misuse
 (unknown session, a second chunk in flight) raises.
+
+Two paths, one state. ``begin_batch`` and ``commit_batch``/``commit_chunks``
+resolve the batch once (ids -> slots and table rows, memoised) and, when every
+session is in the expected state, allocate, fill the tables, build the index,
+commit and prune the window as a handful of numpy operations over all rows
+(``BlockTables.begin_rows``/``commit_rows``); the per-tick Python cost no longer
+grows with the session count. Anything else (single-session calls, a batch that
+is about to raise, ``fast_path=False``) takes the per-row path, which does the
+same transitions one row at a time; tests run both on random sequences and
+compare every index, table and free queue.
 """
 
 from __future__ import annotations
 
 import logging
-from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from kv import batch as batch_mod
 from kv import paged_attention
 from kv.batch import KVBatch
-from kv import retention
-from kv.block_pool import NULL_BLOCK, BlockPool
-from kv.block_table import BlockTable
+from kv.block_pool import BlockPool
+from kv.block_table import BlockTable, BlockTables
 from kv.capacity import CapacityPlan
 from kv.geometry import KVGeometry
-from kv.session_kv import ChunkSlots, SessionKV
+from kv.session_kv import BatchRows, ChunkSlots, SessionKV, SessionRegistry, SlotState
 from kv.storage import KVStorage
 
 log = logging.getLogger(__name__)
+
+# Plain ints for the hot comparisons and writes: numpy converts an IntEnum slowly.
+IDLE, IN_FLIGHT, SWAPPED = (int(s) for s in (SlotState.IDLE, SlotState.IN_FLIGHT, SlotState.SWAPPED))
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +59,7 @@ class HostKV:
 
     session_id: str
     blocks: torch.Tensor               # [layers, 2, n, block_size, heads, dim]
-    block_ids: tuple[int, ...]         # device ids the rows came from (the tables still name them)
+    block_ids: tuple[int, ...]         # device ids the rows came from
     cross: torch.Tensor | None         # [layers, 2, branches, cross_tokens, heads, dim]
     nbytes: int
 
@@ -54,13 +67,15 @@ class HostKV:
 class PagedKVCache:
     def __init__(self, geometry: KVGeometry, num_blocks: int, device: torch.device | str = "cpu",
                  *, max_sessions: int, worker_blocks: int = 0,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", fast_path: bool = True) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         g = geometry
         self.geometry = g
         self.device = torch.device(device)
         self.max_sessions = max_sessions
+        # False: every batch takes the per-row path (tests compare the two).
+        self.fast_path = fast_path
         n_cross = max_sessions * g.num_branches if g.cross_tokens else 0
         self.storage = KVStorage(g, num_blocks, n_cross, self.device)
         self.pool = BlockPool(num_blocks)
@@ -74,12 +89,15 @@ class PagedKVCache:
         # never keeps (e.g. shared by CFG branches), outside session accounting.
         self.worker_blocks = tuple(reserved)
         self._cross_free = list(range(n_cross - 1, -1, -1))  # a stack; slot 0 first
-        self._sessions: dict[str, SessionKV] = {}
-        self._swapped: set[str] = set()
+        self.tables = BlockTables(g.sink_frames, g.window_frames, g.chunk_frames,
+                                  g.pages_per_frame, chunk_pages=g.pages_per_tick)
+        self.sessions = SessionRegistry(g.num_branches, max_sessions, self.tables)
+        self._num_swapped = 0
         self.attention = paged_attention.AttentionDispatch(attention_backend)
         # Most pages a session holds per branch between ticks.
-        self.max_held_pages = g.pages_per_frame * retention.max_retained_frames(
-            g.sink_frames, g.window_frames, g.chunk_frames)
+        self.max_held_pages = self.tables.max_held
+        self._index = batch_mod.IndexBuilder(self.max_held_pages, self.pad_block,
+                                             0 if g.cross_tokens else -1)
 
     @classmethod
     def from_plan(cls, geometry: KVGeometry, plan: CapacityPlan, device: torch.device | str,
@@ -91,7 +109,7 @@ class PagedKVCache:
 
     def open(self, session_id: str, branches: Sequence[str] | None = None) -> bool:
         """Start tracking a session (resident, empty). False when all session slots are taken."""
-        if session_id in self._sessions:
+        if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
         g = self.geometry
         branches = tuple(branches) if branches is not None else g.branches
@@ -101,22 +119,24 @@ class PagedKVCache:
             raise ValueError(f"{len(branches)} branches but the geometry declares {g.num_branches}")
         if self.num_resident >= self.max_sessions:
             return False
-        slots = {b: (self._cross_free.pop() if g.cross_tokens else -1) for b in branches}
-        tables = {b: BlockTable(g.sink_frames, g.window_frames, g.chunk_frames, g.pages_per_frame)
-                  for b in branches}
-        self._sessions[session_id] = SessionKV(session_id, branches, tables, slots)
+        s = self.sessions.add(session_id, branches)
+        if g.cross_tokens:
+            self.sessions.cross[list(s.rows)] = [self._cross_free.pop() for _ in branches]
         log.debug("kv open session=%s branches=%s", session_id, branches)
         return True
 
     def close(self, session_id: str) -> None:
         """Free everything the session holds (a swapped session holds nothing here)."""
-        s = self._sessions.pop(session_id)
-        if session_id in self._swapped:
-            self._swapped.discard(session_id)
-            return
-        self._release_blocks(s)
-        if self.geometry.cross_tokens:
-            self._cross_free.extend(s.cross_slots[b] for b in s.branches)
+        s = self.sessions[session_id]
+        if self.sessions.state.item(s.slot) == SWAPPED:
+            for r in s.rows:  # the rows name blocks given back at swap-out
+                self.tables.clear(r)
+            self._num_swapped -= 1
+        else:
+            self._release_blocks(s)
+            if self.geometry.cross_tokens:
+                self._cross_free.extend(s.cross_slots.values())
+        self.sessions.remove(session_id)
         log.debug("kv close session=%s", session_id)
 
     def reset(self, session_id: str, keep_cross: bool = False) -> None:
@@ -130,14 +150,14 @@ class PagedKVCache:
 
     def _release_blocks(self, s: SessionKV) -> None:
         blocks: list[int] = []
-        for b in s.branches:
-            blocks.extend(s.tables[b].clear())
-        self.pool.free(blocks)
-        s.in_flight = False
+        for r in s.rows:
+            blocks.extend(self.tables.clear(r))
+        self.pool.release(blocks)
+        self.sessions.state[s.slot] = IDLE
 
     def _resident(self, session_id: str) -> SessionKV:
-        s = self._sessions[session_id]
-        if session_id in self._swapped:
+        s = self.sessions[session_id]
+        if self.sessions.state.item(s.slot) == SWAPPED:
             raise RuntimeError(f"session {session_id!r} is swapped out; make it resident first")
         return s
 
@@ -156,52 +176,60 @@ class PagedKVCache:
         s = self._resident(session_id)
         if s.in_flight:
             raise RuntimeError(f"session {session_id!r} already has a chunk in flight")
-        per_branch = frames * self.geometry.pages_per_frame
-        blocks = self.pool.allocate(per_branch * len(s.branches))
+        T = frames * self.geometry.pages_per_frame
+        blocks = self.pool.allocate(T * len(s.rows))
         if blocks is None:
             return None
         start = s.num_frames
         out = {}
-        for i, b in enumerate(s.branches):
-            mine = blocks[i * per_branch:(i + 1) * per_branch]
-            s.tables[b].begin(mine, frames)
+        for i, (b, r) in enumerate(zip(s.branches, s.rows)):
+            mine = blocks[i * T:(i + 1) * T]
+            self.tables.begin(r, mine, frames)
             out[b] = tuple(mine)
-        s.in_flight = True
+        self.sessions.state[s.slot] = IN_FLIGHT
         return ChunkSlots(session_id, start, frames, out)
 
     def begin_batch(self, session_ids: Sequence[str], frames: int | None = None,
                     pad_to: int | None = None) -> KVBatch | None:
         """``begin_chunk`` for every session, all or nothing, then ``batch``."""
         frames = self._frames(frames)
-        per_branch = frames * self.geometry.pages_per_frame
-        sessions = self._sessions
-        swapped = self._swapped
-        batch = []
-        rows = 0
-        for sid in session_ids:
-            s = sessions[sid]
-            if sid in swapped:
-                raise RuntimeError(f"session {sid!r} is swapped out; make it resident first")
-            if s.in_flight:
-                raise RuntimeError(f"session {sid!r} already has a chunk in flight")
-            batch.append(s)
-            rows += len(s.branches)
-        if len(set(session_ids)) != len(batch):
-            raise ValueError("a session appears twice in one batch")
-        blocks = self.pool.allocate(rows * per_branch)
+        T = frames * self.geometry.pages_per_frame
+        plan = self.resolve(session_ids)
+        if not self.fast_path or not plan.distinct or self.sessions.state[plan.slots].any():
+            return self._begin_batch_per_row(plan, frames, pad_to)
+        blocks = self.pool.allocate_array(len(plan.rows) * T)
         if blocks is None:
             return None
-        i = 0
-        rows = []
-        for s in batch:
-            # BlockTable.begin, inlined (hot): not in flight was checked above.
-            for b, t in s.tables.items():
-                t.pending = blocks[i:i + per_branch]
-                t.pending_frames = frames
-                i += per_branch
-                rows.append((s, b, t))
-            s.in_flight = True
-        return self._pack(rows, pad_to, tuple(session_ids))
+        lengths = self.tables.begin_rows(plan.rows, blocks, T)
+        self.sessions.state[plan.slots] = IN_FLIGHT
+        return self._pack_rows(plan, lengths, T, pad_to)
+
+    def _begin_batch_per_row(self, plan: BatchRows, frames: int, pad_to: int | None) -> KVBatch | None:
+        sessions = [self.sessions[sid] for sid in plan.session_ids]
+        for s in sessions:
+            if s.state == SWAPPED:
+                raise RuntimeError(f"session {s.session_id!r} is swapped out; make it resident first")
+            if s.in_flight:
+                raise RuntimeError(f"session {s.session_id!r} already has a chunk in flight")
+        if not plan.distinct:
+            raise ValueError("a session appears twice in one batch")
+        T = frames * self.geometry.pages_per_frame
+        rows = [r for s in sessions for r in s.rows]
+        blocks = self.pool.allocate(len(rows) * T)
+        if blocks is None:
+            return None
+        for i, r in enumerate(rows):
+            self.tables.begin(r, blocks[i * T:(i + 1) * T], frames)
+        for s in sessions:
+            self.sessions.state[s.slot] = IN_FLIGHT
+        return self._pack([(s, b, r) for s in sessions for b, r in zip(s.branches, s.rows)],
+                          pad_to, plan.session_ids)
+
+    def resolve(self, session_ids: Sequence[str]) -> BatchRows:
+        """The batch's slots and table rows (memoised); KeyError for an id that is not open."""
+        if not session_ids:
+            raise ValueError("a batch needs at least one row")
+        return self.sessions.resolve(session_ids)
 
     def batch(self, items: Iterable[str | tuple[str, str]], pad_to: int | None = None) -> KVBatch:
         """A ``KVBatch`` over sessions whose chunks are in flight.
@@ -209,67 +237,53 @@ class PagedKVCache:
         An item is a session id (all its branches, in order) or (session id, branch).
         ``pad_to`` appends dummy rows that write to and attend only the pad block.
         """
-        rows: list[tuple[SessionKV, str, BlockTable]] = []
+        rows: list[tuple[SessionKV, str, int]] = []
         for item in items:
             sid, branch = (item, None) if isinstance(item, str) else item
             s = self._resident(sid)
             if not s.in_flight:
                 raise RuntimeError(f"session {sid!r} has no chunk in flight")
-            rows.extend((s, b, s.tables[b]) for b in (s.branches if branch is None else (branch,)))
+            if branch is not None and branch not in s.branches:
+                raise KeyError(f"session {sid!r} has no branch {branch!r}")
+            rows.extend((s, b, r) for b, r in zip(s.branches, s.rows) if branch in (None, b))
         return self._pack(rows, pad_to, tuple(dict.fromkeys(s.session_id for s, _, _ in rows)))
 
-    def _pack(self, rows: list[tuple[SessionKV, str, BlockTable]], pad_to: int | None,
+    def _pack_rows(self, plan: BatchRows, lengths: np.ndarray, T: int,
+                   pad_to: int | None) -> KVBatch:
+        """A batch of ``plan``'s rows, gathered straight from the table arrays."""
+        rows = plan.rows
+        index = self._index.gather(self.tables.pages, rows, lengths, self.sessions.cross[rows], T,
+                                   pad_to)
+        return batch_mod.pack(index, max(len(rows), pad_to or 0), self.tables.frames[rows],
+                              lambda: plan.names, T, plan.session_ids, self.device)
+
+    def _pack(self, rows: list[tuple[SessionKV, str, int]], pad_to: int | None,
               session_ids: tuple[str, ...]) -> KVBatch:
+        """A batch built row by row from the block tables."""
         if not rows:
             raise ValueError("a batch needs at least one row")
-        T = len(rows[0][2].pending)
-        # Fixed width: the most a row can attend (sink + window + chunk). Stable
-        # shapes keep compiled attention kernels from recompiling.
-        width = self.max_held_pages + T
-        names, starts, lengths, slots = [], [], [], []
-        tables = array("i")
-        extend = tables.extend
-        null_row = array("i", [NULL_BLOCK] * width)
-        for s, b, t in rows:
-            held = t.held
-            pending = t.pending
-            if len(pending) != T:
-                raise ValueError("every row of a batch must write the same number of pages")
-            n = len(held) + T
-            names.append((s.session_id, b))
-            starts.append(t.num_frames)
-            lengths.append(n)
-            slots.append(s.cross_slots[b])
-            extend(held)
-            extend(pending)
-            if n < width:
-                extend(null_row[n:])
-        pad_rows = (pad_to or 0) - len(rows)
-        if pad_rows > 0:
-            pad = array("i", [self.pad_block] * T) + null_row[T:]
-            for _ in range(pad_rows):
-                names.append(("", ""))
-                starts.append(0)
-                lengths.append(T)
-                slots.append(0 if self.geometry.cross_tokens else -1)
-                extend(pad)
-        return batch_mod.pack(names, starts, lengths, slots, tables, width, T, session_ids,
-                              self.device)
-
-    def _commit(self, s: SessionKV) -> list[int]:
-        if not s.in_flight:
-            raise RuntimeError(f"session {s.session_id!r} has no chunk in flight")
-        released: list[int] = []
-        for b in s.branches:
-            released += s.tables[b].commit()
-        s.in_flight = False
-        return released
+        t = self.tables
+        T = t.pending.item(rows[0][2])
+        if any(t.pending.item(r) != T for _, _, r in rows):
+            raise ValueError("every row of a batch must write the same number of pages")
+        attend = [BlockTable.view(t, r).attend_blocks() for _, _, r in rows]
+        cross = [self.sessions.cross.item(r) for _, _, r in rows]
+        index = self._index.assemble(attend, cross, T, pad_to)
+        starts = np.array([t.frames.item(r) for _, _, r in rows], dtype=np.int64)
+        names = tuple((s.session_id, b) for s, b, _ in rows)
+        return batch_mod.pack(index, max(len(rows), pad_to or 0), starts, lambda: names, T,
+                              session_ids, self.device)
 
     def commit_chunk(self, session_id: str) -> None:
         """Keep the chunk's blocks and release frames that left the window."""
-        released = self._commit(self._resident(session_id))
-        if released:
-            self.pool.free(released)
+        s = self._resident(session_id)
+        if not s.in_flight:
+            raise RuntimeError(f"session {s.session_id!r} has no chunk in flight")
+        released: list[int] = []
+        for r in s.rows:
+            released += self.tables.commit(r)
+        self.sessions.state[s.slot] = IDLE
+        self.pool.release(released)
 
     def abort_chunk(self, session_id: str) -> None:
         """Free the chunk's blocks; the committed state is untouched."""
@@ -277,29 +291,50 @@ class PagedKVCache:
         if not s.in_flight:
             return
         blocks: list[int] = []
-        for b in s.branches:
-            blocks += s.tables[b].abort()
-        self.pool.free(blocks)
-        s.in_flight = False
+        for r in s.rows:
+            blocks += self.tables.abort(r)
+        self.sessions.state[s.slot] = IDLE
+        self.pool.release(blocks)
 
     def commit_batch(self, batch: KVBatch) -> None:
         """``commit_chunk`` for every session of the batch, with one pass over the pool."""
+        self.commit_chunks(batch.session_ids)
+
+    def commit_chunks(self, session_ids: Sequence[str]) -> None:
+        """``commit_chunk`` for each of these (distinct, in-flight) sessions, all at once.
+
+        Blocks that leave the window go back to the pool row by row, in page order.
+        Raises before changing anything if a session is unknown, repeated, swapped
+        out or has no chunk in flight.
+        """
+        if not session_ids:
+            return
+        plan = self.resolve(session_ids)
+        state = self.sessions.state
+        if not self.fast_path or not plan.distinct or (state[plan.slots] != IN_FLIGHT).any():
+            self._commit_per_row(plan)
+            return
+        released = self.tables.commit_rows(plan.rows)
+        state[plan.slots] = IDLE
+        self.pool.release(released)
+
+    def _commit_per_row(self, plan: BatchRows) -> None:
+        sessions = [self.sessions[sid] for sid in plan.session_ids]
+        for s in sessions:
+            if not s.in_flight:
+                raise RuntimeError(f"session {s.session_id!r} has no resident chunk in flight")
+        if not plan.distinct:
+            raise ValueError("a session appears twice in one batch")
         released: list[int] = []
-        sessions = self._sessions
-        swapped = self._swapped
-        for sid in batch.session_ids:
-            s = sessions[sid]
-            if sid in swapped or not s.in_flight:
-                raise RuntimeError(f"session {sid!r} has no resident chunk in flight")
-            for t in s.tables.values():  # _commit, inlined (hot)
-                released += t.commit()
-            s.in_flight = False
-        if released:
-            self.pool.free(released)
+        for s in sessions:
+            for r in s.rows:
+                released += self.tables.commit(r)
+            self.sessions.state[s.slot] = IDLE
+        self.pool.release(released)
 
     def abort_batch(self, batch: KVBatch) -> None:
         for sid in batch.session_ids:
-            if sid in self._sessions and sid not in self._swapped:
+            if self.is_resident(sid):
                 self.abort_chunk(sid)
 
     # -- tensors -------------------------------------------------------------------
@@ -336,7 +371,7 @@ class PagedKVCache:
         s.cross_layers[branch].add(layer)
 
     def has_cross(self, session_id: str, branch: str | None = None) -> bool:
-        s = self._sessions[session_id]
+        s = self.sessions[session_id]
         branch = s.branches[0] if branch is None else branch
         return len(s.cross_layers[branch]) == self.geometry.num_layers
 
@@ -352,13 +387,17 @@ class PagedKVCache:
 
     def swap_bytes(self, session_id: str) -> int:
         """Host bytes ``swap_out`` would take for this session."""
-        s = self._sessions[session_id]
+        s = self.sessions[session_id]
         g = self.geometry
         cross = len(s.branches) * g.cross_bytes_per_branch
         return s.num_held_blocks() * g.num_layers * 2 * g.block_bytes + cross
 
     def swap_out(self, session_id: str) -> HostKV:
-        """Copy the session's held blocks and cross caches to the host and free them here."""
+        """Copy the session's held blocks and cross caches to the host and free them here.
+
+        The session's table rows keep their page counts; ``swap_in`` puts the new
+        blocks in the same places.
+        """
         s = self._resident(session_id)
         if s.in_flight:
             raise RuntimeError(f"session {session_id!r} has a chunk in flight")
@@ -367,13 +406,14 @@ class PagedKVCache:
         blocks = st.copy_out([st.k, st.v], ids)
         cross = None
         if self.geometry.cross_tokens:
-            slots = [s.cross_slots[b] for b in s.branches]
+            slots = list(s.cross_slots.values())
             cross = st.copy_out([st.cross_k, st.cross_v], slots)
             self._cross_free.extend(slots)
-            s.cross_slots = {b: -1 for b in s.branches}
+            self.sessions.cross[list(s.rows)] = -1
         st.synchronize()
-        self.pool.free(ids)
-        self._swapped.add(session_id)
+        self.pool.release(ids)
+        self.sessions.state[s.slot] = SWAPPED
+        self._num_swapped += 1
         nbytes = blocks.numel() * blocks.element_size()
         if cross is not None:
             nbytes += cross.numel() * cross.element_size()
@@ -382,8 +422,8 @@ class PagedKVCache:
     def swap_in(self, host: HostKV) -> bool:
         """Bring a swapped session back, bit-exact, into fresh blocks; False if it does not fit."""
         sid = host.session_id
-        s = self._sessions[sid]
-        if sid not in self._swapped:
+        s = self.sessions[sid]
+        if s.state != SWAPPED:
             raise RuntimeError(f"session {sid!r} is not swapped out")
         g = self.geometry
         if self.num_resident >= self.max_sessions:
@@ -396,33 +436,38 @@ class PagedKVCache:
         if g.cross_tokens:
             slots = [self._cross_free.pop() for _ in s.branches]
             st.copy_in([st.cross_k, st.cross_v], slots, host.cross)
-            s.cross_slots = dict(zip(s.branches, slots))
+            self.sessions.cross[list(s.rows)] = slots
         st.synchronize()
-        mapping = dict(zip(host.block_ids, ids))
-        for b in s.branches:
-            s.tables[b].remap(mapping)
-        self._swapped.discard(sid)
+        # held_blocks() order: branch by branch, page order, as swap_out copied them.
+        t = self.tables
+        i = 0
+        for r in s.rows:
+            h = int(t.held[r])
+            t.set_stored(r, ids[i:i + h])
+            i += h
+        self.sessions.state[s.slot] = IDLE
+        self._num_swapped -= 1
         return True
 
     # -- reading -----------------------------------------------------------------
 
     def session(self, session_id: str) -> SessionKV:
-        return self._sessions[session_id]
+        return self.sessions[session_id]
 
     def __contains__(self, session_id: str) -> bool:
-        return session_id in self._sessions
+        return session_id in self.sessions
 
     def is_resident(self, session_id: str) -> bool:
-        return session_id in self._sessions and session_id not in self._swapped
+        return session_id in self.sessions and self.sessions[session_id].state != SWAPPED
 
     def in_flight(self, session_id: str) -> bool:
-        return self._sessions[session_id].in_flight
+        return self.sessions[session_id].in_flight
 
     def committed_frames(self, session_id: str) -> int:
-        return self._sessions[session_id].num_frames
+        return self.sessions[session_id].num_frames
 
     def table(self, session_id: str, branch: str | None = None) -> BlockTable:
-        s = self._sessions[session_id]
+        s = self.sessions[session_id]
         return s.tables[s.branches[0] if branch is None else branch]
 
     @property
@@ -431,19 +476,23 @@ class PagedKVCache:
 
     @property
     def num_resident(self) -> int:
-        return len(self._sessions) - len(self._swapped)
+        return len(self.sessions) - self._num_swapped
 
     @property
     def session_ids(self) -> list[str]:
-        return list(self._sessions)
+        return self.sessions.ids()
 
-    def blocks_for_tick(self, session_ids: Iterable[str], frames: int | None = None) -> int:
+    def blocks_for_tick(self, session_ids: Sequence[str], frames: int | None = None) -> int:
         """Blocks ``begin_batch`` would allocate for those of these sessions not in flight."""
+        if not session_ids:
+            return 0
+        return self.blocks_for(self.resolve(session_ids), frames)
+
+    def blocks_for(self, plan: BatchRows, frames: int | None = None) -> int:
+        """``blocks_for_tick`` of a resolved batch."""
         per_branch = self._frames(frames) * self.geometry.pages_per_frame
-        sessions = self._sessions
-        n = 0
-        for sid in session_ids:
-            s = sessions[sid]
-            if not s.in_flight:
-                n += len(s.branches)
-        return n * per_branch
+        state = self.sessions.state[plan.slots]
+        if self.fast_path and not state.any():  # all idle: every row begins a chunk
+            return len(plan.rows) * per_branch
+        waiting = self.sessions.num_branches[plan.slots][state != IN_FLIGHT]
+        return int(waiting.sum()) * per_branch

@@ -13,17 +13,21 @@ dropped itself. Dropping closes the session's KV, runs ``on_drop(session_id)``
 code ``SESSION_EVICTED``) and returns the id from ``ensure_resident``/``open``.
 
 LRU order is tick order: ``ensure_resident`` and ``touch`` move sessions to the
-most-recent end.
+most-recent end. It is kept as a stamp per cache session slot (a counter that
+grows with every touch), so touching a batch is one array write and the LRU
+idle session is one ``argmin``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from typing import Callable, Sequence
 
+import numpy as np
+
 from kv.cache import HostKV, PagedKVCache
+from kv.session_kv import SlotState
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +44,9 @@ class Residency:
         self.cache = cache
         self.host_budget_bytes = host_budget_bytes
         self.on_drop = on_drop
-        self._lru: OrderedDict[str, None] = OrderedDict()  # every open session, oldest first
+        # Last touch of each cache slot (larger = more recent); free slots are ignored.
+        self._stamp = np.zeros(cache.sessions.capacity, dtype=np.int64)
+        self._clock = 0
         self._host: dict[str, HostKV] = {}                  # swapped sessions
         self.host_bytes = 0
         self.swap_outs = self.swap_ins = self.drops = 0
@@ -53,17 +59,16 @@ class Residency:
         """Open a session's KV, evicting LRU idle sessions for its slot; returns dropped ids."""
         dropped: list[str] = []
         while self.cache.num_resident >= self.cache.max_sessions:
-            self._evict_one(frozenset((session_id,)), dropped)
+            self._evict_one(self._slots_of((session_id,)), dropped)
         if not self.cache.open(session_id, branches):
             raise ResidencyError(f"no session slot for {session_id!r}")
-        self._lru[session_id] = None
+        self.touch(session_id)
         return dropped
 
     def close(self, session_id: str) -> None:
         """Forget the session wherever it lives (idempotent)."""
-        if session_id not in self._lru:
+        if session_id not in self.cache:
             return
-        del self._lru[session_id]
         host = self._host.pop(session_id, None)
         if host is not None:
             self.host_bytes -= host.nbytes
@@ -76,7 +81,24 @@ class Residency:
         return dropped
 
     def touch(self, session_id: str) -> None:
-        self._lru.move_to_end(session_id)
+        self._touch(np.array([self.cache.session(session_id).slot]))
+
+    def _touch(self, slots: np.ndarray) -> None:
+        """Make these slots the most recent, the last one most recent of all."""
+        n = len(slots)
+        self._stamps()[slots] = np.arange(self._clock + 1, self._clock + n + 1)
+        self._clock += n
+
+    def _stamps(self) -> np.ndarray:
+        capacity = self.cache.sessions.capacity
+        if len(self._stamp) < capacity:  # the cache grew its slots
+            self._stamp = np.concatenate([self._stamp, np.zeros(capacity - len(self._stamp), np.int64)])
+        return self._stamp
+
+    def _slots_of(self, session_ids: Sequence[str]) -> np.ndarray:
+        sessions = self.cache.sessions
+        return np.array([sessions[sid].slot for sid in session_ids if sid in sessions],
+                        dtype=np.int64)
 
     # -- the engine's call ---------------------------------------------------------
 
@@ -88,45 +110,47 @@ class Residency:
         """
         cache = self.cache
         dropped: list[str] = []
+        if not session_ids:
+            return dropped
+        plan = cache.resolve(session_ids)
         host = self._host
-        swapped_in_batch = [sid for sid in session_ids if sid in host] if host else []
+        swapped_in_batch = [sid for sid in plan.session_ids if sid in host] if host else []
         need_blocks = sum(len(host[sid].block_ids) for sid in swapped_in_batch)
-        need_blocks += cache.blocks_for_tick(session_ids)
+        need_blocks += cache.blocks_for(plan)
         need_slots = len(swapped_in_batch)
-        if (cache.num_free_blocks < need_blocks
-                or cache.max_sessions - cache.num_resident < need_slots):
-            batch = frozenset(session_ids)
-            while (cache.num_free_blocks < need_blocks
-                   or cache.max_sessions - cache.num_resident < need_slots):
-                self._evict_one(batch, dropped)
+        while (cache.num_free_blocks < need_blocks
+               or cache.max_sessions - cache.num_resident < need_slots):
+            self._evict_one(plan.slots, dropped)
         for sid in swapped_in_batch:
-            host = self._host.pop(sid)
+            h = host.pop(sid)
             start = time.perf_counter()
-            if not cache.swap_in(host):  # cannot happen after the loop above
-                self._host[sid] = host
+            if not cache.swap_in(h):  # cannot happen after the loop above
+                host[sid] = h
                 raise ResidencyError(f"swap-in of {sid!r} failed after making room")
             self.swap_in_seconds += time.perf_counter() - start
             self.swap_ins += 1
-            self.swap_in_bytes += host.nbytes
-            self.host_bytes -= host.nbytes
-            log.info("kv swap-in session=%s bytes=%d", sid, host.nbytes)
-        move = self._lru.move_to_end
-        for sid in session_ids:
-            move(sid)
+            self.swap_in_bytes += h.nbytes
+            self.host_bytes -= h.nbytes
+            log.info("kv swap-in session=%s bytes=%d", sid, h.nbytes)
+        self._touch(plan.slots)
         return dropped
 
     # -- eviction -------------------------------------------------------------------
 
-    def _victim(self, protected: frozenset[str]) -> str | None:
-        cache = self.cache
-        for sid in self._lru:
-            if sid in protected or sid in self._host or cache.in_flight(sid):
-                continue
-            return sid
-        return None
+    def _oldest(self, state: SlotState, protected: np.ndarray | None = None) -> str | None:
+        """The least recently touched session in ``state`` outside ``protected`` slots."""
+        sessions = self.cache.sessions
+        candidate = sessions.state == state
+        if protected is not None:
+            candidate[protected] = False
+        if not candidate.any():
+            return None
+        slot = int(np.argmin(np.where(candidate, self._stamps(), np.iinfo(np.int64).max)))
+        return sessions.at(slot).session_id
 
-    def _evict_one(self, protected: frozenset[str], dropped: list[str]) -> None:
-        victim = self._victim(protected)
+    def _evict_one(self, protected: np.ndarray, dropped: list[str]) -> None:
+        # Idle resident sessions only: not in the batch, no chunk in flight, not swapped.
+        victim = self._oldest(SlotState.IDLE, protected)
         if victim is None:
             raise ResidencyError(
                 f"cannot make room: {self.cache.num_resident} resident sessions are all in the "
@@ -137,8 +161,7 @@ class Residency:
             return
         # Host room first: drop the oldest swapped sessions (older than any resident one).
         while self.host_bytes + need > self.host_budget_bytes:
-            oldest = next(sid for sid in self._lru if sid in self._host)
-            self._drop(oldest, dropped)
+            self._drop(self._oldest(SlotState.SWAPPED), dropped)
         start = time.perf_counter()
         host = self.cache.swap_out(victim)
         self.swap_out_seconds += time.perf_counter() - start
@@ -162,7 +185,11 @@ class Residency:
         return session_id in self._host
 
     def lru_order(self) -> list[str]:
-        return list(self._lru)
+        """Open sessions, least recently touched first."""
+        sessions = self.cache.sessions
+        slots = np.flatnonzero(sessions.state != SlotState.FREE)
+        order = slots[np.argsort(self._stamps()[slots], kind="stable")]
+        return [sessions.at(int(slot)).session_id for slot in order]
 
     def metrics(self) -> dict[str, float | int]:
         return {

@@ -54,3 +54,35 @@ def test_clear_and_remap():
     assert t.positional() == [11, 0, 13, 14]
     assert t.clear() == [11, 13, 14]
     assert t.num_frames == 0 and t.positional() == []
+
+
+def test_rows_at_once_equal_one_row_at_a_time():
+    """begin_rows / commit_rows on a store equal begin / commit row by row on a copy.
+
+    Each step begins two disjoint groups of rows with chunks of different lengths
+    and commits them in one call (the engine commits sessions of two batches).
+    """
+    import numpy as np
+
+    from kv.block_table import BlockTables
+
+    rng = np.random.default_rng(0)
+    for sink, window, chunk, ppf in [(1, 3, 1, 1), (2, 3, 2, 2), (0, 1, 1, 3)]:
+        vec = BlockTables(sink, window, chunk, ppf, rows=6)
+        one = BlockTables(sink, window, chunk, ppf, rows=6)
+        next_id = 1
+        for step in range(40):
+            rows = rng.choice(6, size=rng.integers(1, 7), replace=False)
+            for group in np.array_split(rows, 2):
+                T = chunk * ppf * int(rng.integers(1, 3))
+                blocks = np.arange(next_id, next_id + len(group) * T)
+                next_id += len(blocks)
+                lengths = vec.begin_rows(group, blocks, T)
+                for i, r in enumerate(group.tolist()):
+                    one.begin(r, blocks[i * T:(i + 1) * T].tolist(), T // ppf)
+                assert lengths.tolist() == (one.held[group] + T).tolist()
+            released = vec.commit_rows(rows).tolist()
+            assert released == [b for r in rows.tolist() for b in one.commit(r)]
+            for name in ("pages", "held", "pending", "frames", "window_start"):
+                assert np.array_equal(getattr(vec, name), getattr(one, name)), (step, name)
+        assert vec.width > vec.max_held + chunk * ppf   # two-chunk ticks widened the rows
