@@ -18,7 +18,8 @@ kv transaction per frame: ``begin_batch`` allocates the frame's page, every pass
 writes the frame's K/V there and attends over the held pages plus it
 (``kv.paged_attention``), and the clean pass leaves the kept K/V in place.
 ``end_tick(committed=True)`` commits the last frame's transaction (the window
-rolls); ``committed=False`` aborts it, leaving the session exactly as before the
+rolls; the batch's commits go to kv in one ``commit_chunks`` call when its last
+session's ``end_tick`` arrives); ``committed=False`` aborts it, leaving the session exactly as before the
 tick when F = 1. With F > 1 the earlier frames of the chunk were committed inside
 ``run_batch`` (kv attention is non-causal within a chunk, so a chunk's frames are
 made one transaction at a time); a dropped tick then forgets the session, whose
@@ -139,6 +140,10 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.dropped: list[str] = []  # sessions residency dropped (refused until reset, see _evicted)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
+        # end_tick(committed=True) queues the kv commit; the last end_tick of the batch
+        # (or anything else that touches kv first) commits them all in one vectorised call.
+        self._unended: set[str] = set()
+        self._to_commit: list[str] = []
         self.cuda_graphs = cuda if cuda_graphs is None else bool(cuda_graphs)
         self.graph_buckets = graph_buckets(max_batch) if self.cuda_graphs else ()
         self._runners: dict[int, FrameRunner] = {}
@@ -176,8 +181,11 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                 raise ModelError(f"session {w.session_id}: its KV was evicted; reset or close it")
         for w in works:
             self._evicted.discard(w.session_id)
+        self._commit_queued()
         try:
-            return self._run(works)
+            out = self._run(works)
+            self._unended = {w.session_id for w in works}
+            return out
         except BaseException as e:
             # Whatever failed, no kv transaction of this batch stays open.
             self._abort_all(works)
@@ -188,12 +196,18 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             raise
 
     def end_tick(self, session_id: str, committed: bool) -> None:
+        self._unended.discard(session_id)
+        self._end_tick(session_id, committed)
+        if not self._unended:
+            self._commit_queued()
+
+    def _end_tick(self, session_id: str, committed: bool) -> None:
         s = self._sessions.get(session_id)
         if s is None or not s.pending:
             return
         if committed:
             if s.open_tx:
-                self.cache.commit_chunk(session_id)
+                self._to_commit.append(session_id)
             s.frames += 1 if s.open_tx else 0
             s.pending, s.open_tx = 0, False
             return
@@ -206,7 +220,13 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             return
         s.pending, s.open_tx = 0, False
 
+    def _commit_queued(self) -> None:
+        if self._to_commit:
+            ids, self._to_commit = self._to_commit, []
+            self.cache.commit_chunks(ids)
+
     def release(self, session_id: str) -> None:
+        self._commit_queued()
         self._evicted.discard(session_id)
         s = self._sessions.pop(session_id, None)
         if s is None:
@@ -267,8 +287,8 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.residency.ensure_resident(ids)
         for j in range(F):
             if j > 0:  # the previous frame's transaction is final inside a multi-frame chunk
-                for sid, s in zip(ids, sessions):
-                    self.cache.commit_chunk(sid)
+                self.cache.commit_chunks(ids)
+                for s in sessions:
                     s.frames += 1
                     s.open_tx = False
                 self.residency.ensure_resident(ids)
