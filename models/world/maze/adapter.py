@@ -19,13 +19,13 @@ writes the frame's K/V there and attends over the held pages plus it
 (``kv.paged_attention``), and the clean pass leaves the kept K/V in place.
 ``end_tick(committed=True)`` commits the last frame's transaction (the window
 rolls; the batch's commits go to kv in one ``commit_chunks`` call when its last
-session's ``end_tick`` arrives); ``committed=False`` aborts it, leaving the session exactly as before the
-tick when F = 1. With F > 1 the earlier frames of the chunk were committed inside
-``run_batch`` (kv attention is non-causal within a chunk, so a chunk's frames are
-made one transaction at a time); a dropped tick then forgets the session, whose
-next tick restarts the maze from its seed. A ``run_batch`` that raises aborts
-every open transaction of the batch first (same rules), so the engine's retry
-one by one finds nothing in flight.
+session's ``end_tick`` arrives); ``committed=False`` aborts it, leaving the
+session exactly as before the tick when F = 1. With F > 1 the earlier frames of
+the chunk were committed inside ``run_batch`` (kv attention is non-causal within
+a chunk, so a chunk's frames are made one transaction at a time); a dropped tick
+then forgets the session, whose next tick restarts the maze from its seed. A
+``run_batch`` that raises aborts every open transaction of the batch first (same
+rules), so the engine's retry one by one finds nothing in flight.
 
 Defaults per device (measured, bench/results/maze_eval*.json): CUDA bf16 with
 4 steps and a 14-frame window (the training clip); CPU float32 with 2 steps and a
