@@ -2,10 +2,11 @@
 
 See kv/README.md for the picture and a usage example. Modules, one concept each:
 ``geometry`` (KVGeometry), ``retention`` (sink + window index arithmetic),
-``block_pool`` (ids, free queue), ``block_table`` (one branch's positional
-table), ``session_kv`` (per-session ids), ``storage`` (the tensors), ``batch``
-(KVBatch), ``cache`` (PagedKVCache), ``paged_attention``, ``capacity``,
-``residency`` (LRU + swap). The attention entry point is
+``block_pool`` (ids, free queue), ``block_table`` (the positional tables of
+every session branch, in arrays), ``session_kv`` (session slots, rows and
+states), ``storage`` (the tensors), ``batch`` (KVBatch and its index),
+``cache`` (PagedKVCache), ``paged_attention``, ``capacity``, ``residency``
+(LRU + swap). The attention entry point is
 ``kv.paged_attention.paged_attention`` (not re-exported here, so the module name
 stays importable).
 """
