@@ -191,7 +191,7 @@ class BlockTables:
         # Releasing rows have a full sink, so their released pages start at the
         # same column ``lo`` and the rest of the row moves left by ``drop``.
         lo = self.sink * self.ppf
-        if drop.min() == d:                   # steady state: every row drops one chunk
+        if drop.min() == d:                   # steady state: every row drops as many pages
             table = self.pages[rows]
             released = table[:, lo:lo + d].astype(np.int64).ravel()  # a copy, before the shift
             table[:, lo:-d] = table[:, lo + d:]
