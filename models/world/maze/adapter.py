@@ -48,6 +48,7 @@ on what else shared its batches, not only on its own seed.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -106,7 +107,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                  frames_per_chunk: int = 1, window: int | None = None, max_batch: int = 32,
                  max_sessions: int = 64, host_budget_bytes: int = 1 << 30,
                  attention_backend: str | None = None, seed: int = 0,
-                 cuda_graphs: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, warm_up: bool | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -150,6 +151,35 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self._graph_pool: Any = None
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
+        if warm_up if warm_up is not None else cuda:
+            self.warm_up()
+
+    @torch.no_grad()
+    def warm_up(self) -> float:
+        """Build (on CUDA: compile and capture) every batch bucket's frame path now.
+
+        Otherwise the first batch of each new size pays for its kernels' compilation
+        and its graph capture (up to seconds) in the middle of serving. Runs one
+        scratch session's frame at every bucket size and aborts it: kv is left as
+        found. Returns the seconds it took.
+        """
+        t0 = time.perf_counter()
+        sid = "__warm_up__"
+        self.cache.open(sid)
+        try:
+            for rows in self.graph_buckets:
+                batch = self._begin([sid], pad_to=rows)
+                try:
+                    self._runner(rows).run(batch, torch.zeros(1, 8, device=self.device),
+                                           torch.zeros(1, dtype=torch.long, device=self.device),
+                                           torch.zeros(1, 3, 64, 64, device=self.device))
+                finally:
+                    self.cache.abort_batch(batch)
+        finally:
+            self.cache.close(sid)
+        took = time.perf_counter() - t0
+        log.info("maze frame path warmed up for batch buckets %s in %.1f s", self.graph_buckets, took)
+        return took
 
     # ------------------------------------------------------------------ seam
     def describe(self) -> Mapping[str, Any]:

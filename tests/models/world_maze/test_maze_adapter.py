@@ -116,7 +116,7 @@ def test_multi_frame_chunks(weights):
 def test_shipped_weights_load():
     w = MazeWorld(max_sessions=1, max_batch=1)
     d = w.describe()
-    assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 4515, 192)
+    assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 10804, 192)
 
 
 def test_a_failed_batch_leaves_no_open_chunk(weights, monkeypatch):
@@ -139,3 +139,31 @@ def test_a_failed_batch_leaves_no_open_chunk(weights, monkeypatch):
     out = play(w, [tick("new", 0, "", seed=2), tick("old", 2, "w")])
     assert np.array_equal(out[0].frames[0], MazeSim([2]).render()[0].numpy())
     assert (w.cache.committed_frames("new"), w.cache.committed_frames("old")) == (1, 3)
+
+
+def test_warm_up_builds_every_bucket_and_leaves_kv_as_found(weights):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, cuda_graphs=True, warm_up=False)
+    free = w.cache.num_free_blocks
+    assert w.warm_up() >= 0
+    assert sorted(w._runners) == [1, 2, 4]
+    assert (w.cache.num_free_blocks, w.cache.num_resident, w.cache.session_ids) == (free, 0, [])
+    (c,) = play(w, [tick("s", 0, "", seed=2)])                  # serving after warm-up is unaffected
+    assert np.array_equal(c.frames[0], MazeSim([2]).render()[0].numpy())
+
+
+def test_a_batch_commits_and_aborts_each_session_by_its_own_end_tick(weights):
+    """end_tick queues commits until the batch's last one; an aborted row keeps its old frames."""
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
+    play(w, [tick("a", 0, "", seed=1), tick("b", 0, "", seed=2)])
+    out = w.run_batch([tick("a", 1, "w"), tick("b", 1, "w")])
+    w.end_tick("a", True)
+    assert w.cache.committed_frames("a") == 1                # queued until the batch's last end_tick
+    w.end_tick("b", False)
+    assert (w.cache.committed_frames("a"), w.cache.committed_frames("b")) == (2, 1)
+    assert not w.cache.in_flight("a") and not w.cache.in_flight("b")
+    # b's dropped frame is made again under the same chunk index, a goes on.
+    out2 = w.run_batch([tick("a", 2, "w"), tick("b", 1, "w")])
+    for c in out2:
+        w.end_tick(c.session_id, True)
+    assert (w.cache.committed_frames("a"), w.cache.committed_frames("b")) == (3, 2)
+    assert len(out) == len(out2) == 2
