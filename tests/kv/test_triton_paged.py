@@ -31,15 +31,18 @@ def test_triton_available():
 
 def test_default_tiles():
     maze = choose_tiles(256, 64, 256)
-    assert maze == Tiles(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    assert maze == Tiles(block_m=64, block_n=64, num_warps=4, num_stages=4)
     assert choose_tiles(4680, 128, 1560) == Tiles(128, 64, 8, 2)      # LingBot: last tile of a page masked
-    assert [choose_tiles(lq, 16, 32).block_m for lq in (1, 16, 17, 40, 64, 65)] == [16, 16, 32, 64, 64, 128]
+    assert [choose_tiles(lq, 16, 32).block_m for lq in (1, 16, 17, 40, 64, 65)] == [16, 16, 32, 64, 64, 64]
+    assert [choose_tiles(lq, 128, 256).block_m for lq in (16, 65)] == [16, 128]
     assert [choose_tiles(256, 32, bs).block_n for bs in (256, 96, 32, 48, 24, 1560)] == [64, 32, 32, 16, 32, 64]
 
 
 def test_split_heuristic_on_an_h200():
-    # maze: 2 query tiles x 3 heads per row, 17 pages x 4 KV tiles, 132 SMs (the docstring's table)
+    # 2 query tiles x 3 heads per row, 17 pages x 4 KV tiles, 132 SMs (the docstring's table)
     assert [choose_splits(2, 3 * b, 68, 132) for b in (1, 32, 128)] == [17, 2, 1]
+    # the maze's default 64-row tiles: 4 query tiles per row and head
+    assert [choose_splits(4, 3 * b, 68, 132) for b in (1, 32, 128)] == [10, 1, 1]
     assert choose_splits(37, 40, 27 * 25, 132) == 1            # LingBot: 11 waves already
     assert choose_splits(2, 3, 68, 1) == 1                     # one "SM" (CPU): never split
     assert choose_splits(1, 1, 3, 132) == 1                    # too little work to pay for a combine
