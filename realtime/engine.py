@@ -93,6 +93,10 @@ class Engine:
         self._wait = {n: (model_wait_ms or {}).get(n, batch_wait_ms) / 1000.0 for n in self._adapters}
         self._returners: dict[str, frozenset[str]] = {n: frozenset() for n in self._adapters}
         self._free_since: dict[str, float] = {n: 0.0 for n in self._adapters}
+        # While _take_batch waits for returners: the ones not queued yet. A submit
+        # wakes the engine only when it completes them (one wake-up per round, not
+        # one per session: each costs the event loop the GIL on a busy host).
+        self._awaited: set[str] | None = None
         self._ticks: dict[str, collections.deque[_Job]] = {n: collections.deque() for n in self._adapters}
         self._controls: collections.deque[_Control] = collections.deque()
         self._cv = threading.Condition()
@@ -154,7 +158,13 @@ class Engine:
         job = _Job(model, work, session_id, validate, loop.create_future(), loop)
         with self._cv:
             self._ticks[model].append(job)
-            self._cv.notify()
+            awaited = self._awaited
+            if awaited is None:
+                self._cv.notify()
+            else:
+                awaited.discard(session_id)  # type: ignore[arg-type]
+                if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
+                    self._cv.notify()
         return await job.future
 
     async def control(self, fn: Callable[[], T]) -> T:
@@ -256,17 +266,17 @@ class Engine:
             limit = max(1, self._adapters[name].max_batch)
             returners = self._returners[name]
             deadline = self._free_since[name] + self._wait[name]
-            while (
-                len(queue) < limit
-                and returners
-                and not returners <= {j.session_id for j in queue}
-                and not self._controls
-                and not self._stopping
-            ):
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    break
-                self._cv.wait(remaining)
+            if len(queue) < limit and returners:
+                awaited = set(returners).difference(j.session_id for j in queue)
+                self._awaited = awaited
+                try:
+                    while awaited and len(queue) < limit and not self._controls and not self._stopping:
+                        remaining = deadline - time.perf_counter()
+                        if remaining <= 0:
+                            break
+                        self._cv.wait(remaining)
+                finally:
+                    self._awaited = None
             if self._controls or self._stopping or not queue:
                 return []  # serve controls first; the ticks stay queued
             batch: list[_Job] = []
@@ -319,6 +329,7 @@ class Engine:
             self.stats.busy_seconds += elapsed
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1
+        done: list[tuple[_Job, Any]] = []
         for job, result in zip(batch, results):
             try:
                 if job.validate is not None:
@@ -330,7 +341,8 @@ class Engine:
             if not self._end(adapter, job, committed=True):
                 continue
             self.stats.works += 1
-            _resolve(job.loop, job.future, result)
+            done.append((job, result))
+        _resolve_all(done)
 
     def _end(self, adapter: ModelAdapter, job: _Job, *, committed: bool) -> bool:
         if job.session_id is None:
@@ -385,6 +397,26 @@ def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value:
             fut.set_result(value)
 
     _call(loop, set_result)
+
+
+def _resolve_all(done: Sequence[tuple[_Job, Any]]) -> None:
+    """Resolve a batch's futures with one hand-off per event loop instead of one per job.
+
+    Each ``call_soon_threadsafe`` wakes the loop; a batch of 128 would wake it 128
+    times while this thread still works through the batch, and the two threads
+    would trade the GIL all the while.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
+    for job, value in done:
+        if job.loop is not None:
+            by_loop.setdefault(job.loop, []).append((job.future, value))
+    for loop, items in by_loop.items():
+        def set_results(items: list[tuple[asyncio.Future, Any]] = items) -> None:
+            for fut, value in items:
+                if not fut.done():
+                    fut.set_result(value)
+
+        _call(loop, set_results)
 
 
 def _reject(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, exc: BaseException) -> None:

@@ -93,6 +93,29 @@ def test_a_fleet_in_a_loop_stays_in_full_batches():
     assert [len(b) for b in model.batches] == [8] * 6
 
 
+def test_a_full_queue_ends_the_wait_for_returners():
+    """Waiting for the last batch's sessions stops once a full batch is queued anyway."""
+    model = Doubler(max_batch=4)
+
+    async def main(engine: Engine):
+        await engine.submit("doubler", 1, session_id="gone")   # returner that never comes back
+        started = time.perf_counter()
+        await asyncio.gather(*(engine.submit("doubler", 20 + i, session_id=f"n{i}") for i in range(4)))
+        return time.perf_counter() - started
+
+    assert with_engine(model, main, batch_wait_ms=3000.0) < 1.0
+    assert model.batches == [[1], [20, 21, 22, 23]]
+
+
+def test_a_batch_resolves_every_future_with_its_own_result():
+    model = Doubler(max_batch=16)
+
+    async def main(engine: Engine):
+        return await asyncio.gather(*(engine.submit("doubler", 100 + i, session_id=f"s{i}") for i in range(40)))
+
+    assert with_engine(model, main) == [2 * (100 + i) for i in range(40)]
+
+
 def test_a_lone_session_does_not_wait():
     model = Doubler(max_batch=8)
 
