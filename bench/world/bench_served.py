@@ -70,19 +70,65 @@ async def _client(url: str, sid: str, keys: list[str], credits: int, warmup: flo
         await ws.send(json.dumps({"type": "session.close"}))
 
 
-def _client_process(url: str, n: int, credits: int, warmup: float, seconds: float, queue: mp.Queue) -> None:
+def _client_process(url: str, ids: list[int], credits: int, warmup: float, seconds: float,
+                    queue: mp.Queue) -> None:
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}
         keys = [["w"], ["j"], ["l"], ["w", "d"]]
         await asyncio.gather(*(_client(url, f"s{i}", keys[i % 4], credits, warmup, seconds, out)
-                               for i in range(n)))
+                               for i in ids))
         return out
 
     queue.put(asyncio.run(main()))
 
 
 # ---------------------------------------------------------------- server side
-def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_sessions: int):
+class InstantWorld:
+    """A world adapter that answers at once with a constant frame: what serving itself costs.
+
+    With it the bench measures the server's ceiling (engine hand-offs, session
+    bookkeeping, WebSocket framing) with no model time at all.
+    """
+
+    kind = "world"
+    name = "instant"
+    max_batch = 128
+
+    def __init__(self, delay_ms: float = 0.0) -> None:
+        from models.base import WorldGeometry
+
+        self.delay_s = delay_ms / 1000.0  # a stand-in for GPU time: sleeping releases the GIL
+        self.geometry = WorldGeometry(height=64, width=64, frames_per_chunk=1, fps=15.0, num_layers=1,
+                                      kv_heads=1, head_dim=1, tokens_per_frame=1, sink_frames=0,
+                                      window_frames=1)
+        self.frame = np.zeros((1, 64, 64, 3), dtype=np.uint8)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "height": 64, "width": 64, "fps": 15.0,
+                "frames_per_chunk": 1, "action_keys": list("wasdijkl")}
+
+    def run_batch(self, works):
+        from models.base import WorldChunk
+
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return [WorldChunk(session_id=w.session_id, request_id=w.request_id, chunk_index=w.chunk_index,
+                           applied_event_ids=w.applied_event_ids, frames=self.frame) for w in works]
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        pass
+
+    def release(self, session_id: str) -> None:
+        pass
+
+    def set_drop_listener(self, listener) -> None:
+        pass
+
+
+def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_sessions: int,
+                 instant_ms: float = 0.0):
+    if name == "instant":
+        return InstantWorld(instant_ms)
     if name == "tiny":
         from models.world.tiny import TinyWorld
 
@@ -139,6 +185,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=128)
     parser.add_argument("--batch-wait-ms", type=float, default=1.0)
+    parser.add_argument("--instant-ms", type=float, default=0.0,
+                        help="with --model instant: each batch sleeps this long (GPU time stand-in)")
+    parser.add_argument("--client-procs", type=int, default=1,
+                        help="client processes the sessions are spread over (the load must not be "
+                             "the bottleneck: one Python process tops out near 1,000 chunks/s)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -150,22 +201,38 @@ def main() -> None:
     from realtime.server import serve_in_thread
 
     # Room for every session of the largest run plus the bare-model sessions.
-    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions))
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions),
+                         args.instant_ms)
     inventory = Inventory()
     inventory.adapters[model.name] = model
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
     rows = []
-    with serve_in_thread(build_app(config, inventory)) as addr:
+    app = build_app(config, inventory)
+    with serve_in_thread(app) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         for n in args.sessions:
             log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
-            queue: mp.Queue = mp.get_context("spawn").Queue()
-            proc = mp.get_context("spawn").Process(
-                target=_client_process, args=(url, n, args.credits, args.warmup, args.seconds, queue))
-            proc.start()
-            result = queue.get(timeout=args.warmup + args.seconds + 300)
-            proc.join(30)
+            ctx = mp.get_context("spawn")
+            queue: mp.Queue = ctx.Queue()
+            k = max(1, min(args.client_procs, n))
+            procs = [ctx.Process(target=_client_process,
+                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue))
+                     for j in range(k)]
+            for proc in procs:
+                proc.start()
+            # Engine batches over (roughly) the measured window: do the sessions tick together?
+            time.sleep(args.warmup)
+            stats = app.state.engine.stats
+            batches0, works0, busy0 = stats.batches, stats.works, stats.busy_seconds
+            time.sleep(args.seconds)
+            batches, works = stats.batches - batches0, stats.works - works0
+            busy = stats.busy_seconds - busy0
+            result: dict[str, Any] = {}
+            for _ in procs:
+                result.update(queue.get(timeout=args.warmup + args.seconds + 300))
+            for proc in procs:
+                proc.join(30)
             per_session = [r["frames"] / args.seconds for r in result.values()]
             ticks = [t for r in result.values() for t in r["ticks"]]
             gaps = [g for r in result.values() for g in r["gaps"]]
@@ -183,6 +250,11 @@ def main() -> None:
                 "bare_tick_ms_p50": bare["tick_ms_p50"],
                 "bare_frames_per_s_total": bare["frames_per_s_total"],
                 "served_over_bare_throughput": total / bare["frames_per_s_total"],
+                "engine_batches_per_s": batches / args.seconds,
+                "engine_mean_batch": works / max(batches, 1),
+                # time inside adapter.run_batch per batch, and the share of wall time spent there
+                "engine_batch_ms_mean": 1000 * busy / max(batches, 1),
+                "engine_busy_share": busy / args.seconds,
             }
             log(json.dumps(row))
             rows.append(row)
@@ -197,6 +269,7 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "credits": args.credits,
+        "client_procs": args.client_procs,
         "seconds": args.seconds,
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},
