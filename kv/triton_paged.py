@@ -235,12 +235,12 @@ def choose_splits(query_tiles: int, rows_heads: int, kv_tiles: int, sms: int,
     combine kernel, ~2 + a quarter tile per partial it reads. The smallest ``s``
     of least cost wins. From 4 waves at ``s = 1`` on there is no split: programs
     do not run in lockstep, so the tail of the last wave matters little. Maze
-    geometry on 132 SMs (128 x 64 tiles, 17 pages of 4 tiles)::
+    geometry on 132 SMs (its default 64 x 64 tiles, 17 pages of 4 tiles)::
 
         batch   programs at s=1   waves   chosen s   programs
-        1       6                 0.05    17         102 (one page each)
-        32      192               1.45    2          384
-        128     768               5.8     1          768
+        1       12                0.09    10         120
+        32      384               2.9     1          384
+        128     1536              11.6    1          1536
     """
     base = max(1, query_tiles * rows_heads)
     if base >= 4 * sms:
