@@ -68,9 +68,16 @@ class TTSConnection:
         self._open = True
 
     async def send(self, text: str) -> None:
-        if self._open:
+        if not self._open:
+            return
+        try:
             async with self._send_lock:
                 await self.ws.send_text(text)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            # The client closed first (starlette's WebSocketDisconnected is a RuntimeError):
+            # nobody is left to tell; the reader sees the disconnect and cleans up.
+            self._open = False
+            log.debug("session %s: send on a closed socket: %r", self.session_id, exc)
 
     async def error(self, code: str, message: str) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)

@@ -67,8 +67,14 @@ class WorldConnection:
     async def send(self, msg: dict[str, Any]) -> None:
         if not self._open:
             return
-        async with self._send_lock:
-            await self.ws.send_text(wire.dumps(msg))
+        try:
+            async with self._send_lock:
+                await self.ws.send_text(wire.dumps(msg))
+        except _SOCKET_GONE as exc:
+            # The client closed first (e.g. right after session.close): nobody is left to
+            # tell; the reader sees the disconnect and cleans up.
+            self._open = False
+            log.debug("send on a closed socket: %r", exc)
 
     async def send_error(self, code: str, message: str, event_id: int | None = None, **extra: Any) -> None:
         sid = self.session.session_id if self.session else "-"
@@ -319,13 +325,17 @@ class WorldConnection:
                 await self.ws.send_bytes(payload)
 
 
+# What a send raises once the peer has gone (starlette's WebSocketDisconnected is a RuntimeError).
+_SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+
+
 async def _finish(task: asyncio.Task | None) -> None:
     """Wait for a chunk send; a closed socket only ends the connection, handled by its reader."""
     if task is None:
         return
     try:
         await asyncio.shield(task)
-    except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+    except _SOCKET_GONE as exc:
         log.debug("chunk send failed: %r", exc)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from typing import Sequence
@@ -326,6 +327,44 @@ def test_disconnect_mid_tick_cleans_up_and_id_can_be_recreated():
                 assert (await c.next_chunk(credit=False)).chunk_index == 0
 
         run(main())
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_close_then_hang_up_is_not_a_server_error():
+    """A client that sends session.close and hangs up at once: the reply has nowhere to go."""
+    app, model = scripted_app()
+    model.delay = 0.2
+    with serve(app) as addr:
+        async def main():
+            ws = await websockets.connect(url(addr))
+            await ws.send(json.dumps({"type": "session.create", "session_id": "h1", "credits": 2}))
+            json.loads(await ws.recv())
+            await asyncio.get_running_loop().run_in_executor(None, model.started.wait, 5)
+            await ws.send(json.dumps({"type": "session.close"}))  # answered after the tick in flight
+            await ws.close()
+            for _ in range(100):
+                if "h1" not in app.state.world_sessions:
+                    break
+                await asyncio.sleep(0.05)
+            assert "h1" not in app.state.world_sessions and "h1" in model.released
+
+        # uvicorn logs an application's exception on its own logger, which does not propagate.
+        errors = _Records()
+        logging.getLogger("uvicorn.error").addHandler(errors)
+        try:
+            run(main())
+            time.sleep(0.3)
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert [r.getMessage() for r in errors.records] == []
 
 
 def test_ticks_of_different_sessions_share_a_forward():
