@@ -24,9 +24,18 @@ WS_MAX_BYTES = 80 * 1024 * 1024
 WS_PING_INTERVAL_S = 20.0
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+# No permessage-deflate: what the sockets carry is mostly images (PNG/JPEG already compressed,
+# rgb8 for loopback or a LAN) and msgpack'd arrays, and zlib on the one event-loop thread
+# halved the serving ceiling (bench_served --model instant: 9.3k vs 17.3k chunks/s for 32
+# sessions on the dev machine). OpenPI's reference server turns compression off too.
+WS_PER_MESSAGE_DEFLATE = False
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
+                   per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
-                          ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None, lifespan="on")
+                          ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
+                          ws_per_message_deflate=per_message_deflate, lifespan="on")
 
 
 def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
@@ -42,10 +51,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warning") -> Iterator[str]:
-    """Run ``app`` on a free port in a background thread; yields ``host:port``."""
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warning",
+                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> Iterator[str]:
+    """Run ``app`` on a free port in a background thread; yields ``host:port``.
+
+    ``per_message_deflate`` is for benchmarks that measure what compression costs.
+    """
     port = free_port(host)
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level))
+    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+                                           per_message_deflate=per_message_deflate))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -8,6 +8,9 @@ then times the bare adapter on the same batch size in the same run:
     python -m bench.world.bench_served --model maze --device cuda --sessions 1 8 32 128 \
         --seconds 8 --out bench/results/world_served_h200.json
 
+``--model instant`` answers every tick at once with a fixed maze frame (``--instant-ms``
+sleeps per batch instead): the server's own cost, with no model time.
+
 Progress goes to stderr; the JSON holds hardware, versions and the command.
 """
 
@@ -84,7 +87,7 @@ def _client_process(url: str, ids: list[int], credits: int, warmup: float, secon
 
 # ---------------------------------------------------------------- server side
 class InstantWorld:
-    """A world adapter that answers at once with a constant frame: what serving itself costs.
+    """A world adapter that answers at once with a constant maze frame: what serving itself costs.
 
     With it the bench measures the server's ceiling (engine hand-offs, session
     bookkeeping, WebSocket framing) with no model time at all.
@@ -101,7 +104,10 @@ class InstantWorld:
         self.geometry = WorldGeometry(height=64, width=64, frames_per_chunk=1, fps=15.0, num_layers=1,
                                       kv_heads=1, head_dim=1, tokens_per_frame=1, sink_frames=0,
                                       window_frames=1)
-        self.frame = np.zeros((1, 64, 64, 3), dtype=np.uint8)
+        # A real maze view, so the bytes on the wire (and any compression) are as served.
+        from models.world.maze.sim import MazeSim
+
+        self.frame = MazeSim([0]).render().numpy()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "height": 64, "width": 64, "fps": 15.0,
@@ -190,6 +196,8 @@ def main() -> None:
     parser.add_argument("--client-procs", type=int, default=1,
                         help="client processes the sessions are spread over (the load must not be "
                              "the bottleneck: one Python process tops out near 1,000 chunks/s)")
+    parser.add_argument("--deflate", action="store_true",
+                        help="serve with permessage-deflate on (the server's default is off)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -209,7 +217,7 @@ def main() -> None:
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
     rows = []
     app = build_app(config, inventory)
-    with serve_in_thread(app) as addr:
+    with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         for n in args.sessions:
             log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
@@ -270,6 +278,7 @@ def main() -> None:
         "python": platform.python_version(),
         "credits": args.credits,
         "client_procs": args.client_procs,
+        "per_message_deflate": args.deflate,
         "seconds": args.seconds,
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},
