@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -57,7 +56,7 @@ import warnings
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kv import sync, time_ms as _time_ms  # noqa: E402  (the same timer for both kv benches)
+from bench_kv import graph_ms, sync, time_ms as _time_ms  # noqa: E402  (the same timers for all kv benches)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -256,18 +255,7 @@ def graph_tick_ms(s: Setup, b: int, backend: str | None, device: torch.device) -
         def tick():
             for layer in range(g.num_layers):
                 impl(q, c.storage.k[layer], c.storage.v[layer], batch)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            tick()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        tick()
-    ms = time_ms(graph.replay, device)
-    del graph
-    return ms
+    return graph_ms(tick, device, time_ms)
 
 
 def environment() -> dict:

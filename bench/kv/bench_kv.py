@@ -95,8 +95,10 @@ def time_ms(fn, device, *, target_ms=5.0, reps=11, warmup=3, max_iters=200):
     return statistics.median(samples)
 
 
-def graph_ms(fn, device):
-    """Median ms per replay of ``fn`` captured in a CUDA graph: GPU time without launch overhead."""
+def graph_ms(fn, device, timer=None):
+    """Median ms per replay of ``fn`` captured in a CUDA graph: GPU time without launch overhead.
+
+    ``timer(fn, device)`` times the replays (default ``time_ms``)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -106,7 +108,7 @@ def graph_ms(fn, device):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    ms = time_ms(graph.replay, device)
+    ms = (timer or time_ms)(graph.replay, device)
     del graph
     return ms
 

@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kv import graph_ms as _graph_ms, time_ms as _time_ms  # noqa: E402  (the kv benches' timers)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -56,48 +56,14 @@ def log(msg: str) -> None:
     print(f"[check {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def time_ms(fn, *, target_ms=5.0, reps=9, warmup=3, max_iters=200) -> float:
-    """Median ms per call: CUDA events around a loop of calls sized to ~target_ms."""
-    cuda = DEVICE == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    iters = max(1, min(max_iters, int(target_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))))
-    samples = []
-    for _ in range(reps):
-        if not cuda:
-            t = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter() - t) * 1e3 / iters)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / iters)
-    return statistics.median(samples)
+def time_ms(fn) -> float:
+    """Median ms per call (bench_kv's timer)."""
+    return _time_ms(fn, torch.device(DEVICE), reps=9)
 
 
 def graph_ms(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    ms = time_ms(graph.replay)
-    del graph
-    return ms
+    """Median ms per CUDA-graph replay (bench_kv's)."""
+    return _graph_ms(fn, torch.device(DEVICE), _time_ms)
 
 
 class Case:
