@@ -12,6 +12,10 @@ and stores the trajectories in a ring of ``rounds`` slots in device memory
 ``actions[t]`` is what was held while frame t was made from frame t-1; the
 sink's action is always zero, as at serving where the first frame comes from
 the simulator.
+
+A share ``p_still`` of clips stop moving part-way (``hold_still``): a player who
+lets go of every key for a long time, which the scripted policy's 1-8 frame
+holds rarely show, and which the simulator renders as the same frame again.
 """
 
 from __future__ import annotations
@@ -39,13 +43,37 @@ def render_trajectories(seeds: list[int], steps: int, policy_seed: int, device: 
     return torch.stack(frames, 1), torch.stack(acts, 1)
 
 
+def hold_still(frames: torch.Tensor, actions: torch.Tensor, share: float,
+               gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """In a ``share`` of clips, the camera stops after a random frame ``k`` (1 <= k <= T-2)::
+
+        clip      sink  f1  f2  f3  f4  f5  ...        (k = 2)
+        frames    sink  f1  f2  f2  f2  f2  ...        every frame after k is frame k
+        actions   0     a1  a2  0   0   0   ...        and nothing is held
+
+    This is exact simulator truth (no key held: the view does not change), not an
+    approximation. Returns new tensors; clips not picked are unchanged.
+    """
+    B, T = frames.shape[:2]
+    dev = frames.device
+    pick = torch.rand(B, device=dev, generator=gen) < share
+    k = torch.randint(1, T - 1, (B,), device=dev, generator=gen)
+    t = torch.arange(T, device=dev)[None]
+    still = pick[:, None] & (t > k[:, None])                     # [B, T]
+    src = torch.where(still, k[:, None], t)
+    frames = frames[torch.arange(B, device=dev)[:, None], src]
+    actions = torch.where(still[:, :, None], torch.zeros_like(actions), actions)
+    return frames, actions
+
+
 class ClipStream:
     def __init__(self, device: torch.device | str, envs: int = 4096, traj_len: int = 48, rounds: int = 6,
                  clip: int = 16, seed0: int = TRAIN_SEED0, p_gapped: float = 0.5,
-                 policy_weights: tuple[float, ...] = WEIGHTS) -> None:
+                 policy_weights: tuple[float, ...] = WEIGHTS, p_still: float = 0.0) -> None:
         self.device = torch.device(device)
         self.envs, self.traj_len, self.rounds, self.clip = envs, traj_len, rounds, clip
         self.seed0, self.p_gapped, self.policy_weights = seed0, p_gapped, policy_weights
+        self.p_still = p_still
         self.frames = torch.empty(rounds * envs, traj_len, 64, 64, 3, dtype=torch.uint8, device=self.device)
         self.actions = torch.empty(rounds * envs, traj_len, 8, dtype=torch.float32, device=self.device)
         self.next_round = 0
@@ -79,4 +107,6 @@ class ClipStream:
         frames = self.frames[idx[:, None], t]
         acts = self.actions[idx[:, None], t].clone()
         acts[:, 0] = 0
+        if self.p_still > 0:
+            frames, acts = hold_still(frames, acts, self.p_still, gen)
         return frames, acts

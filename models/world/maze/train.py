@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of clips whose context is the model's own reconstruction (own_context)")
     ap.add_argument("--policy", choices=sorted(POLICY_WEIGHTS), default="default",
                     help="key-combination mix of the scripted data policy")
+    ap.add_argument("--p-still", type=float, default=0.0,
+                    help="share of clips whose camera stops part-way (data.hold_still): standing still")
     ap.add_argument("--eval-every", type=float, default=90.0, help="seconds")
     ap.add_argument("--ckpt-every", type=float, default=150.0, help="seconds")
     ap.add_argument("--max-steps", type=int, default=10**9)
@@ -226,7 +228,7 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
     t0 = time.time()
     stream = ClipStream(dev, envs=args.envs, traj_len=args.traj_len, rounds=args.rounds,
                         seed0=1_000_000 + 10_000_000 * (start_step > 0) + step * 7,
-                        policy_weights=POLICY_WEIGHTS[args.policy])
+                        policy_weights=POLICY_WEIGHTS[args.policy], p_still=args.p_still)
     stream.fill()
     ev_f, ev_a = render_trajectories(list(range(EVAL_SEED0, EVAL_SEED0 + (8 if args.tiny else 128))),
                                      cfg.clip_frames - 1 + 8, policy_seed=EVAL_SEED0, device=dev)

@@ -14,11 +14,11 @@ from models.world.maze.weights import load_model, read_metadata
 def test_tiny_training_run_writes_and_resumes(tmp_path):
     out = tmp_path / "run"
     args = ["--minutes", "1", "--out", str(out), "--tiny", "--max-steps", "2", "--eval-every", "1000",
-            "--own-context", "1.0", "--policy", "balanced"]
+            "--own-context", "1.0", "--policy", "balanced", "--p-still", "0.5"]
     assert train.main(args) == 0
     log = json.loads((out / "train_log.json").read_text())
     assert (log["steps_total"], log["final"], log["flex"]) == (2, True, False)
-    assert (log["args"]["own_context"], log["args"]["policy"]) == (1.0, "balanced")
+    assert (log["args"]["own_context"], log["args"]["policy"], log["args"]["p_still"]) == (1.0, "balanced", 0.5)
     assert read_metadata(out / "maze.safetensors")["steps"] == 2
     assert (out / "ckpt.pt").exists() and (out / "model.safetensors").exists()
     # Resume from the small export (what comes back from a GPU machine).
