@@ -116,7 +116,7 @@ def test_multi_frame_chunks(weights):
 def test_shipped_weights_load():
     w = MazeWorld(max_sessions=1, max_batch=1)
     d = w.describe()
-    assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 10804, 192)
+    assert (d["params"], d["train_steps"], d["config"]["dim"]) == (5_599_792, 13269, 192)
 
 
 def test_a_failed_batch_leaves_no_open_chunk(weights, monkeypatch):
