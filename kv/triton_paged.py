@@ -26,6 +26,21 @@ nothing. The split count and the tiles are chosen on the host from shapes only
 makes no device-to-host sync and allocates the same sizes every time: it can be
 captured in a CUDA graph. There is no ``triton.autotune`` for the same reason.
 
+Two forward kernels. ``_paged_fwd`` (above) loads tiles through pointers: it runs
+anywhere Triton does, splits, and masks a page's overhanging last tile. With one
+split on Hopper (sm_90+), ``_paged_fwd_tma`` does the same arithmetic faster, as
+measured on the H200 for the maze geometry (bench/results/kv_triton_variants*.json):
+K/V tiles come through the tensor-memory accelerator (a descriptor over the pool
+seen as ``[num_blocks * block_size, Hkv * D]``; a page's tile is the box at row
+``block * block_size + off``, column ``hk * D``), Q and O through 4-D descriptors,
+the row's page table sits in registers, q is pre-scaled once, and the loop is
+rotated so tile j+1's Q K^T is issued before tile j's softmax::
+
+    prologue:   S_0 = Q K_0^T
+    step j:     load V_j, K_{j+1};  S_{j+1} = Q K_{j+1}^T;  softmax(S_j), acc += P_j V_j
+
+(the last step recomputes the last tile's S and drops it). ``use_tma`` says when.
+
 Triton is optional: without it this module imports, ``triton_available()`` is
 False and the kernels are never launched. With ``TRITON_INTERPRET=1`` set before
 triton is imported, the kernels run on CPU tensors (how the tests check them).
@@ -43,8 +58,13 @@ import torch
 try:
     import triton
     import triton.language as tl
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # an older triton: the pointer kernel only
+        TensorDescriptor = None
 except ImportError:  # the server runs without triton; the kernels below are then plain functions
     triton = None
+    TensorDescriptor = None
 
     class tl:  # noqa: N801 - just what the kernel signatures evaluate at import
         constexpr = None
@@ -177,6 +197,60 @@ def _paged_combine(WsAcc, WsM, WsL, Out, Lq, split_stride,
              (acc / l_sum[:, None]).to(Out.dtype.element_ty), mask=m_valid[:, None])
 
 
+@_jit
+def _page_of(tbl, offs_w, page):
+    """The row's ``page``-th page id, picked from the table held in registers (no memory load)."""
+    return tl.sum(tl.where(offs_w == page, tbl, 0), axis=0)
+
+
+@_jit
+def _paged_fwd_tma(Q, K, V, Out, Tables, Lengths, qk_scale, W, stride_tr,
+                   HQ: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, TILES_PER_PAGE: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, W_PAD: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    # Program (m, r*Hq + h): query tile m of row r, head h, over all of the row's keys (one
+    # split; block_size % BLOCK_N == 0, so no key is masked). Q, O: descriptors over
+    # [R, Lq, Hq, D] with [1, BLOCK_M, 1, D] boxes (rows past Lq read as 0, stores clipped);
+    # K, V: descriptors over [num_blocks * block_size, Hkv * D] with [BLOCK_N, D] boxes.
+    pid_m = tl.program_id(0)
+    pid_rh = tl.program_id(1)
+    r = pid_rh // HQ
+    h = pid_rh % HQ
+    col = (h // GROUP) * D
+    n_pages = tl.minimum(tl.load(Lengths + r), W)
+    total = n_pages * TILES_PER_PAGE
+
+    q = Q.load([r, pid_m * BLOCK_M, h, 0]).reshape([BLOCK_M, D])
+    q = (q.to(tl.float32) * qk_scale).to(q.dtype)        # scores come out in base-2 units
+    offs_w = tl.arange(0, W_PAD)
+    tbl = tl.load(Tables + r.to(tl.int64) * stride_tr + offs_w, mask=offs_w < n_pages, other=0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    k = K.load([_page_of(tbl, offs_w, 0) * BLOCK_SIZE, col])
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    for j in range(0, total):
+        page = j // TILES_PER_PAGE
+        row = _page_of(tbl, offs_w, page) * BLOCK_SIZE + (j - page * TILES_PER_PAGE) * BLOCK_N
+        v = V.load([row, col])
+        jn = tl.minimum(j + 1, total - 1)
+        page_n = jn // TILES_PER_PAGE
+        k = K.load([_page_of(tbl, offs_w, page_n) * BLOCK_SIZE + (jn - page_n * TILES_PER_PAGE) * BLOCK_N, col])
+        qk_next = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+        m_i = m_new
+        qk = qk_next
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    Out.store([r, pid_m * BLOCK_M, h, 0], (acc / l_safe[:, None]).to(q.dtype).reshape([1, BLOCK_M, 1, D]))
+
+
 # -- host side -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -221,6 +295,36 @@ def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
     num_warps = 8 if block_m * head_dim >= 128 * 128 else 4
     num_stages = 4 if head_dim <= 64 else 2
     return Tiles(block_m, block_n, num_warps, num_stages)
+
+
+# The TMA kernel's tiles at head_dim 64, measured on the H200 for the maze geometry at batch
+# 32 / 128 (bench/results/kv_triton_variants2.json): 64 x 128 with 3 stages was the only
+# configuration at >= 0.9x of cuDNN at both (1.01x / 0.95x); 64 x 64 / 4 stages led at 32 alone.
+TMA_TILES = Tiles(block_m=64, block_n=128, num_warps=4, num_stages=3)
+TMA_HEAD_DIMS = (64,)       # measured there; other head dims keep the pointer kernel
+TMA_MAX_PAGES = 64          # the row's table is held in registers
+
+
+def use_tma(*, capability: tuple[int, int] | None, dtype: torch.dtype, head_dim: int, num_splits: int,
+            block_size: int, block_n: int, table_width: int, pool_rows: int, aligned: bool) -> bool:
+    """Whether ``_paged_fwd_tma`` runs this call (shapes and the device only, so graph-safe).
+
+    ``capability``: the CUDA device's (major, minor), None off CUDA. ``aligned``: every
+    tensor the descriptors cover starts on 16 bytes with 16-byte strides (the TMA rule).
+    """
+    return (TensorDescriptor is not None and capability is not None and capability[0] >= 9
+            and dtype in (torch.float16, torch.bfloat16) and head_dim in TMA_HEAD_DIMS
+            and num_splits == 1 and block_size % block_n == 0 and table_width <= TMA_MAX_PAGES
+            and pool_rows < 2**31 and aligned)
+
+
+def _tma_aligned(*tensors: torch.Tensor) -> bool:
+    """16-byte aligned starts and strides, last dimension contiguous (what a TMA descriptor needs)."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or any((st * size) % 16 for st in t.stride()[:-1]):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)   # pure; called per layer, so the loop runs once per shape
@@ -311,7 +415,7 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
                            tables: torch.Tensor, lengths: torch.Tensor, *, scale: float | None = None,
                            num_splits: int | None = None, block_m: int | None = None,
                            block_n: int | None = None, num_warps: int | None = None,
-                           num_stages: int | None = None) -> torch.Tensor:
+                           num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
     """Non-causal attention of each row's queries over its first ``lengths[r]`` pages, from the pool.
 
     ``q``: ``[R, Lq, Hq, D]`` (head_dim contiguous, other strides free);
@@ -321,8 +425,11 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     Returns ``[R, Lq, Hq, D]`` in ``q``'s dtype (fp32 accumulation).
 
     ``num_splits`` (default: ``choose_splits``) and the tile keywords (default:
-    ``choose_tiles``) override the host's choices; both depend on shapes only, so
-    the call is CUDA-graph capturable.
+    ``choose_tiles``, or ``TMA_TILES`` on the TMA kernel) override the host's choices;
+    all depend on shapes only, so the call is CUDA-graph capturable. ``tma``: None
+    picks the TMA kernel where ``use_tma`` allows it; True forces it (one split, pages
+    a multiple of ``block_n``, contiguous pools: how the interpreter tests run it);
+    False keeps the pointer kernel.
     """
     R, Lq, Hq, D = q.shape
     _, bs, Hkv, _ = k_pool.shape
@@ -340,11 +447,31 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         return out.zero_()
     tiles_per_page = -(-bs // tiles.block_n)
     q_tiles = -(-Lq // tiles.block_m)
+    if num_splits is None and tma:
+        num_splits = 1
     if num_splits is None:
         num_splits = choose_splits(q_tiles, R * Hq, W * tiles_per_page, sm_count(q.device))
     num_splits = max(1, min(int(num_splits), W * tiles_per_page, MAX_SPLITS))
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    if tma is not False and num_splits == 1:
+        tma_tiles = Tiles(block_m or min(TMA_TILES.block_m, t.block_m), block_n or TMA_TILES.block_n,
+                          num_warps or TMA_TILES.num_warps, num_stages or TMA_TILES.num_stages)
+        contiguous = k_pool.is_contiguous() and v_pool.is_contiguous()
+        if tma is None:
+            cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+            tma = contiguous and use_tma(
+                capability=cap, dtype=q.dtype, head_dim=D, num_splits=1, block_size=bs,
+                block_n=tma_tiles.block_n, table_width=W, pool_rows=k_pool.shape[0] * bs,
+                aligned=_tma_aligned(q, k_pool, v_pool))
+        elif TensorDescriptor is None or bs % tma_tiles.block_n or not contiguous or W > TMA_MAX_PAGES:
+            raise ValueError(f"the TMA kernel needs triton's TensorDescriptor, block_size ({bs}) a multiple of "
+                             f"block_n ({tma_tiles.block_n}), contiguous pools and at most {TMA_MAX_PAGES} pages")
+        if tma:
+            _check(q, k_pool, v_pool, tables, lengths, tma_tiles)
+            return _launch_tma(q, k_pool, v_pool, tables, lengths, out, scale, tma_tiles)
+    elif tma:
+        raise ValueError(f"the TMA kernel runs one split, got num_splits={num_splits}")
     split_stride = R * Hq * Lq
     if num_splits > 1:
         ws_acc = torch.empty(num_splits, R * Hq, Lq, D, dtype=torch.float32, device=q.device)
@@ -375,4 +502,24 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
             ws_acc, ws_m, ws_l, out, Lq, split_stride,
             out.stride(0), out.stride(1), out.stride(2),
             HQ=Hq, D=D, BLOCK_M=bm, NUM_SPLITS=num_splits, num_warps=4)
+    return out
+
+
+def _launch_tma(q, k_pool, v_pool, tables, lengths, out, scale: float, tiles: Tiles) -> torch.Tensor:
+    """``_paged_fwd_tma`` over descriptors built here (host-side: plain kernel arguments,
+    so a CUDA graph captures them with the launch)."""
+    R, Lq, Hq, D = q.shape
+    nb, bs, Hkv, _ = k_pool.shape
+    W = tables.shape[1]
+    box = [1, tiles.block_m, 1, D]
+    kv = [TensorDescriptor(p.view(nb * bs, Hkv * D), [nb * bs, Hkv * D], [Hkv * D, 1], [tiles.block_n, D])
+          for p in (k_pool, v_pool)]
+    _paged_fwd_tma[(-(-Lq // tiles.block_m), R * Hq)](
+        TensorDescriptor(q, list(q.shape), list(q.stride()), box), *kv,
+        TensorDescriptor(out, list(out.shape), list(out.stride()), box),
+        tables, lengths, float(scale) * LOG2E, W, tables.stride(0),
+        HQ=Hq, GROUP=Hq // Hkv, D=D, BLOCK_SIZE=bs, TILES_PER_PAGE=bs // tiles.block_n,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, W_PAD=max(2, 1 << (W - 1).bit_length()),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return out

@@ -6,12 +6,14 @@
 
 1. errors (bf16): the maze geometry (3 heads x 64, 256-token pages, 17 pages per row)
    at batch 1 / 32 / 128 with some rows shorter than the table (null-padded), default
-   split count and 1 split; the LingBot geometry (40 heads x 128, 1,560-token pages, 27
+   choice (at batch >= 8 on sm_90: the TMA kernel), the pointer kernel with 1 and 4
+   splits, and the TMA kernel forced; the LingBot geometry (40 heads x 128, 1,560-token pages, 27
    pages, 4,680 queries) at batch 1. Reference: fp32 SDPA over each row's gathered pages.
    bf16 contiguous SDPA's own error against the same reference is listed beside it.
 2. times (every row full, 17 pages): contiguous SDPA (default dispatch, ``[R, H, S, D]``),
    gather + SDPA (``index_select`` of the pages, then SDPA: what kv's ``gather_sdpa``
-   does), and triton (defaults, 1 split, and the other split counts). Median ms of CUDA
+   does), and triton (defaults; the pointer kernel at each split count; the TMA
+   kernel). Median ms of CUDA
    events around a loop of calls (launch cost included: ``eager_ms``) and of CUDA-graph
    replays (kernel time: ``graph_ms``, how the maze frame path runs). ``speed_vs_sdpa`` =
    SDPA ms / triton ms (goal >= 0.9).
@@ -181,6 +183,9 @@ def main() -> None:
     log(f"{out['environment']}")
     batches = [int(b) for b in args.batches.split(",")]
     sms = sm_count(torch.device(DEVICE))
+    # the TMA kernel: sm_90+, or forced under the interpreter (--smoke)
+    tma_capable = args.smoke or torch.cuda.get_device_capability()[0] >= 9
+    tma_kw = {"tma": True, **({"block_m": 16, "block_n": 16} if args.smoke else {})}  # smoke pages: 32 keys
     modes = (("eager_ms", time_ms),) + ((("graph_ms", graph_ms),) if DEVICE == "cuda" else ())
 
     # 1. errors
@@ -197,8 +202,11 @@ def main() -> None:
             res = {"rows": R, "lengths": c.lengths_list if R <= 32 else "every third row short",
                    "tiles": tiles.__dict__, "default_splits": splits,
                    "sdpa_" + str(DTYPE).split(".")[-1]: errors(c.reference(DTYPE), ref)}
-            for label, kw in (("triton_default", {}), ("triton_1_split", {"num_splits": 1}),
-                              ("triton_4_splits", {"num_splits": 4})):
+            variants = [("triton_default", {}), ("triton_1_split_pointers", {"num_splits": 1, "tma": False}),
+                        ("triton_4_splits", {"num_splits": 4})]
+            if name == "maze" and tma_capable:
+                variants.append(("triton_tma", tma_kw))
+            for label, kw in variants:
                 r = attempt(f"errors/{key}/{label}", lambda kw=kw: errors(c.triton(**kw)(), ref))
                 if r is not None:
                     res[label] = r
@@ -232,11 +240,13 @@ def main() -> None:
         fns = {"sdpa_contiguous": lambda qh=qh, k=k, v=v: F.scaled_dot_product_attention(qh, k, v),
                "gather_sdpa": gather_sdpa, "triton": c.triton()}
         split_counts = ([1, 2, 4, 8, 17, 34] if name == "maze" else [1, 2]) if not args.smoke else [1, 2]
-        for s in split_counts:
-            fns[f"triton_splits_{s}"] = c.triton(num_splits=s)
+        for s in split_counts:   # the pointer kernel
+            fns[f"triton_splits_{s}"] = c.triton(num_splits=s, tma=False)
+        if name == "maze" and tma_capable:
+            fns["triton_tma"] = c.triton(**tma_kw)
         if name == "maze" and not args.smoke:
-            fns["triton_block_m_64"] = c.triton(block_m=64)
-            fns["triton_block_m_256_8_warps"] = c.triton(block_m=256, num_warps=8)
+            fns["triton_block_m_64"] = c.triton(block_m=64, tma=False)
+            fns["triton_block_m_256_8_warps"] = c.triton(block_m=256, num_warps=8, tma=False)
         res = {}
         for label, fn in fns.items():
             row = {}

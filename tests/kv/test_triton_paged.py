@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("triton")
 
 from kv.triton_paged import (  # noqa: E402
-    Tiles, choose_splits, choose_tiles, paged_attention_triton, triton_available)
+    TMA_TILES, Tiles, choose_splits, choose_tiles, paged_attention_triton, triton_available, use_tma)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -50,6 +50,18 @@ def test_split_heuristic_on_an_h200():
     assert choose_splits(1, 1, 1000, 132, max_splits=8) == 8
 
 
+def test_tma_kernel_only_where_it_was_measured_and_can_run():
+    maze = dict(capability=(9, 0), dtype=torch.bfloat16, head_dim=64, num_splits=1, block_size=256,
+                block_n=TMA_TILES.block_n, table_width=17, pool_rows=4354 * 256, aligned=True)
+    assert TMA_TILES == Tiles(64, 128, 4, 3)
+    assert use_tma(**maze)
+    assert use_tma(**{**maze, "capability": (10, 0), "dtype": torch.float16})
+    for change in (dict(capability=(8, 0)), dict(capability=None), dict(dtype=torch.float32),
+                   dict(head_dim=128), dict(num_splits=10), dict(block_size=1560), dict(table_width=65),
+                   dict(pool_rows=2**31), dict(aligned=False)):
+        assert not use_tma(**{**maze, **change}), change
+
+
 def _inputs(R=2, Lq=8, Hq=2, Hkv=1, D=16, bs=16, W=2):
     q = torch.zeros(R, Lq, Hq, D)
     pool = torch.zeros(4, bs, Hkv, D)
@@ -65,18 +77,24 @@ def _inputs(R=2, Lq=8, Hq=2, Hkv=1, D=16, bs=16, W=2):
     (dict(tables=torch.int64), "must be int32"),
     (dict(v_dtype=torch.float16), "share a dtype"),
     (dict(), "needs CUDA tensors"),          # valid shapes, but CPU tensors without the interpreter
+    (dict(tma=True, splits=2), "runs one split"),
+    (dict(tma=True, bs=24, block_n=16), "a multiple of block_n"),
 ])
 def test_refuses_what_it_cannot_run(change, message, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if change.get("tma"):  # past the CPU check (nothing is launched: the TMA checks refuse first)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     shape = {k: v for k, v in change.items() if k in ("D", "Hq", "Hkv", "bs")}
     q, k, v, tables, lengths = _inputs(**shape)
     if "tables" in change:
         tables = tables.to(change["tables"])
     if "v_dtype" in change:
         v = v.to(change["v_dtype"])
-    tiles = {k: change[k] for k in ("block_m", "block_n") if k in change}
+    kw = {k: change[k] for k in ("block_m", "block_n", "tma") if k in change}
+    if "splits" in change:
+        kw["num_splits"] = change["splits"]
     with pytest.raises(ValueError, match=message):
-        paged_attention_triton(q, k, v, tables, lengths, **tiles)
+        paged_attention_triton(q, k, v, tables, lengths, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +176,18 @@ def test_cuda_bf16_maze_geometry(R, splits):
     out = paged_attention_triton(*args, num_splits=splits)
     assert out.dtype == torch.bfloat16 and out.shape == (R, 256, 3, 64)
     assert _rel_err(out, *args) < 1e-2
+
+
+@cuda
+@pytest.mark.parametrize("R", [1, 32, 128])
+def test_cuda_tma_kernel_matches_the_pointer_kernel(R):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA kernel needs sm_90+")
+    args = _maze(R)
+    tma = paged_attention_triton(*args, tma=True)
+    pointers = paged_attention_triton(*args, num_splits=1, tma=False)
+    assert _rel_err(tma, *args) < 1e-2
+    assert (tma.float() - pointers.float()).abs().max().item() < 2e-2
 
 
 @cuda

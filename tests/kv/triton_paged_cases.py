@@ -20,7 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # name -> shapes: R rows, Lq queries, Hq / Hkv heads, head dim D, block size bs, table width W,
-# pages per row, and the call's overrides (splits, tiles, scale, q as a strided view).
+# pages per row, and the call's overrides (splits, tiles, scale, q as a strided view, the TMA kernel).
 CASES: dict[str, dict] = {
     "one_row_one_page": dict(R=1, Lq=16, Hq=1, Hkv=1, D=16, bs=32, W=1, lengths=[1]),
     "rows_of_1_3_5_pages_gqa": dict(R=3, Lq=40, Hq=4, Hkv=2, D=16, bs=32, W=5, lengths=[1, 3, 5],
@@ -38,6 +38,12 @@ CASES: dict[str, dict] = {
                                     scale=0.3, splits=2),
     "maze_like_d64_block256": dict(R=1, Lq=256, Hq=3, Hkv=3, D=64, bs=256, W=4, lengths=[3],
                                    strided_q=True),
+    # The TMA kernel (forced: the interpreter has no sm_90): rows past Lq (40 = 2.5 tiles), GQA,
+    # a short row, and the maze's shapes with its own 64 x 128 tiles.
+    "rows_of_1_3_5_pages_gqa_tma": dict(R=3, Lq=40, Hq=4, Hkv=2, D=16, bs=32, W=5, lengths=[1, 3, 5],
+                                        block_m=16, block_n=16, strided_q=True, tma=True),
+    "maze_like_d64_block256_tma": dict(R=2, Lq=256, Hq=3, Hkv=3, D=64, bs=256, W=4, lengths=[3, 1],
+                                       strided_q=True, tma=True),
     "maze_like_d64_block256_3_splits": dict(R=1, Lq=256, Hq=3, Hkv=3, D=64, bs=256, W=4, lengths=[3],
                                             strided_q=True, splits=3),
 }
@@ -87,7 +93,7 @@ def run_case(case: dict) -> dict:
     q, k_pool, v_pool, tables, lengths = make(case)
     out = paged_attention_triton(q, k_pool, v_pool, tables, lengths, scale=case.get("scale"),
                                  num_splits=case.get("splits"), block_m=case.get("block_m"),
-                                 block_n=case.get("block_n"))
+                                 block_n=case.get("block_n"), tma=case.get("tma", False))
     ref = reference(q, k_pool, v_pool, tables, lengths, case.get("scale"))
     return {"shape": list(out.shape), "dtype": str(out.dtype), "nan": bool(out.isnan().any()),
             "max_abs_err": (out.double() - ref).abs().max().item()}
