@@ -156,7 +156,8 @@ def _maze(R, seed=0, dtype=torch.bfloat16):
     v_pool = torch.randn(nb, bs, 3, 64, device="cuda", dtype=dtype, generator=g)
     tables = (torch.randperm(nb - 2, device="cuda", generator=g)[:R * W] + 2).view(R, W).int()
     lengths = torch.full((R,), W, dtype=torch.int32, device="cuda")
-    lengths[::3] = torch.arange(1, W + 1, device="cuda", dtype=torch.int32)[:len(lengths[::3])] % W + 1
+    n_short = len(range(0, R, 3))
+    lengths[::3] = torch.arange(n_short, device="cuda", dtype=torch.int32) % W + 1   # 1, 2, .. W, 1, ..
     tables[torch.arange(W, device="cuda")[None, :] >= lengths[:, None]] = 0
     q = torch.randn(R, 3, 256, 64, device="cuda", dtype=dtype, generator=g).transpose(1, 2)
     return q, k_pool, v_pool, tables, lengths
