@@ -4,12 +4,14 @@
     python3 bench/kv/triton_variants.py --out $OUT/kv_triton_variants.json          # H200, < 3 min
     TRITON_INTERPRET=1 python bench/kv/triton_variants.py --smoke --out /tmp/tv.json  # CPU, correctness only
 
-Why: ``kv.triton_paged`` reaches 0.77x / 0.69x of contiguous cuDNN SDPA at batch 32 / 128
-(3 heads x 64, 256-token pages, 17 pages per row, 256 queries per row, bf16). This script
-measures what might close the gap, each idea a separate row, without touching the kernel
-the server ships:
+Why: ``kv.triton_paged``'s pointer kernel reached 0.77x / 0.69x of contiguous cuDNN SDPA at
+batch 32 / 128 (3 heads x 64, 256-token pages, 17 pages per row, 256 queries per row, bf16).
+This script measured what might close the gap, each idea a separate row, apart from the
+kernel the server ships; the winner (TMA + Q/O descriptors + table in registers + rotated
+loop, 64 x 128 tiles, 3 stages) became ``_paged_fwd_tma`` there (kv_triton_variants*.json):
 
-* ``current_*``: the shipped kernel (``paged_attention_triton``), its default choices and
+* ``current_*``: the shipped entry point (``paged_attention_triton``) with its default choices
+  (since the TMA kernel landed: that kernel at batch >= 8 on sm_90), and its pointer kernel at
   other tile / warp / stage configurations (the baseline row is also timed at batch 1,
   where its split-KV must keep beating SDPA);
 * ``v_*``: one experimental kernel (``_variant_fwd``, one split only) with constexpr
@@ -345,7 +347,8 @@ def run_variant(v: Variant, q, k_pool, v_pool, tables, lengths) -> torch.Tensor:
         if v.default_tiles:
             return paged_attention_triton(q, k_pool, v_pool, tables, lengths)
         return paged_attention_triton(q, k_pool, v_pool, tables, lengths, block_m=v.block_m,
-                                      block_n=v.block_n, num_warps=v.num_warps, num_stages=v.num_stages)
+                                      block_n=v.block_n, num_warps=v.num_warps, num_stages=v.num_stages,
+                                      tma=False)   # the pointer kernel at these tiles
     R, Lq, Hq, D = q.shape
     nb, bs, Hkv, _ = k_pool.shape
     W = tables.shape[1]
