@@ -32,8 +32,12 @@ SESSION_EXISTS = "session_exists"
 NO_SESSION = "no_session"
 SESSION_FAILED = "session_failed"
 SESSION_EVICTED = "session_evicted"
+SESSION_CLOSED = "session_closed"
+BUSY = "busy"
 MESSAGE_TOO_LARGE = "message_too_large"
 INTERNAL = "internal"
+ERROR_CODES = (BAD_REQUEST, UNKNOWN_TYPE, STALE_EVENT, QUEUE_FULL, SESSION_EXISTS, NO_SESSION, SESSION_FAILED,
+               SESSION_EVICTED, SESSION_CLOSED, BUSY, MESSAGE_TOO_LARGE, INTERNAL)
 
 
 class ProtocolError(Exception):
