@@ -416,10 +416,14 @@ def main() -> None:
             record(b, name, paged_fn(name, b), False)
         save()
 
-    def best_triton(b):
+    def fastest(b, family):
+        """The fastest backend of ``family`` (``pa.is_triton`` / ``pa.is_flex``) that ran at batch b."""
         row = out["per_layer"].get(str(b), {})
-        ok = {n: r["ms"] for n, r in row.items() if pa.is_triton(n) and r.get("ok")}
+        ok = {n: r["ms"] for n, r in row.items() if family(n) and r.get("ok")}
         return min(ok, key=ok.get) if ok else None
+
+    def best_triton(b):
+        return fastest(b, pa.is_triton)
 
     # 2b: flex. The first flex compile pays for Inductor's warm-up (~12 s).
     flex_names = (["flex"] + [pa.flex_backend(o) for o in trials]) if not args.no_flex else []
@@ -441,9 +445,7 @@ def main() -> None:
         save()
 
     def best_flex(b):
-        row = out["per_layer"].get(str(b), {})
-        ok = {n: r["ms"] for n, r in row.items() if pa.is_flex(n) and r.get("ok")}
-        return min(ok, key=ok.get) if ok else None
+        return fastest(b, pa.is_flex)
 
     # b1: one flex compile, for the config that won at the smallest big batch.
     b1_flex = best_flex(big[0]) if big and flex_names else None
