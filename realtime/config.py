@@ -15,7 +15,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class WorldConfig:
-    # Which world models to load, first one is the default ("maze", "tiny").
+    # World models as factory-table entries ("name" or "name=path"); the first is the default.
     models: tuple[str, ...] = ("maze", "tiny")
     max_batch: int = 32
     frames_per_chunk: int = 1
@@ -27,7 +27,8 @@ class WorldConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    # "default", "dummy" or a user policy as "module:factory"; empty disables the endpoint.
+    # "default", a factory-table policy ("dummy", "name=path") or a user policy as
+    # "module:factory" (models.factory.build_policy); empty disables the endpoint.
     policy: str = "default"
     max_batch: int = 32
     # The engine's returner wait for the policy model (robots call again after acting).
@@ -37,6 +38,8 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class TTSConfig:
     enabled: bool = True
+    # The voice as a factory-table entry ("name" or "name=path"); "" is models.factory's default.
+    voice: str = ""
     # Decoder windows per forward; None: the adapter's default (1 on CPU, where batching
     # does not pay, 32 on CUDA; bench/results/tts_sessions_cpu.json).
     max_batch: int | None = None

@@ -1,7 +1,10 @@
-"""Builds the model adapters a server runs, from the config.
+"""Builds the model adapters a server runs, from the config, through ``models.factory``.
 
-A model that cannot load (the TTS extra not installed, maze weights missing) is
-listed as unavailable with its reason instead of stopping the server.
+No model is named here: every entry goes through the factory table. A model that
+cannot load (``ModelUnavailable``: the TTS extra not installed, weights missing)
+is listed as unavailable with its reason instead of stopping the server; any other
+``FactoryError`` (an unknown name, a user policy that does not import) propagates
+for the CLI to print.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from models import factory
 from models.base import ModelAdapter
+from models.factory import BuildOptions, ModelEntry, ModelUnavailable
 from realtime.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -24,80 +29,40 @@ class Inventory:
     def names(self, kind: str) -> list[str]:
         return [n for n, a in self.adapters.items() if a.kind == kind]
 
+    def add(self, adapter: ModelAdapter) -> None:
+        self.adapters[adapter.name] = adapter
+
     def skip(self, name: str, kind: str, reason: str) -> None:
         log.warning("model %s (%s) unavailable: %s", name, kind, reason)
         self.unavailable[name] = {"name": name, "kind": kind, "available": False, "reason": reason}
 
 
 def build_inventory(config: ServerConfig) -> Inventory:
+    """Every model the config asks for, built in order: worlds, the policy, the voice."""
     inv = Inventory()
-    _add_worlds(inv, config)
-    _add_policy(inv, config)
-    _add_tts(inv, config)
+    device = config.engine.device
+    world = config.world
+    world_options = BuildOptions(device=device, max_batch=world.max_batch, frames_per_chunk=world.frames_per_chunk,
+                                 steps=world.steps)
+    for text in world.models:
+        _try(inv, factory.parse_entry(text), world_options, "world")
+    if not inv.names("world"):
+        log.warning("no world model loaded; falling back to %r", factory.FALLBACK_WORLD)
+        inv.add(factory.build(factory.FALLBACK_WORLD, world_options, kind="world"))
+    if config.policy.policy:
+        options = BuildOptions(device=device, max_batch=config.policy.max_batch)
+        try:
+            inv.add(factory.build_policy(config.policy.policy, options))
+        except ModelUnavailable as exc:
+            inv.skip(config.policy.policy, "policy", str(exc))
+    if config.tts.enabled:
+        entry = factory.parse_entry(config.tts.voice or factory.DEFAULTS["tts"])
+        _try(inv, entry, BuildOptions(device=device, max_batch=config.tts.max_batch), "tts")
     return inv
 
 
-def _add_worlds(inv: Inventory, config: ServerConfig) -> None:
-    world, device = config.world, config.engine.device
-    for name in world.models:
-        try:
-            if name == "tiny":
-                from models.world.tiny import TinyWorld
-
-                adapter: ModelAdapter = TinyWorld(
-                    frames_per_chunk=world.frames_per_chunk, max_batch=world.max_batch, device=device
-                )
-            elif name == "maze":
-                from models.world.maze.adapter import MazeWorld
-
-                kwargs: dict[str, Any] = {"device": device, "frames_per_chunk": world.frames_per_chunk,
-                                          "max_batch": world.max_batch}
-                if world.steps is not None:
-                    kwargs["steps"] = world.steps
-                adapter = MazeWorld(**kwargs)
-            else:
-                inv.skip(name, "world", f"unknown world model {name!r}")
-                continue
-        except (ImportError, FileNotFoundError, OSError) as exc:
-            inv.skip(name, "world", f"{type(exc).__name__}: {exc}")
-            continue
-        inv.adapters[adapter.name] = adapter
-    if not inv.names("world"):
-        from models.world.tiny import TinyWorld
-
-        log.warning("no world model loaded; falling back to the tiny random-weight world")
-        fallback = TinyWorld(frames_per_chunk=world.frames_per_chunk, max_batch=world.max_batch, device=device)
-        inv.adapters[fallback.name] = fallback
-
-
-def _add_policy(inv: Inventory, config: ServerConfig) -> None:
-    spec = config.policy.policy
-    if not spec:
-        return
+def _try(inv: Inventory, entry: ModelEntry, options: BuildOptions, kind: str) -> None:
     try:
-        from models.policy import build_policy
-    except ImportError as exc:
-        inv.skip("policy", "policy", f"{type(exc).__name__}: {exc}")
-        return
-    try:
-        adapter = build_policy(spec, device=config.engine.device, max_batch=config.policy.max_batch)
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:
-        raise SystemExit(f"cannot load policy {spec!r}: {exc}") from exc
-    inv.adapters[adapter.name] = adapter
-
-
-def _add_tts(inv: Inventory, config: ServerConfig) -> None:
-    if not config.tts.enabled:
-        return
-    try:
-        from models.tts.adapter import PiperTTS
-    except ImportError as exc:
-        inv.skip("piper-joe-medium", "tts", f"{type(exc).__name__}: {exc}")
-        return
-    try:
-        kwargs = {} if config.tts.max_batch is None else {"max_batch": config.tts.max_batch}
-        adapter = PiperTTS.load(device=config.engine.device, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - TTSUnavailable and friends: serve without TTS
-        inv.skip("piper-joe-medium", "tts", f"TTS unavailable: {exc}")
-        return
-    inv.adapters[adapter.name] = adapter
+        inv.add(factory.build(entry, options, kind=kind))
+    except ModelUnavailable as exc:
+        inv.skip(entry.name, kind, str(exc))

@@ -29,7 +29,14 @@ __all__ = [
 
 
 def build_policy(spec: str = "default", *, device: str = "cpu", max_batch: int | None = None, **kwargs: Any) -> PolicyAdapter:
-    """Build the policy named by ``spec`` (see the module docstring)."""
+    """Build the policy named by ``spec`` (see the module docstring). Without extra
+    keyword arguments this is ``models.factory.build_policy``; ``kwargs`` reach the
+    flow config or a user policy's factory (tests, notebooks)."""
+    if not kwargs:
+        from models.factory import BuildOptions
+        from models.factory import build_policy as from_table
+
+        return from_table(spec, BuildOptions(device=device, max_batch=max_batch))  # type: ignore[return-value]
     if spec in ("flow", "default"):
         # torch is imported only when the flow model is asked for.
         from models.policy.flow import FlowMatchingPolicy, FlowPolicyConfig

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from models.policy.base import PolicyAdapter, PolicyWork
+from models.factory import BuildOptions, FactoryError
 from protocols.openpi import PolicyMetadata
 
 # The observation of the reference baseline (shared/probes/openpi/bench_client.py).
@@ -57,3 +58,12 @@ class DummyPolicy(PolicyAdapter):
         if self.infer_ms > 0:
             time.sleep(self.infer_ms / 1000.0)
         return [{"actions": self._actions} for _ in works]
+
+
+def build(path: str | None, options: BuildOptions) -> DummyPolicy:
+    """Factory-table entry ``dummy``; ``path``: milliseconds per forward (``dummy=50``)."""
+    try:
+        infer_ms = float(path) if path else 0.0
+    except ValueError:
+        raise FactoryError(f"dummy takes milliseconds per forward (dummy=50), got {path!r}") from None
+    return DummyPolicy(infer_ms=infer_ms, max_batch=options.max_batch or 32)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.factory import BuildOptions, FactoryError
 from models.policy.base import PolicyAdapter, PolicyWork
 from protocols.openpi import PolicyMetadata
 
@@ -265,3 +266,11 @@ class FlowMatchingPolicy(PolicyAdapter):
     def release(self, session_id: str) -> None:
         self._calls.pop(session_id, None)
         self._pending.pop(session_id, None)
+
+
+def build(path: str | None, options: BuildOptions) -> FlowMatchingPolicy:
+    """Factory-table entry ``flow`` (the default policy; seeded random weights, no path)."""
+    if path is not None:
+        raise FactoryError("flow has seeded random weights and takes no path")
+    cfg = FlowPolicyConfig() if options.max_batch is None else FlowPolicyConfig(max_batch=options.max_batch)
+    return FlowMatchingPolicy(cfg, device=options.device)

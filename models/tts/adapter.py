@@ -59,6 +59,7 @@ from typing import Any, Mapping, Sequence, Union
 import torch
 
 from models.base import ModelAdapter, ModelError
+from models.factory import BuildOptions, ModelUnavailable
 from models.tts.phonemes import PhonemeTable, Phonemizer
 from models.tts.resample import PolyphaseResampler
 from models.tts.stream import SentenceStream
@@ -301,3 +302,15 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
             sentence_samples=0 if stream is None else stream.samples,
             stale=stale,
         )
+
+
+def build(path: str | None, options: BuildOptions) -> PiperTTS:
+    """Factory-table entry ``piper-joe-medium``; ``path``: the converted-voice cache
+    folder (default: the user cache). Without the ``tts`` extra: ``ModelUnavailable``."""
+    from models.tts.availability import TTSUnavailable
+
+    kwargs = {} if options.max_batch is None else {"max_batch": options.max_batch}
+    try:
+        return PiperTTS.load(device=options.device, cache_root=Path(path) if path else None, **kwargs)
+    except TTSUnavailable as exc:
+        raise ModelUnavailable(f"TTS unavailable: {exc}") from exc

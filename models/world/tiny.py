@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.base import ACTION_KEYS, ModelAdapter, WorldChunk, WorldGeometry, WorldTick
+from models.factory import BuildOptions, FactoryError
 
 PATCH = 8
 
@@ -231,3 +232,11 @@ class TinyWorld(ModelAdapter[WorldTick, WorldChunk]):
     def active_sessions(self) -> int:
         return len(self._sessions)
 
+
+
+def build(path: str | None, options: BuildOptions) -> TinyWorld:
+    """Factory-table entry ``tiny`` (random weights: ``path`` must be empty)."""
+    if path is not None:
+        raise FactoryError("tiny has random weights and takes no path")
+    return TinyWorld(frames_per_chunk=options.frames_per_chunk or 1, max_batch=options.max_batch or 16,
+                     device=options.device)

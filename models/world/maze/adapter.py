@@ -59,6 +59,7 @@ import torch
 from kv import KVGeometry, PagedKVCache, Residency, ResidencyError, plan_capacity
 from kv.paged_attention import paged_attention
 from models.base import ACTION_KEYS, ModelAdapter, ModelError, WorldChunk, WorldGeometry, WorldTick
+from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
@@ -384,3 +385,18 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         zeros = torch.zeros(B, device=self.device)
         self.model.forward_frame(x0.to(self.dtype), zeros, acts, idx, idx == 0, ctx)  # clean pass: kept K/V
         return to_u8(x0).cpu().numpy()
+
+
+def build(path: str | None, options: BuildOptions) -> MazeWorld:
+    """Factory-table entry ``maze``; ``path``: a weights file (default: the shipped one)."""
+    kwargs: dict[str, Any] = {"device": options.device, "frames_per_chunk": options.frames_per_chunk or 1}
+    if options.max_batch is not None:
+        kwargs["max_batch"] = options.max_batch
+    if options.steps is not None:
+        kwargs["steps"] = options.steps
+    if path is not None:
+        kwargs["weights"] = path
+    try:
+        return MazeWorld(**kwargs)
+    except ValueError as exc:
+        raise FactoryError(f"maze: {exc}") from exc

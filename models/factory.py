@@ -1,0 +1,144 @@
+"""The factory table: how a model name on the command line becomes an adapter.
+
+Every model the server can run is one row of ``FACTORIES``: its name (what
+``--models`` and ``--policy`` take), its kind ("world", "policy", "tts") and the
+``"module.path:function"`` that builds it. The module is imported only when the
+model is asked for, so a server without the ``tts`` extra (or without torch for a
+model it does not load) still starts. Adding a model is a package plus one row.
+
+A factory is ``build(path: str | None, options: BuildOptions) -> ModelAdapter``.
+``path`` is what followed ``=`` in the entry (``lingbot=/ckpt``: a checkpoint, a
+weights file, a cache folder; each factory documents its own), or None.
+
+A factory raises ``ModelUnavailable`` when something the model needs is missing
+(an extra not installed, weights not found): the server then lists the model as
+unavailable with the reason and serves the rest. Any other problem with an entry
+(an unknown name, a malformed entry, a user policy that does not import) is a
+``FactoryError``, which the CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from models.base import ModelAdapter
+
+log = logging.getLogger(__name__)
+
+KINDS: tuple[str, ...] = ("world", "policy", "tts")
+
+# name -> (kind, "module.path:function"). Keep the module paths stable: bench scripts
+# and user configs name these models.
+FACTORIES: dict[str, tuple[str, str]] = {
+    "maze": ("world", "models.world.maze.adapter:build"),
+    "tiny": ("world", "models.world.tiny:build"),
+    "flow": ("policy", "models.policy.flow:build"),
+    "dummy": ("policy", "models.policy.dummy:build"),
+    "piper-joe-medium": ("tts", "models.tts.adapter:build"),
+}
+
+# What a kind gets when the command line does not name one of its models
+# (``--policy default``; the voice unless ``--no-tts``).
+DEFAULTS: dict[str, str] = {"policy": "flow", "tts": "piper-joe-medium"}
+# The world served when none of the requested ones loads (it needs no weights).
+FALLBACK_WORLD = "tiny"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Server-wide facts a factory may use; a factory ignores what does not apply."""
+
+    device: str = "cpu"
+    max_batch: int | None = None  # None: the model's own default
+    frames_per_chunk: int | None = None  # world models
+    steps: int | None = None  # denoising steps (world models that denoise)
+    gpu_memory_fraction: float = 0.9
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ``name`` or ``name=path`` entry of ``--models``."""
+
+    name: str
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return self.name if self.path is None else f"{self.name}={self.path}"
+
+
+class FactoryError(Exception):
+    """An entry that names no model, or a model that cannot be built as asked."""
+
+
+class ModelUnavailable(FactoryError):
+    """The model exists but cannot load here (missing extra, missing weights)."""
+
+
+def parse_entry(text: str) -> ModelEntry:
+    """``"maze"`` or ``"lingbot=/path"`` -> ``ModelEntry`` (the name is not looked up)."""
+    name, sep, path = text.strip().partition("=")
+    name = name.strip()
+    if not name or (sep and not path.strip()):
+        raise FactoryError(f"model entry {text!r}: expected 'name' or 'name=path'")
+    return ModelEntry(name, path.strip() if sep else None)
+
+
+def parse_entries(text: str) -> tuple[ModelEntry, ...]:
+    """A comma-separated ``--models`` value -> its entries, in order (empty items skipped)."""
+    return tuple(parse_entry(item) for item in text.split(",") if item.strip())
+
+
+def kind_of(name: str) -> str:
+    """The kind of a table model; ``FactoryError`` for a name not in the table."""
+    try:
+        return FACTORIES[name][0]
+    except KeyError:
+        raise FactoryError(f"unknown model {name!r}; known: {', '.join(sorted(FACTORIES))}") from None
+
+
+def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, kind: str | None = None) -> ModelAdapter:
+    """Build the adapter of a table entry. With ``kind``, refuse a model of another kind."""
+    if isinstance(entry, str):
+        entry = parse_entry(entry)
+    model_kind = kind_of(entry.name)
+    if kind is not None and model_kind != kind:
+        raise FactoryError(f"model {entry.name!r} is a {model_kind} model, not a {kind} model")
+    try:
+        adapter = _load(FACTORIES[entry.name][1])(entry.path, options)
+    except ModelUnavailable:
+        raise
+    except (ImportError, FileNotFoundError) as exc:
+        # A missing optional dependency or weights file: serve without this model.
+        raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    if adapter.kind != model_kind:
+        raise FactoryError(f"factory of {entry.name!r} built a {adapter.kind} model, the table says {model_kind}")
+    log.info("built %s model %s as %r", model_kind, entry, adapter.name)
+    return adapter
+
+
+def build_policy(spec: str, options: BuildOptions = BuildOptions()) -> ModelAdapter:
+    """``--policy``: ``default``, a table policy (``dummy``, ``pi0=/ckpt``), or a user
+    policy ``package.module:factory`` (docs/policies.md). ``dummy:50`` is the old
+    spelling of ``dummy=50``."""
+    if spec == "default":
+        return build(DEFAULTS["policy"], options, kind="policy")
+    name, colon, rest = spec.partition(":")
+    if colon and "=" not in spec and name in FACTORIES:
+        return build(ModelEntry(name, rest or None), options, kind="policy")
+    if colon and "=" not in spec:
+        from models.policy.user import load_user_policy
+
+        try:
+            return load_user_policy(spec, max_batch=options.max_batch)
+        except (ImportError, AttributeError, ValueError, TypeError) as exc:
+            raise FactoryError(f"cannot load policy {spec!r}: {exc}") from exc
+    return build(spec, options, kind="policy")
+
+
+def _load(target: str) -> Callable[[str | None, BuildOptions], ModelAdapter]:
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)  # ImportError: the caller reports it
+    return getattr(module, attr)
