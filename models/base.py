@@ -13,13 +13,13 @@ asyncio side never touches a tensor.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+import sys
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-import numpy as np
+from sessions import KEY_NAMES
 
-# Key names of the keys.v1 control schema, in action-bit order.
-ACTION_KEYS: tuple[str, ...] = ("w", "a", "s", "d", "i", "j", "k", "l")
+# The keys.v1 key names in action-bit order; defined once, in sessions/reducers.py.
+ACTION_KEYS: tuple[str, ...] = KEY_NAMES
 
 
 class ModelError(Exception):
@@ -32,47 +32,16 @@ class EngineDeadError(Exception):
     context, say). The engine turns unhealthy and fails every session fast."""
 
 
-@dataclass(frozen=True)
-class WorldGeometry:
-    """What a world model declares about its output and its attention cache."""
-
-    height: int
-    width: int
-    frames_per_chunk: int
-    fps: float
-    # Attention-cache geometry, used by kv/ capacity planning.
-    num_layers: int
-    kv_heads: int
-    head_dim: int
-    tokens_per_frame: int
-    sink_frames: int
-    window_frames: int
-    dtype_bytes: int = 4
-
-
-@dataclass(frozen=True)
-class WorldTick:
-    """One session's tick as the model sees it."""
-
-    session_id: str
-    request_id: str
-    chunk_index: int
-    applied_event_ids: tuple[int, ...]
-    prompt: str | None
-    # One entry per generated frame: the keys held during that frame.
-    actions: tuple[frozenset[str], ...]
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class WorldChunk:
-    """What the model returns for one tick: the echoed identities and the frames."""
-
-    session_id: str
-    request_id: str
-    chunk_index: int
-    applied_event_ids: tuple[int, ...]
-    frames: np.ndarray = field(repr=False)  # [F, H, W, 3] uint8
+def is_fatal(exc: BaseException) -> bool:
+    """Whether ``exc`` leaves the engine unusable: an ``EngineDeadError``, or a CUDA
+    error (torch raises ``torch.AcceleratorError`` for a failed kernel, a
+    device-side assert, an illegal address: the context is gone for good). The one
+    place CUDA errors are mapped; an out-of-memory error is not fatal."""
+    if isinstance(exc, EngineDeadError):
+        return True
+    torch = sys.modules.get("torch")  # never imported here: a torch-free server has no CUDA errors
+    fatal = getattr(torch, "AcceleratorError", None) if torch is not None else None
+    return fatal is not None and isinstance(exc, fatal)
 
 
 W = TypeVar("W")
@@ -101,8 +70,21 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     def release(self, session_id: str) -> None:
         """Forget every piece of state kept for ``session_id``. Idempotent."""
 
+    def reset(self, session_id: str) -> None:
+        """Start ``session_id`` over (default: the same as ``release``)."""
+        self.release(session_id)
+
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         """The server calls this once. An adapter that drops a session's state on its
         own (LRU eviction) calls ``listener(session_id, reason)`` on the engine thread,
         and must then refuse that session's ticks until it is reset (chunk 0) or
         released, so that no world restarts silently. Adapters that never drop ignore it."""
+
+
+def __getattr__(name: str) -> Any:
+    # The world types moved to models/world/base.py; old imports keep working.
+    if name in ("WorldChunk", "WorldGeometry", "WorldTick"):
+        from models.world import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,6 +44,8 @@ SAMPLE_RATES = (22050, 24000)
 DEFAULT_SAMPLE_RATE = 22050
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_TEXT_CHARS = 4096  # per input.text message
+# Any one client frame (the largest input.text in JSON escapes fits with room to spare).
+MAX_FRAME_BYTES = 64 * 1024
 
 # Codes the protocol module raises.
 BAD_REQUEST = "bad_request"  # malformed JSON, not an object, wrong field type, binary frame

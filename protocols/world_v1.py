@@ -98,6 +98,15 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits)
 
 
+def parse_close(msg: Mapping[str, Any]) -> str | None:
+    """``session.close``: the optional ``session_id`` of a session whose cleanup failed
+    on an earlier connection (a retry by id); None closes this connection's session."""
+    session_id = msg.get("session_id")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise ProtocolError(BAD_REQUEST, "session.close takes an optional non-empty string session_id")
+    return session_id
+
+
 def parse_credit(msg: Mapping[str, Any]) -> int:
     return _credits(msg.get("chunks"), "chunks", minimum=1)
 

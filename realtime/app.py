@@ -15,6 +15,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from realtime.config import ServerConfig
+from realtime.connection import LiveSessions
 from realtime.engine import Engine
 from realtime.metrics import render_metrics
 from realtime.registry import Inventory, build_inventory
@@ -40,15 +41,13 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         app.state.engine = engine
         loop = asyncio.get_running_loop()
 
-        def on_dropped(session_id: str, reason: str) -> None:  # on the event loop
-            conn = app.state.world_connections.get(session_id)
-            if conn is not None:
-                conn.evicted(reason)
-
-        for adapter in inventory.adapters.values():
+        live: LiveSessions = app.state.live_sessions
+        for name, adapter in inventory.adapters.items():
             # Called on the engine thread when a model drops a session's state on its own
-            # (LRU eviction with a full host budget); the connection is looked up on the loop.
-            adapter.set_drop_listener(lambda sid, why: loop.call_soon_threadsafe(on_dropped, sid, why))
+            # (LRU eviction with a full host budget); the owner, of whatever kind, is looked
+            # up on the loop.
+            adapter.set_drop_listener(
+                lambda sid, why, name=name: loop.call_soon_threadsafe(live.dropped, name, sid, why))
         engine.start()
         try:
             yield
@@ -62,15 +61,17 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         WebSocketRoute("/v1/realtime/world", world_endpoint),
         WebSocketRoute("/v1/realtime/robot/openpi", openpi_endpoint),
         WebSocketRoute("/v1/realtime/tts", tts_endpoint),
+        # openpi-client's WebsocketClientPolicy(host, port) connects to "/", as robots
+        # do with the reference server; an HTTP GET "/" still gets the page below.
+        WebSocketRoute("/", openpi_endpoint),
     ]
     if WEB_DIR.is_dir():
         routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.config = config
     app.state.inventory = inventory
-    app.state.world_models = inventory.names("world")
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
-    app.state.world_connections = {}
+    app.state.live_sessions = LiveSessions()
     return app
 
 

@@ -2,7 +2,8 @@
 
 asyncio code never touches a tensor. It hands work to the engine with
 ``await engine.submit(...)`` (the tick lane) or ``await engine.control(...)``
-(the control lane: reset, close, release) and gets the answer through a future
+(the control lane), ``await engine.release(model, sid)`` / ``reset(model, sid)``
+for any adapter, and gets the answer through a future
 that the engine resolves with ``loop.call_soon_threadsafe``.
 
 One step of the loop::
@@ -15,7 +16,8 @@ One step of the loop::
                    ──> adapter.end_tick(session, committed) ──> resolve futures
 
 A batch that raises is re-run one work at a time, so one bad session fails
-alone. An ``EngineDeadError`` (or a dead CUDA context) marks the engine dead:
+alone. A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
+error, recognised by type) marks the engine dead:
 ``healthy`` turns False, every queued and future call fails fast.
 """
 
@@ -29,14 +31,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from models.base import EngineDeadError, ModelAdapter, ModelError
+from models.base import EngineDeadError, ModelAdapter, ModelError, is_fatal
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-# CUDA errors after which no kernel can run in this process again.
-_FATAL_MARKERS = ("CUDA error", "CUBLAS_STATUS", "device-side assert", "cudaErrorLaunchFailure")
 
 
 class EngineStopped(Exception):
@@ -185,12 +184,29 @@ class Engine:
             self._controls.append(_Control(fn, None, None))
             self._cv.notify()
 
-    def release_session(self, model: str, session_id: str) -> Callable[[], None]:
-        """A control-lane job that drops the session's queued ticks and its model state."""
+    async def release(self, model: str, session_id: str) -> None:
+        """Drop the session's queued ticks and every piece of its state in ``model``
+        (control lane). Raises what the adapter's ``release`` raised."""
+        await self.control(self._session_job(model, session_id, "release"))
+
+    async def reset(self, model: str, session_id: str) -> None:
+        """Drop the session's queued ticks and start it over in ``model`` (control lane)."""
+        await self.control(self._session_job(model, session_id, "reset"))
+
+    def post_release(self, model: str, session_id: str) -> None:
+        """``release`` without waiting for it (a session's release hook, a disconnect)."""
+        self.post_control(self._session_job(model, session_id, "release"))
+
+    def post_cancel(self, model: str, session_id: str) -> None:
+        """Drop the session's queued ticks, ahead of them (a tick already running finishes)."""
+        self.post_control(lambda: self._purge(model, session_id))
+
+    def _session_job(self, model: str, session_id: str, what: str) -> Callable[[], None]:
+        adapter = self._adapters[model]
 
         def job() -> None:
-            self.purge(model, session_id)
-            self._adapters[model].release(session_id)
+            self._purge(model, session_id)
+            getattr(adapter, what)(session_id)
 
         return job
 
@@ -204,7 +220,7 @@ class Engine:
         if self._stopping:
             raise EngineStopped("engine stopped")
 
-    def purge(self, model: str, session_id: str) -> None:
+    def _purge(self, model: str, session_id: str) -> None:
         queue = self._ticks[model]
         with self._cv:
             keep = [j for j in queue if j.session_id != session_id]
@@ -235,8 +251,11 @@ class Engine:
         self.stats.controls += 1
         try:
             value = item.fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller
-            log.exception("control job failed")
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            if is_fatal(exc):
+                self._die(f"control job: {exc!r}")
+                return
+            log.warning("control job failed: %r", exc)
             if item.future is not None:
                 _reject(item.loop, item.future, exc)
             return
@@ -311,8 +330,8 @@ class Engine:
             results = adapter.run_batch([j.work for j in batch])
             if len(results) != len(batch):
                 raise ModelError(f"{adapter.name} returned {len(results)} results for {len(batch)} works")
-        except BaseException as exc:  # noqa: BLE001 - classified below
-            if self._is_fatal(exc):
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if is_fatal(exc):
                 self._die(f"{adapter.name}: {exc!r}", batch)
                 return
             for job in batch:
@@ -334,7 +353,7 @@ class Engine:
             try:
                 if job.validate is not None:
                     job.validate(result)
-            except BaseException as exc:  # noqa: BLE001 - the tick is not committed
+            except Exception as exc:  # noqa: BLE001 - the tick is not committed
                 self._end(adapter, job, committed=False)
                 self._fail(job, exc)
                 continue
@@ -349,8 +368,8 @@ class Engine:
             return True
         try:
             adapter.end_tick(job.session_id, committed)
-        except BaseException as exc:  # noqa: BLE001
-            if self._is_fatal(exc):
+        except Exception as exc:  # noqa: BLE001
+            if is_fatal(exc):
                 self._die(f"{adapter.name}: {exc!r}", [job])
             else:
                 self._fail(job, exc)
@@ -362,12 +381,6 @@ class Engine:
         log.warning("session %s: tick on %s failed: %r", job.session_id, job.model, exc)
         error = exc if isinstance(exc, (ModelError, EngineDeadError)) else ModelError(f"{type(exc).__name__}: {exc}")
         _reject(job.loop, job.future, error)
-
-    def _is_fatal(self, exc: BaseException) -> bool:
-        if isinstance(exc, EngineDeadError):
-            return True
-        text = str(exc)
-        return any(marker in text for marker in _FATAL_MARKERS)
 
     def _die(self, reason: str, running: Sequence[_Job] = ()) -> None:
         log.error("engine is dead: %s", reason)

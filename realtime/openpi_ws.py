@@ -39,15 +39,14 @@ import functools
 import itertools
 import logging
 import time
-import uuid
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
-from models.base import EngineDeadError, ModelError
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
-from realtime.engine import Engine, EngineStopped, TickCancelled
+from realtime.connection import ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id
+from realtime.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +65,22 @@ async def openpi_endpoint(websocket: WebSocket) -> None:
     await OpenPIConnection(websocket).run()
 
 
+KIND = "policy"
+
+
 class OpenPIConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
-        self.ws = ws
+        self.conn = Connection(ws)
         self.engine: Engine = state.engine
-        policies = state.inventory.names("policy")
+        policies = state.inventory.names(KIND)
         self.model: str | None = policies[0] if policies else None
-        self.adapter: PolicyAdapter | None = self.engine.adapter(self.model) if self.model else None
-        # Explicit session ids held by open connections, app-wide (event loop only).
-        if not hasattr(state, "openpi_sessions"):
-            state.openpi_sessions = {}
-        self.claims: dict[str, OpenPIConnection] = state.openpi_sessions
-        self.conn_id = f"openpi-{uuid.uuid4().hex[:12]}"
-        self.used: set[str] = set()  # every session this connection touched
+        self.adapter: PolicyAdapter | None = self.engine.adapter(self.model) if self.model else None  # type: ignore[assignment]
+        # Every live session of every connection, app-wide: an explicit id is held by one
+        # connection at a time (event loop only).
+        self.live: LiveSessions = state.live_sessions
+        self.conn_id = new_session_id("openpi")
+        self.used: dict[str, LiveSession] = {}  # every session this connection touched
         self.packer = wire.make_packer()
         self.requests = itertools.count()
         self.prev_total_ms: float | None = None
@@ -88,24 +89,24 @@ class OpenPIConnection:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        await self.ws.accept()
-        pending: asyncio.Task | None = None
+        await self.conn.accept()
+        pending: asyncio.Future | None = None
         try:
             if self.adapter is None:
                 raise _Refused("no robot policy is loaded on this server")
             self.metadata = self.adapter.metadata
-            await self.ws.send_bytes(self.packer.pack(self.metadata.to_wire()))
+            await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
-            pending = asyncio.ensure_future(self.ws.receive())
+            pending = asyncio.ensure_future(self._receive())
             me = asyncio.current_task()
             while True:
                 message = await pending
-                if message["type"] == "websocket.disconnect":
+                if message is None:
                     return
                 received = time.perf_counter()
                 # The request runs in this task (no task per request: tens of microseconds
                 # a call); the next receive watches for a disconnect meanwhile.
-                pending = asyncio.ensure_future(self.ws.receive())
+                pending = asyncio.ensure_future(self._receive())
                 pending.add_done_callback(functools.partial(self._on_next_message, me))
                 self.busy = True
                 try:
@@ -118,13 +119,13 @@ class OpenPIConnection:
                     raise
                 finally:
                     self.busy = False
-                await self.ws.send_bytes(reply)
+                await self.conn.send(reply)
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
             await self._refuse(str(exc))
         except wire.WireError as exc:
             await self._refuse(f"invalid request: {exc}")
-        except (WebSocketDisconnect, ConnectionError):
+        except ConnectionError:
             pass
         except Exception as exc:  # noqa: BLE001 - a bug must still end only this robot
             log.exception("session %s: unexpected error", self.conn_id)
@@ -134,39 +135,40 @@ class OpenPIConnection:
                 pending.cancel()
             self._release()
 
-    def _on_next_message(self, task: asyncio.Task, pending: asyncio.Task) -> None:
+    def _receive(self) -> Any:
+        # No bound here beyond uvicorn's ws_max_size: decode_request answers an
+        # over-limit body (MAX_MESSAGE_BYTES) with a readable error.
+        return self.conn.receive(None, None)
+
+    def _on_next_message(self, task: asyncio.Task, pending: asyncio.Future) -> None:
         """The robot's next message arrived while a request may still run in ``task``.
         A disconnect during the request cancels it (its queued tick is skipped by the
         engine); a pipelined request stays in ``pending`` and is answered after this one."""
         if pending.cancelled() or pending.exception() is not None:
             return
-        if pending.result()["type"] == "websocket.disconnect" and self.busy:
+        if pending.result() is None and self.busy:
             self.left = True
             task.cancel()
 
     async def _refuse(self, text: str) -> None:
         log.info("session %s: closing with error: %s", self.conn_id, text)
-        try:
-            await self.ws.send_text(text)
-            await self.ws.close(code=wire.CLOSE_ERROR, reason=_CLOSE_REASON)
-        except (WebSocketDisconnect, ConnectionError, RuntimeError):
-            pass  # the robot is already gone
+        await self.conn.send(text)
+        await self.conn.close(wire.CLOSE_ERROR, _CLOSE_REASON)
+
+    def dropped(self, reason: str) -> None:
+        log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)
 
     def _release(self) -> None:
-        for sid, owner in list(self.claims.items()):
-            if owner is self:
-                del self.claims[sid]
-        if self.model is not None and self.used:
-            for sid in self.used:
-                self.engine.post_control(self.engine.release_session(self.model, sid))
+        for sid, entry in self.used.items():
+            self.live.remove(entry)
+            if self.model is not None:
+                self.engine.post_release(self.model, sid)
         log.info("session %s: robot disconnected (%d sessions released)", self.conn_id, len(self.used))
 
     # ------------------------------------------------------------------ requests
-    async def handle(self, message: dict[str, Any]) -> bytes:
+    async def handle(self, message: Received) -> bytes:
         """One received message -> the packed reply. Raises ``WireError`` / ``_Refused``."""
-        frame = message.get("bytes")
-        if frame is None:
-            frame = message.get("text", "")
+        frame: Any = message.data if message.data is not None else message.text
         req = wire.decode_request(frame, self.metadata)
         if isinstance(req, wire.ResetRequest):
             await self.reset(self._session(req.session_id, None))
@@ -181,11 +183,13 @@ class OpenPIConnection:
         if explicit is None:
             sid = self.conn_id if index is None else f"{self.conn_id}/{index}"
         else:
-            owner = self.claims.setdefault(explicit, self)
-            if owner is not self:
-                raise _Refused(f"session_id {explicit!r} is in use by another connection")
             sid = explicit
-        self.used.add(sid)
+        if sid not in self.used:
+            assert self.model is not None
+            held = self.live.find(KIND, sid)
+            if held is not None:
+                raise _Refused(f"session_id {sid!r} is in use by another connection")
+            self.used[sid] = self.live.add(KIND, sid, self.model, owner=self)
         return sid
 
     async def infer(self, req: wire.InferRequest, sid: str) -> dict[str, Any]:
@@ -193,15 +197,10 @@ class OpenPIConnection:
         work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
         started = time.perf_counter()
         try:
-            result: PolicyResult = await self.engine.submit(
-                self.model, work, session_id=sid, validate=lambda r: _check_echo(r, sid, rid)
-            )
-        except ModelError as exc:
-            raise _Refused(f"policy failed: {exc}") from None
-        except (EngineDeadError, EngineStopped) as exc:
-            raise _Refused(f"engine unavailable: {exc}") from None
-        except TickCancelled as exc:
-            raise _Refused(f"request cancelled: {exc}") from None
+            result: PolicyResult = await self.engine.submit(self.model, work, session_id=sid)
+        except ENGINE_ERRORS as exc:
+            raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
+        self.used[sid].ticked(self.used[sid].chunk_index + 1)
         infer_ms = (time.perf_counter() - started) * 1000.0
         return wire.infer_reply(
             result.actions,
@@ -212,25 +211,19 @@ class OpenPIConnection:
         )
 
     async def reset(self, sid: str) -> None:
-        engine, model, adapter = self.engine, self.model, self.adapter
+        assert self.model is not None
         # Connection-scoped batch sessions (<conn>/<i>) reset with the connection.
         sids = [sid] if sid != self.conn_id else [s for s in self.used if s.split("/")[0] == self.conn_id]
-
-        def job() -> None:
-            for s in sids:
-                engine.purge(model, s)
-                adapter.reset(s)
-
-        try:
-            await engine.control(job)
-        except (EngineDeadError, EngineStopped) as exc:
-            raise _Refused(f"engine unavailable: {exc}") from None
-        except Exception as exc:  # noqa: BLE001 - the policy's own reset failed
-            raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
+        for s in sids:
+            try:
+                await self.engine.reset(self.model, s)
+            except ENGINE_ERRORS as exc:
+                raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - the policy's own reset failed
+                raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
+            self.used[s].chunk_index = 0
         log.info("session %s: reset %s", self.conn_id, sids)
 
 
-def _check_echo(result: Any, session_id: str, request_id: str) -> None:
-    """Runs on the engine thread: a result counts only if it answers this request."""
-    if not isinstance(result, PolicyResult) or (result.session_id, result.request_id) != (session_id, request_id):
-        raise ModelError(f"policy answered {getattr(result, 'request_id', result)!r} for request {request_id!r}")
+# The text frame's prefix per engine outcome (the real client raises the text as is).
+_REFUSALS = {Failure.MODEL: "policy failed", Failure.ENGINE: "engine unavailable", Failure.CANCELLED: "request cancelled"}

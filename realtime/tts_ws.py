@@ -17,21 +17,29 @@ decoder window.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
-from models.base import EngineDeadError, ModelError
-from models.tts.adapter import DecodeWindow, SynthesizeSentence
-from models.tts.segmenter import SentenceSegmenter
+from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
-from realtime.engine import Engine, EngineStopped, TickCancelled
+from realtime.connection import (
+    CLOSE_INTERNAL,
+    ENGINE_ERRORS,
+    TTS_CODES,
+    Connection,
+    Failure,
+    LiveSessions,
+    TooLarge,
+    engine_failure,
+    new_session_id,
+)
+from realtime.engine import Engine
 
 log = logging.getLogger(__name__)
 
-_ids = itertools.count()
+KIND = "tts"
 
 
 @dataclass(frozen=True)
@@ -48,15 +56,16 @@ class _UtteranceEnd:
 
 
 class TTSConnection:
-    def __init__(self, ws: WebSocket, model: str) -> None:
-        self.ws = ws
-        self.engine: Engine = ws.app.state.engine
+    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions) -> None:
+        self.conn = conn
+        self.engine = engine
         self.model = model
-        self.adapter = self.engine.adapter(model)
+        self.adapter: TTSAdapter = engine.adapter(model)  # type: ignore[assignment]
         self.voices = tuple(self.adapter.voices)
         self.config = wire.SessionConfig(voice=self.voices[0])
-        self.session_id = f"tts-{next(_ids)}"
-        self.segmenter = SentenceSegmenter()
+        self.session_id = new_session_id(KIND)
+        self.live = live
+        self.segmenter = self.adapter.segmenter()
         self.utterance = 0
         self.sentence = 0  # next sentence index in the current utterance
         self.cancelled: set[int] = set()
@@ -64,37 +73,34 @@ class TTSConnection:
         self.current: int | None = None  # the utterance the speaker is speaking
         self.queue: asyncio.Queue[_Sentence | _UtteranceEnd] = asyncio.Queue()
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
-        self._send_lock = asyncio.Lock()
-        self._open = True
 
     async def send(self, text: str) -> None:
-        if not self._open:
-            return
-        try:
-            async with self._send_lock:
-                await self.ws.send_text(text)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            # The client closed first (starlette's WebSocketDisconnected is a RuntimeError):
-            # nobody is left to tell; the reader sees the disconnect and cleans up.
-            self._open = False
-            log.debug("session %s: send on a closed socket: %r", self.session_id, exc)
+        await self.conn.send(text)
 
     async def error(self, code: str, message: str) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
         await self.send(wire.error(code, message))
 
+    def dropped(self, reason: str) -> None:
+        """A voice keeps nothing across sentences worth reporting; the next window is stale."""
+        log.info("session %s: voice state dropped: %s", self.session_id, reason)
+
     async def run(self) -> None:
         speaker = asyncio.create_task(self._speak())
+        entry = self.live.add(KIND, self.session_id, self.model, owner=self)
         await self.send(wire.encode(self.config.updated(self.voices)))
         log.info("session %s: tts session opened on %s", self.session_id, self.model)
         try:
             while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                raw = msg.get("text") if msg.get("text") is not None else msg.get("bytes")
                 try:
-                    parsed = wire.parse_client(raw, self.voices)
+                    frame = await self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+                except TooLarge as exc:
+                    await self.error(wire.BAD_REQUEST, f"message of {exc.size} bytes; the limit is {exc.limit}")
+                    continue
+                if frame is None:
+                    break
+                try:
+                    parsed = wire.parse_client(frame.text if frame.text is not None else frame.data, self.voices)
                 except wire.ProtocolError as exc:
                     await self.error(exc.code, exc.message)
                     continue
@@ -103,18 +109,20 @@ class TTSConnection:
                     await self.send(wire.encode(wire.SessionClosed()))
                     break
                 await self.handle(parsed)
-        except WebSocketDisconnect:
-            pass
         finally:
-            self._open = False
             speaker.cancel()
-            try:
-                await self.engine.control(self.engine.release_session(self.model, self.session_id))
-            except (EngineStopped, EngineDeadError):
-                pass
+            await self._release()
+            self.live.remove(entry)
             log.info("session %s: tts session closed", self.session_id)
-            if self.ws.client_state.name == "CONNECTED":
-                await self.ws.close()
+            await self.conn.close()
+
+    async def _release(self) -> None:
+        try:
+            await self.engine.release(self.model, self.session_id)
+        except ENGINE_ERRORS:
+            pass  # a dead or stopped engine holds no voice state
+        except Exception as exc:  # noqa: BLE001 - nothing is kept between sentences; log and go on
+            log.warning("session %s: voice release failed: %r", self.session_id, exc)
 
     async def handle(self, msg: wire.ClientMessage) -> None:
         if isinstance(msg, wire.SessionUpdate):
@@ -145,10 +153,7 @@ class TTSConnection:
             cancelled.add(self.utterance)
         self.cancelled.update(cancelled)
         self.segmenter.clear()
-        try:
-            await self.engine.control(self.engine.release_session(self.model, self.session_id))
-        except (EngineStopped, EngineDeadError):
-            pass
+        await self._release()
         async with self.speaking:  # the speaker has let go of the cancelled audio
             pass
         if notify:
@@ -184,16 +189,15 @@ class TTSConnection:
         while True:
             try:
                 chunk = await self.engine.submit(self.model, work, session_id=self.session_id)
-            except TickCancelled:
-                return
-            except (ModelError, EngineDeadError, EngineStopped) as exc:
-                await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {exc}")
+            except ENGINE_ERRORS as exc:
+                failure = engine_failure(exc)
+                if failure is not Failure.CANCELLED:
+                    await self.error(TTS_CODES[failure], f"synthesis failed: {exc}")
                 return
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:
-                async with self._send_lock:
-                    await self.ws.send_bytes(chunk.pcm)
+                await self.conn.send(chunk.pcm)
             samples = chunk.sentence_samples
             if chunk.done:
                 break
@@ -210,12 +214,14 @@ def _drain(queue: asyncio.Queue) -> list:
 
 
 async def tts_endpoint(ws: WebSocket) -> None:
-    names = ws.app.state.inventory.names("tts")
-    await ws.accept()
+    state = ws.app.state
+    conn = Connection(ws)
+    await conn.accept()
+    names = state.inventory.names(KIND)
     if not names:
-        reasons = [m["reason"] for m in ws.app.state.inventory.unavailable.values() if m["kind"] == "tts"]
-        await ws.send_text(wire.error(wire.TTS_UNAVAILABLE, "TTS is unavailable: " + ("; ".join(reasons) or
-                                      "no voice loaded") + ". Install it with pip install 'realtime-sessions[tts]'"))
-        await ws.close(1011)
+        reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
+        await conn.send(wire.error(wire.TTS_UNAVAILABLE, "TTS is unavailable: " + ("; ".join(reasons) or
+                                   "no voice loaded") + ". Install it with pip install 'realtime-sessions[tts]'"))
+        await conn.close(CLOSE_INTERNAL)
         return
-    await TTSConnection(ws, names[0]).run()
+    await TTSConnection(conn, state.engine, names[0], state.live_sessions).run()

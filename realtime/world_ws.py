@@ -9,8 +9,14 @@ Two tasks per connection, both on the event loop:
   its frames. It spends one credit per chunk, so a slow client stops the driver
   instead of growing a buffer.
 
-Every send goes through one lock, so a ``chunk`` message and its binary frames
-are never split by another message.
+The model is a ``WorldAdapter``: it turns a snapshot into its tick, checks its own
+chunks (identities, frame shape) on the engine thread, and declares the geometry
+sent in ``session.created``. Socket mechanics, error mapping and the live-session
+registry are ``realtime/connection.py``'s.
+
+Close: a cleanup that fails leaves the session a CLEANUP_FAILED tombstone (its id
+cannot be reused); ``session.close`` again on the same connection retries it, and so
+does ``session.close`` with its ``session_id`` from a new connection after a disconnect.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ import time
 from typing import Any
 
 import numpy as np
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
-from models.base import EngineDeadError, ModelError, WorldChunk, WorldTick
+from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
-from realtime.engine import Engine, EngineStopped, TickCancelled
+from realtime.connection import ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
+from realtime.engine import Engine
 from realtime.media import encode_frame
 from sessions import (
     ChunkMetadata,
@@ -36,45 +43,37 @@ from sessions import (
     SessionManager,
     SessionState,
     TickRequest,
-    default_reducers,
 )
 
 log = logging.getLogger(__name__)
+
+KIND = "world"
 
 
 class WorldConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
-        self.ws = ws
+        self.conn = Connection(ws)
         self.engine: Engine = state.engine
         self.manager: SessionManager = state.world_sessions
-        self.world_models: list[str] = state.world_models
+        self.world_models: list[str] = state.inventory.names(KIND)
         self.max_pending: int = state.config.world.max_pending_events
-        self.registry: dict[str, WorldConnection] = state.world_connections
+        self.live = state.live_sessions
         self.session: Session | None = None
+        self.entry: LiveSession | None = None
+        self.adapter: WorldAdapter | None = None
         self.model: str = ""
         self.format = "jpeg"
         self.seed = 0
         self.credits = 0
-        self._send_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
         self._stopping = False
-        self._open = True
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
     async def send(self, msg: dict[str, Any]) -> None:
-        if not self._open:
-            return
-        try:
-            async with self._send_lock:
-                await self.ws.send_text(wire.dumps(msg))
-        except _SOCKET_GONE as exc:
-            # The client closed first (e.g. right after session.close): nobody is left to
-            # tell; the reader sees the disconnect and cleans up.
-            self._open = False
-            log.debug("send on a closed socket: %r", exc)
+        await self.conn.send(wire.dumps(msg))
 
     async def send_error(self, code: str, message: str, event_id: int | None = None, **extra: Any) -> None:
         sid = self.session.session_id if self.session else "-"
@@ -83,27 +82,23 @@ class WorldConnection:
 
     # ------------------------------------------------------------------ reader
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.conn.accept()
         try:
             while True:
-                msg = await self.ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                if msg.get("bytes") is not None:
-                    await self.send_error(wire.BAD_REQUEST, "binary frames are not accepted from clients")
-                    await self.ws.close(wire.CLOSE_UNSUPPORTED_DATA)
-                    break
-                text = msg.get("text") or ""
-                # UTF-8 never has fewer bytes than characters: encode only when it might fit.
-                if len(text) > wire.MAX_TEXT_BYTES or len(text.encode("utf-8")) > wire.MAX_TEXT_BYTES:
+                try:
+                    frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
+                except TooLarge:
                     await self.send_error(wire.MESSAGE_TOO_LARGE, f"text frame over {wire.MAX_TEXT_BYTES} bytes")
-                    await self.ws.close(wire.CLOSE_TOO_BIG)
+                    await self.conn.close(wire.CLOSE_TOO_BIG)
                     break
-                await self.handle_text(text)
-        except WebSocketDisconnect:
-            pass
+                if frame is None:
+                    break
+                if frame.data is not None:
+                    await self.send_error(wire.BAD_REQUEST, "binary frames are not accepted from clients")
+                    await self.conn.close(wire.CLOSE_UNSUPPORTED_DATA)
+                    break
+                await self.handle_text(frame.text or "")
         finally:
-            self._open = False
             await self.close_session(notify=False)
 
     async def handle_text(self, text: str) -> None:
@@ -123,11 +118,7 @@ class WorldConnection:
             elif kind == "session.reset":
                 await self.reset()
             elif kind == "session.close":
-                session = self._need_session()
-                sid = session.session_id
-                dropped = await self.close_session(notify=True)
-                if dropped is not None:
-                    await self.send(wire.closed(sid, dropped))
+                await self.close(wire.parse_close(msg))
         except wire.ProtocolError as exc:
             await self.send_error(exc.code, exc.message, exc.event_id if exc.event_id is not None else event_id)
         except SessionError as exc:
@@ -150,17 +141,19 @@ class WorldConnection:
             raise SessionError(ErrorCode.BAD_REQUEST, f"unknown world model {req.model!r}; have {self.world_models}")
         if not self.engine.healthy:
             raise SessionError(ErrorCode.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
-        geometry = self.engine.adapter(req.model).geometry
-        model, sid = req.model, req.session_id
+        adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]
+        geometry = adapter.geometry
+        model, sid, engine = req.model, req.session_id, self.engine
         self.session = self.manager.create(
             sid,
-            reducers=default_reducers(geometry.frames_per_chunk),
+            reducers=adapter.reducers(),
             prompt=req.prompt,
             max_pending=self.max_pending,
-            release=lambda: self.engine.post_control(self.engine.release_session(model, sid)),
+            release=lambda: engine.post_release(model, sid),
         )
-        self.model, self.format, self.seed, self.credits = model, req.format, req.seed, req.credits
-        self.registry[sid] = self
+        self.adapter, self.model = adapter, model
+        self.format, self.seed, self.credits = req.format, req.seed, req.credits
+        self.entry = self.live.add(KIND, sid, model, owner=self)
         log.info("session %s: created on %s (format %s, credits %d)", sid, model, self.format, self.credits)
         await self.send(
             wire.created(sid, model, height=geometry.height, width=geometry.width,
@@ -183,39 +176,85 @@ class WorldConnection:
             session.fail_tick("tick abandoned by reset")
         dropped = session.reset()
         self._evicted = None
-        await self.engine.control(self.engine.release_session(self.model, session.session_id))
+        await self.engine.reset(self.model, session.session_id)
+        self._mark("active", 0)
         log.info("session %s: reset (dropped events %s)", session.session_id, list(dropped))
         await self.send(wire.reset_done(session.session_id, list(dropped)))
         self._start_driver()
 
+    async def close(self, session_id: str | None) -> None:
+        """``session.close``: this connection's session, or (on a connection without
+        one) the CLEANUP_FAILED tombstone named ``session_id``, whose close is retried."""
+        if self.session is None and session_id is not None:
+            await self._retry_tombstone(session_id)
+            return
+        session = self._need_session()
+        sid = session.session_id
+        dropped = await self.close_session(notify=True)
+        if dropped is not None:
+            await self.send(wire.closed(sid, dropped))
+
     async def close_session(self, *, notify: bool) -> list[int] | None:
-        """Close this connection's session (client close or disconnect)."""
+        """Close this connection's session (client close or disconnect); the dropped
+        event ids, or None if there was none or its cleanup failed (then it stays
+        on this connection as a tombstone, so ``session.close`` retries it)."""
         session = self.session
         if session is None:
             return None
         sid = session.session_id
         await self._stop_driver()
         dropped = list(session.pending_event_ids)
+        if not await self._cleanup(sid, self.model):
+            self._mark("cleanup_failed")
+            if notify:
+                await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
+            elif self.entry is not None:
+                self.entry.owner = None  # the connection is gone; the tombstone stays, closable by id
+            return None
+        self._forget()
+        return dropped
+
+    async def _retry_tombstone(self, session_id: str) -> None:
+        entry = self.live.find(KIND, session_id)
+        tomb = self.manager.get(session_id) if session_id in self.manager else None
+        if entry is None or tomb is None or tomb.state is not SessionState.CLEANUP_FAILED or entry.owner is not None:
+            raise SessionError(ErrorCode.NO_SESSION, f"no closable session {session_id!r}: a close by id retries "
+                                                     "only a session whose cleanup failed")
+        dropped = list(tomb.pending_event_ids)
+        if await self._cleanup(session_id, entry.model):
+            self.live.remove(entry)
+            await self.send(wire.closed(session_id, dropped))
+        else:
+            await self.send_error(wire.INTERNAL, f"cleanup of {session_id} failed; retry session.close")
+
+    async def _cleanup(self, sid: str, model: str) -> bool:
+        """CLOSING -> release on the engine -> CLOSED (True) or CLEANUP_FAILED (False)."""
         self.manager.begin_close(sid)
         ok = True
         try:
-            await self.engine.control(self.engine.release_session(self.model, sid))
-        except (EngineStopped, EngineDeadError):
-            pass  # nothing left to release: the engine owns no state any more
-        except Exception:  # noqa: BLE001 - reported as CLEANUP_FAILED
-            log.exception("session %s: cleanup failed", sid)
+            await self.engine.release(model, sid)
+        except ENGINE_ERRORS as exc:
+            # A dead or stopped engine owns no state any more: nothing is left to release.
+            ok = engine_failure(exc) is not Failure.MODEL
+        except Exception as exc:  # noqa: BLE001 - the model's release failed: a tombstone
+            log.warning("session %s: cleanup failed: %r", sid, exc)
             ok = False
         state = self.manager.finish_close(sid, ok)
-        self.registry.pop(sid, None)
-        self.session = None
         log.info("session %s: %s", sid, state.name.lower())
-        if state is not SessionState.CLOSED:
-            if notify:
-                await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
-            return None
-        return dropped
+        return state is SessionState.CLOSED
 
-    def evicted(self, reason: str) -> None:
+    def _forget(self) -> None:
+        if self.entry is not None:
+            self.live.remove(self.entry)
+        self.session, self.entry, self.adapter = None, None, None
+
+    def _mark(self, state: str, chunk_index: int | None = None) -> None:
+        if self.entry is not None:
+            self.entry.state = state
+            if chunk_index is not None:
+                self.entry.chunk_index = chunk_index
+
+    def dropped(self, reason: str) -> None:
         """The model dropped this session's state (LRU with a full host budget).
 
         Runs on the event loop before any later result of this session's ticks (both
@@ -229,15 +268,16 @@ class WorldConnection:
         if session.in_flight is None:
             pending = list(session.pending_event_ids)
             session.fail_tick(f"evicted: {reason}")
+            self._mark("failed")
             asyncio.ensure_future(self._report_failure(pending))
         # else: the queued tick fails in the model and the driver reports it.
 
-    async def _report_failure(self, pending: list[int], detail: str = "") -> None:
+    async def _report_failure(self, pending: list[int], failure: Failure = Failure.MODEL, detail: str = "") -> None:
         if self._evicted is not None:
             await self.send_error(wire.SESSION_EVICTED, f"session state was dropped ({self._evicted}); "
                                   "reset or close the session", pending_event_ids=pending)
         else:
-            await self.send_error(wire.SESSION_FAILED, f"tick failed: {detail}; reset or close the session",
+            await self.send_error(WORLD_CODES[failure], f"tick failed: {detail}; reset or close the session",
                                   pending_event_ids=pending)
 
     # ------------------------------------------------------------------ driver
@@ -254,7 +294,7 @@ class WorldConnection:
         if self.session is not None:
             # Drop the session's queued tick (the control lane runs ahead of it); a
             # tick already running finishes and is committed and sent as usual.
-            self.engine.post_control(lambda sid=self.session.session_id: self.engine.purge(self.model, sid))
+            self.engine.post_cancel(self.model, self.session.session_id)
         try:
             await task
         except asyncio.CancelledError:
@@ -264,10 +304,9 @@ class WorldConnection:
         """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
         driver commits, queues its next tick, and then sends, so a batch's sessions are
         back in the engine's queue moments after it ends. Sends stay in chunk order."""
-        session = self.session
-        assert session is not None
+        session, adapter = self.session, self.adapter
+        assert session is not None and adapter is not None
         sid = session.session_id
-        geometry = self.engine.adapter(self.model).geometry
         sending: asyncio.Task | None = None
         try:
             while not self._stopping:
@@ -276,27 +315,19 @@ class WorldConnection:
                     await self._wake.wait()
                     continue
                 request = session.begin_tick()
-                tick = WorldTick(
-                    session_id=sid,
-                    request_id=request.request_id,
-                    chunk_index=request.chunk_index,
-                    applied_event_ids=request.applied_event_ids,
-                    prompt=request.prompt,
-                    actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
-                    seed=self.seed,
-                )
                 started = time.perf_counter()
                 try:
                     chunk: WorldChunk = await self.engine.submit(
-                        self.model, tick, session_id=sid, validate=lambda c, r=request: _validate(c, r, geometry)
-                    )
-                except TickCancelled:
-                    return  # reset/close purged it; they take it from here
-                except (ModelError, EngineDeadError, EngineStopped) as exc:
+                        self.model, adapter.tick(request, self.seed), session_id=sid)
+                except ENGINE_ERRORS as exc:
+                    failure = engine_failure(exc)
+                    if failure is Failure.CANCELLED:
+                        return  # reset/close purged it; they take it from here
                     pending = list(session.pending_event_ids)
                     session.fail_tick(str(exc))
+                    self._mark("failed")
                     await _finish(sending)
-                    await self._report_failure(pending, str(exc))
+                    await self._report_failure(pending, failure, str(exc))
                     return
                 tick_ms = (time.perf_counter() - started) * 1000.0
                 try:
@@ -305,6 +336,8 @@ class WorldConnection:
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
                     return
+                if self.entry is not None:
+                    self.entry.ticked(committed.chunk_index)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
                 sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
@@ -317,45 +350,19 @@ class WorldConnection:
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,
         )
-        if not self._open:
-            return
-        async with self._send_lock:
-            await self.ws.send_text(wire.dumps(header))
-            for payload in payloads:
-                await self.ws.send_bytes(payload)
-
-
-# What a send raises once the peer has gone (starlette's WebSocketDisconnected is a RuntimeError).
-_SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+        # One locked send: no other message comes between a chunk and its frames.
+        await self.conn.send(wire.dumps(header), *payloads)
 
 
 async def _finish(task: asyncio.Task | None) -> None:
-    """Wait for a chunk send; a closed socket only ends the connection, handled by its reader."""
-    if task is None:
-        return
-    try:
+    """Wait for a chunk send (a vanished peer only ends the send; the reader cleans up)."""
+    if task is not None:
         await asyncio.shield(task)
-    except _SOCKET_GONE as exc:
-        log.debug("chunk send failed: %r", exc)
 
 
 def _metadata(chunk: WorldChunk) -> ChunkMetadata:
-    """The identities a model echoed, as the session compares them with its snapshot."""
+    """The identities the model echoed (checked by its base), as the session commits them."""
     return ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)
-
-
-def _validate(chunk: Any, request: TickRequest, geometry: Any) -> None:
-    """Engine-thread check of a tick's output against its snapshot."""
-    if not isinstance(chunk, WorldChunk):
-        raise ModelError(f"model returned {type(chunk).__name__}, not a WorldChunk")
-    metadata = _metadata(chunk)
-    if not metadata.matches(request):
-        raise ModelError(f"metadata {metadata} does not match the submitted snapshot {request.request_id}")
-    expected = (geometry.frames_per_chunk, geometry.height, geometry.width, 3)
-    frames = chunk.frames
-    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != expected:
-        raise ModelError(f"frames must be uint8 {expected}, got {getattr(frames, 'dtype', None)} "
-                         f"{getattr(frames, 'shape', None)}")
 
 
 async def world_endpoint(ws: WebSocket) -> None:

@@ -1,6 +1,6 @@
-"""``PiperTTS``: the joe voice behind the engine's ``ModelAdapter`` seam.
+"""``PiperTTS``: the joe voice behind the TTS seam (``models/tts/base.py``).
 
-Work items (frozen dataclasses, one per session per engine step):
+Work items (frozen dataclasses of the seam, one per session per engine step):
 
 - ``SynthesizeSentence``: phonemize a complete sentence, run its prior (text
   encoder, durations), the flow over just the frames the first window reads,
@@ -24,26 +24,8 @@ HiFi-GAN forward, padded to the longest window and trimmed after. Padding does
 not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask
 their inputs).
 
-Intended call sequence for the tts.v1 endpoint (``engine.submit(model_name, work)``
-queues the work; the engine thread batches the works of concurrent sessions
-and calls ``run_batch``; the endpoint awaits the chunk)::
-
-    segmenter = SentenceSegmenter()                 # per session, asyncio side
-    for each complete sentence (segmenter.push / segmenter.flush on input.done):
-        send audio.start {utterance_index, sentence_index, text, sample_rate}
-        chunk = await engine.submit("piper-joe-medium",
-                    SynthesizeSentence(sid, utt, k, text, speed, sample_rate))
-        loop:
-            if cancelled: break                     # drop this chunk, send nothing
-            send chunk.pcm (binary frame)           # skip if chunk.samples == 0
-            if chunk.done or chunk.stale: break
-            chunk = await engine.submit("piper-joe-medium", DecodeWindow(sid, utt, k))
-        send audio.done {utterance_index, sentence_index, samples=chunk.sentence_samples}
-    on response.cancel: set cancelled; engine.release(sid) through the control
-        lane (drops the sentence; a queued DecodeWindow then comes back stale);
-        after the in-flight chunk returns, send response.cancelled. At most one
-        window is in flight, so audio stops within one decoder window.
-    on session.close / disconnect: adapter.release(sid) via the engine.
+The engine drives it through ``models/tts/base.py`` (``TTSAdapter.run_batch``
+checks every chunk against its work); ``realtime/tts_ws.py`` documents the wire.
 
 ``end_tick(sid, committed=False)`` rewinds the last window so the same window
 can be decoded again; ``committed=True`` makes it final.
@@ -52,77 +34,36 @@ can be decoded again; ``committed=True`` makes it final.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 import torch
 
-from models.base import ModelAdapter, ModelError
+from models.base import ModelError
+from models.tts.base import (
+    MAX_SENTENCE_CHARS,
+    AudioChunk,
+    DecodeWindow,
+    SynthesizeSentence,
+    TTSAdapter,
+    TTSWork,
+)
 from models.factory import BuildOptions, ModelUnavailable
 from models.tts.phonemes import PhonemeTable, Phonemizer
 from models.tts.resample import PolyphaseResampler
 from models.tts.stream import SentenceStream
 from models.tts.voice import LatentRequest, TorchVoice
 from models.tts.windows import WindowPlan
+from protocols.tts_v1 import SAMPLE_RATES
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_RATES = (22050, 24000)
-MIN_SPEED, MAX_SPEED = 0.25, 4.0  # the protocol narrows this further
-# The segmenter cuts at 200; this only bounds the encoder's O(n^2) attention.
-MAX_SENTENCE_CHARS = 2000
+# The rates every voice here offers (the resampler makes what the voice lacks).
+SUPPORTED_RATES = SAMPLE_RATES
 
 
-@dataclass(frozen=True)
-class SynthesizeSentence:
-    """Start a sentence; the result is its first window."""
-
-    session_id: str
-    utterance_index: int
-    sentence_index: int
-    text: str
-    speed: float = 1.0  # length_scale = 1 / speed
-    sample_rate: int = 22050
-    seed: int = 0  # noise seed; the same seed and text give the same audio
-
-    def __post_init__(self) -> None:
-        if not MIN_SPEED <= self.speed <= MAX_SPEED:
-            raise ValueError("speed %r outside [%s, %s]" % (self.speed, MIN_SPEED, MAX_SPEED))
-        if self.sample_rate not in SUPPORTED_RATES:
-            raise ValueError("sample_rate %r not in %s" % (self.sample_rate, SUPPORTED_RATES))
-        if len(self.text) > MAX_SENTENCE_CHARS:
-            raise ValueError("sentence of %d characters; the limit is %d" % (len(self.text), MAX_SENTENCE_CHARS))
-
-
-@dataclass(frozen=True)
-class DecodeWindow:
-    """Decode the next window of the named sentence."""
-
-    session_id: str
-    utterance_index: int
-    sentence_index: int
-
-
-TTSWork = Union[SynthesizeSentence, DecodeWindow]
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    session_id: str
-    utterance_index: int
-    sentence_index: int
-    window_index: int  # -1 when nothing was decoded (stale, or nothing to say)
-    pcm: bytes = field(repr=False)  # PCM16 LE mono at sample_rate
-    samples: int  # samples in pcm
-    sample_rate: int
-    done: bool  # last chunk of the sentence
-    sentence_samples: int  # samples sent for this sentence, this chunk included
-    stale: bool = False  # the sentence is not held any more; nothing was decoded
-
-
-class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
-    kind = "tts"
+class PiperTTS(TTSAdapter):
+    """The joe voice (Piper, VITS + HiFi-GAN) streamed a decoder window at a time."""
 
     def __init__(
         self,
@@ -201,7 +142,7 @@ class PiperTTS(ModelAdapter[TTSWork, AudioChunk]):
 
     # --- the engine seam --------------------------------------------------------------
 
-    def run_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
+    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
         sessions = [w.session_id for w in works]
         if len(set(sessions)) != len(sessions):
             raise ModelError("a tts batch holds two works of one session: %s" % sessions)

@@ -22,14 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import ACTION_KEYS, ModelAdapter, WorldChunk, WorldGeometry, WorldTick
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from sessions import KEY_NAMES
 from models.factory import BuildOptions, FactoryError
 
 PATCH = 8
-
-
-def action_bits(keys: frozenset[str]) -> list[float]:
-    return [1.0 if k in keys else 0.0 for k in ACTION_KEYS]
+SIZE = 64  # frame height and width
 
 
 class _Block(nn.Module):
@@ -59,12 +57,12 @@ class _Block(nn.Module):
 
 
 class TinyWorldNet(nn.Module):
-    def __init__(self, size: int = 64, dim: int = 96, heads: int = 4, layers: int = 2) -> None:
+    def __init__(self, size: int = SIZE, dim: int = 96, heads: int = 4, layers: int = 2) -> None:
         super().__init__()
         self.size, self.dim, self.heads = size, dim, heads
         self.tokens = (size // PATCH) ** 2
         self.embed = nn.Linear(PATCH * PATCH * 3, dim)
-        self.action = nn.Linear(len(ACTION_KEYS), dim)
+        self.action = nn.Linear(len(KEY_NAMES), dim)
         self.pos = nn.Parameter(torch.randn(self.tokens, dim) * 0.5)
         self.blocks = nn.ModuleList(_Block(dim, heads) for _ in range(layers))
         self.head = nn.Linear(dim, PATCH * PATCH * 3)
@@ -100,10 +98,8 @@ class _SessionState:
     pending: tuple[torch.Tensor, list[list[tuple[torch.Tensor, torch.Tensor]]]] | None = None
 
 
-class TinyWorld(ModelAdapter[WorldTick, WorldChunk]):
+class TinyWorld(WorldAdapter):
     """Random-weight frame-causal transformer with per-session attention KV."""
-
-    kind = "world"
 
     def __init__(
         self,
@@ -122,41 +118,20 @@ class TinyWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.device = torch.device(device)
         self.net = TinyWorldNet().to(self.device).eval()
         self.sink, self.window = sink_frames, window_frames
-        self.geometry = WorldGeometry(
-            height=64,
-            width=64,
-            frames_per_chunk=frames_per_chunk,
-            fps=15.0,
-            num_layers=len(self.net.blocks),
-            kv_heads=self.net.heads,
-            head_dim=self.net.dim // self.net.heads,
-            tokens_per_frame=self.net.tokens,
-            sink_frames=sink_frames,
-            window_frames=window_frames,
-        )
+        self.geometry = WorldGeometry(height=SIZE, width=SIZE, frames_per_chunk=frames_per_chunk, fps=15.0)
         self._sessions: dict[str, _SessionState] = {}
 
-    def describe(self) -> Mapping[str, Any]:
-        g = self.geometry
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "description": "tiny random-weight frame-causal transformer (fallback world)",
-            "height": g.height,
-            "width": g.width,
-            "frames_per_chunk": g.frames_per_chunk,
-            "fps": g.fps,
-            "max_batch": self.max_batch,
-        }
+    def details(self) -> Mapping[str, Any]:
+        return {"description": "tiny random-weight frame-causal transformer (fallback world)"}
 
     def _first_frame(self, seed: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(seed)
         coarse = torch.rand(3, 4, 4, generator=gen)
-        img = F.interpolate(coarse[None], size=(64, 64), mode="bicubic", align_corners=False)[0]
+        img = F.interpolate(coarse[None], size=(SIZE, SIZE), mode="bicubic", align_corners=False)[0]
         return img.clamp(0, 1).to(self.device)
 
     @torch.inference_mode()
-    def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         states = []
         for w in works:
             state = self._sessions.get(w.session_id)
@@ -180,15 +155,7 @@ class TinyWorld(ModelAdapter[WorldTick, WorldChunk]):
         for i, (w, s) in enumerate(zip(works, states)):
             s.pending = (prev[i], new_kv[i])
             pixels = (torch.stack(frames_out[i]) * 255.0).round().to(torch.uint8)
-            chunks.append(
-                WorldChunk(
-                    session_id=w.session_id,
-                    request_id=w.request_id,
-                    chunk_index=w.chunk_index,
-                    applied_event_ids=w.applied_event_ids,
-                    frames=pixels.permute(0, 2, 3, 1).cpu().numpy(),
-                )
-            )
+            chunks.append(WorldChunk.answering(w, pixels.permute(0, 2, 3, 1).cpu().numpy()))
         return chunks
 
     def _gather(self, history: list[list[list[tuple[torch.Tensor, torch.Tensor]]]]):

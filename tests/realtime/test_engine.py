@@ -188,7 +188,7 @@ def test_control_lane_runs_before_queued_ticks_and_purges():
         queued = [asyncio.ensure_future(engine.submit("doubler", i, session_id="b")) for i in (2, 3)]
         await asyncio.sleep(0.05)
         control = asyncio.ensure_future(engine.control(lambda: order.append("control") or "done"))
-        release = asyncio.ensure_future(engine.control(engine.release_session("doubler", "b")))
+        release = asyncio.ensure_future(engine.release("doubler", "b"))
         await asyncio.sleep(0.05)
         model.gate.set()
         assert await first == 2

@@ -58,12 +58,13 @@ import torch
 
 from kv import KVGeometry, PagedKVCache, Residency, ResidencyError, plan_capacity
 from kv.paged_attention import paged_attention
-from models.base import ACTION_KEYS, ModelAdapter, ModelError, WorldChunk, WorldGeometry, WorldTick
+from models.base import ModelError
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
-from models.world.maze.sim import MazeSim
+from models.world.maze.sim import H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
 
 log = logging.getLogger(__name__)
@@ -93,14 +94,9 @@ class _Session:
     open_tx: bool = False      # a kv transaction is open for the last frame
 
 
-def action_bits(keys: frozenset[str]) -> list[float]:
-    return [1.0 if k in keys else 0.0 for k in ACTION_KEYS]
-
-
-class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
+class MazeWorld(WorldAdapter):
     """The default world: a 5.6M-parameter frame-causal pixel DiT trained on the raycast maze."""
 
-    kind = "world"
     name = "maze"
 
     def __init__(self, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -133,13 +129,9 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.cache = PagedKVCache.from_plan(
             g, plan, self.device, attention_backend=attention_backend or "gather_sdpa")
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
-        self.geometry = WorldGeometry(
-            height=64, width=64, frames_per_chunk=frames_per_chunk, fps=FPS, num_layers=cfg.depth,
-            kv_heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=cfg.tokens, sink_frames=1,
-            window_frames=self.window, dtype_bytes=g.itemsize)
+        self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=frames_per_chunk, fps=FPS)
         self._sessions: dict[str, _Session] = {}
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.dropped: list[str] = []  # sessions residency dropped (refused until reset, see _evicted)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
         # end_tick(committed=True) queues the kv commit; the last end_tick of the batch
@@ -173,7 +165,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                 try:
                     self._runner(rows).run(batch, torch.zeros(1, 8, device=self.device),
                                            torch.zeros(1, dtype=torch.long, device=self.device),
-                                           torch.zeros(1, 3, 64, 64, device=self.device))
+                                           torch.zeros(1, 3, H, W, device=self.device))
                 finally:
                     self.cache.abort_batch(batch)
         finally:
@@ -183,11 +175,9 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         return took
 
     # ------------------------------------------------------------------ seam
-    def describe(self) -> Mapping[str, Any]:
+    def details(self) -> Mapping[str, Any]:
         cfg = self.model.cfg
         return {
-            "kind": self.kind, "name": self.name, "height": 64, "width": 64, "fps": FPS,
-            "frames_per_chunk": self.frames_per_chunk, "action_keys": list(ACTION_KEYS),
             "denoising_steps": self.steps, "window_frames": self.window, "sink_frames": 1,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
             "params": sum(p.numel() for p in self.model.parameters()), "config": cfg.to_dict(),
@@ -198,7 +188,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
                      "every later frame is generated",
         }
 
-    def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         if not works:
             return []
         if len({w.session_id for w in works}) != len(works):
@@ -217,7 +207,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             out = self._run(works)
             self._unended = {w.session_id for w in works}
             return out
-        except BaseException as e:
+        except Exception as e:
             # Whatever failed, no kv transaction of this batch stays open.
             self._abort_all(works)
             if isinstance(e, ResidencyError):
@@ -273,7 +263,6 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
     def _dropped(self, session_id: str) -> None:
         log.warning("maze kv dropped session=%s: refused until it is reset", session_id)
         self._sessions.pop(session_id, None)
-        self.dropped.append(session_id)
         self._evicted.add(session_id)
         if self._drop_listener is not None:
             self._drop_listener(session_id, "KV evicted: device and host memory for sessions are full")
@@ -312,7 +301,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         sessions = [self._open(w) for w in works]
         ids = [w.session_id for w in works]
         F = self.frames_per_chunk
-        out = np.empty((len(works), F, 64, 64, 3), dtype=np.uint8)
+        out = np.empty((len(works), F, H, W, 3), dtype=np.uint8)
         acts = torch.tensor([[action_bits(a) for a in w.actions] for w in works], dtype=torch.float32,
                             device=self.device)                                  # [B, F, 8]
         self.residency.ensure_resident(ids)
@@ -334,9 +323,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             for s in sessions:
                 s.open_tx = True
                 s.pending = F
-        return [WorldChunk(session_id=w.session_id, request_id=w.request_id, chunk_index=w.chunk_index,
-                           applied_event_ids=w.applied_event_ids, frames=out[i])
-                for i, w in enumerate(works)]
+        return [WorldChunk.answering(w, out[i]) for i, w in enumerate(works)]
 
     def _begin(self, ids: list[str], pad_to: int | None = None):
         batch = self.cache.begin_batch(ids, pad_to=pad_to)
@@ -376,7 +363,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             batch = self._begin(ids, pad_to=rows)
             idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)
             # Drawn as denoise_frame draws it: graph and eager consume the generator alike.
-            noise = torch.randn((B, 3, 64, 64), device=self.device, generator=self.gen)
+            noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
             return self._runner(rows).run(batch, acts, idx, noise).cpu().numpy()
         batch = self._begin(ids)
         ctx = PagedContext(self.cache, batch)

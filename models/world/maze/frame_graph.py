@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kv.triton_paged import HEAD_DIMS, paged_attention_triton, triton_available
+from models.world.maze.sim import H, W
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_u8
 
@@ -129,8 +130,8 @@ class FrameRunner:
         self.index = torch.zeros(rows * (2 + width), dtype=torch.int32, device=dev)
         self.actions = torch.zeros(rows, 8, device=dev)
         self.frames = torch.zeros(rows, dtype=torch.long, device=dev)
-        self.noise = torch.zeros(rows, 3, 64, 64, device=dev)
-        self.out = torch.zeros(rows, 64, 64, 3, dtype=torch.uint8, device=dev)
+        self.noise = torch.zeros(rows, 3, H, W, device=dev)
+        self.out = torch.zeros(rows, H, W, 3, dtype=torch.uint8, device=dev)
         self.graph: Any = None
 
     def _body(self) -> None:

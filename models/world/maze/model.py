@@ -40,8 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.world.maze.attention import attend, frame_causal_mask
+from models.world.maze.sim import H
 
-FRAME = 64
+FRAME = H  # the simulator's square frame, one definition (sim.H == sim.W)
 TIME_PERIOD = 64
 TIME_TURNS = (1, 2, 3, 4, 6, 8, 12, 16)
 ROT_PAIRS = 24

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from models.base import ACTION_KEYS
+from models.world.base import action_bits
 
 # Key combinations, as strings of held keys ('' = nothing held).
 COMBOS: tuple[str, ...] = ("w", "j", "l", "wj", "wl", "a", "d", "s", "i", "k", "", "wa", "wd")
@@ -22,7 +22,7 @@ MAX_HOLD = 8
 
 
 def combo_bits(combo: str) -> list[float]:
-    return [1.0 if k in combo else 0.0 for k in ACTION_KEYS]
+    return action_bits(frozenset(combo))
 
 
 class ScriptedPolicy:

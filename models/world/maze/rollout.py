@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.world.maze.sim import H, W
 from models.world.maze.cache import CacheView
 from models.world.maze.model import MazeDiT
 
@@ -70,7 +71,7 @@ def denoise_frame(model: MazeDiT, view: CacheView, actions: torch.Tensor, frames
     """
     B = actions.shape[0]
     dev = actions.device
-    x = noise if noise is not None else torch.randn((B, 3, 64, 64), device=dev, generator=gen)
+    x = noise if noise is not None else torch.randn((B, 3, H, W), device=dev, generator=gen)
     ts = timesteps(cfg.steps, cfg.shift)
     sink = torch.zeros(B, dtype=torch.bool, device=dev)
     x0 = x

@@ -1,0 +1,150 @@
+"""The world seam: what the engine hands a world model and what it must give back.
+
+A world adapter is a ``ModelAdapter`` of kind "world" that declares what the wire
+needs and implements one method:
+
+* ``geometry``: frame height and width, frames per chunk, fps (sent in
+  ``session.created`` and checked on every chunk);
+* ``control_schemas``: the control schemas its ticks understand (``keys.v1``);
+* ``uses_prompts``: whether a prompt changes what it draws (``/v1/models`` and the
+  page say so);
+* ``generate(works)``: one forward for ticks of distinct sessions, one
+  ``WorldChunk`` each, in order.
+
+``run_batch`` (called by the engine thread) wraps ``generate`` and enforces the
+tick postconditions for every world model: each chunk echoes its tick's
+``session_id``, ``request_id``, ``chunk_index`` and ``applied_event_ids``, and its
+frames are uint8 ``[frames_per_chunk, height, width, 3]``. A chunk that breaks them
+fails its batch with a ``ModelError`` before the engine commits anything, so the
+identity check of the tick transaction lives here, once.
+
+``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
+model sees, and ``reducers()`` gives a new session the control reducers the
+model's schemas need: the endpoint never reads controls itself.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from models.base import ModelAdapter, ModelError
+from sessions import KEY_NAMES, TickRequest, default_reducers
+from sessions.reducers import ControlReducer
+
+# The control schema every world here takes: held keys per frame (sessions/reducers.py).
+KEYS_SCHEMA = "keys.v1"
+
+
+def action_bits(keys: frozenset[str]) -> list[float]:
+    """The held keys of one frame as 8 floats in ``KEY_NAMES`` order (w a s d i j k l)."""
+    return [1.0 if k in keys else 0.0 for k in KEY_NAMES]
+
+
+@dataclass(frozen=True)
+class WorldGeometry:
+    """What a world model's chunks look like on the wire."""
+
+    height: int
+    width: int
+    frames_per_chunk: int
+    fps: float
+
+    @property
+    def frames_shape(self) -> tuple[int, int, int, int]:
+        return (self.frames_per_chunk, self.height, self.width, 3)
+
+
+@dataclass(frozen=True)
+class WorldTick:
+    """One session's tick as the model sees it."""
+
+    session_id: str
+    request_id: str
+    chunk_index: int
+    applied_event_ids: tuple[int, ...]
+    prompt: str | None
+    # One entry per generated frame: the keys held during that frame.
+    actions: tuple[frozenset[str], ...]
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class WorldChunk:
+    """What the model returns for one tick: the echoed identities and the frames."""
+
+    session_id: str
+    request_id: str
+    chunk_index: int
+    applied_event_ids: tuple[int, ...]
+    frames: np.ndarray = field(repr=False)  # [F, H, W, 3] uint8
+
+    @classmethod
+    def answering(cls, tick: WorldTick, frames: np.ndarray) -> "WorldChunk":
+        """The chunk that answers ``tick`` with ``frames``."""
+        return cls(tick.session_id, tick.request_id, tick.chunk_index, tick.applied_event_ids, frames)
+
+
+class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
+    """Base of every world model the engine runs."""
+
+    kind = "world"
+    geometry: WorldGeometry
+    control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
+    uses_prompts: bool = False
+
+    @abc.abstractmethod
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        """One forward for ``works`` (distinct sessions): one chunk each, in order."""
+
+    def details(self) -> Mapping[str, Any]:
+        """Model-specific facts added to ``describe()`` (default: none)."""
+        return {}
+
+    def describe(self) -> Mapping[str, Any]:
+        g = self.geometry
+        return {"kind": self.kind, "name": self.name, "height": g.height, "width": g.width, "fps": g.fps,
+                "frames_per_chunk": g.frames_per_chunk, "max_batch": self.max_batch,
+                "control_schemas": list(self.control_schemas), "action_keys": list(KEY_NAMES),
+                "uses_prompts": self.uses_prompts, **self.details()}
+
+    def reducers(self) -> dict[str, ControlReducer]:
+        """Fresh control reducers for a new session of this model."""
+        return default_reducers(self.geometry.frames_per_chunk)
+
+    def tick(self, request: TickRequest, seed: int) -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request``."""
+        return WorldTick(
+            session_id=request.session_id,
+            request_id=request.request_id,
+            chunk_index=request.chunk_index,
+            applied_event_ids=request.applied_event_ids,
+            prompt=request.prompt,
+            actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
+            seed=seed,
+        )
+
+    def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        chunks = self.generate(works)
+        if len(chunks) != len(works):
+            raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
+        for work, chunk in zip(works, chunks):
+            check_chunk(work, chunk, self.geometry, self.name)
+        return list(chunks)
+
+
+def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str) -> None:
+    """``chunk`` answers ``work`` with frames of ``geometry``, or a ``ModelError``."""
+    if not isinstance(chunk, WorldChunk):
+        raise ModelError(f"world {name} returned {type(chunk).__name__}, not a WorldChunk")
+    echoed = (chunk.session_id, chunk.request_id, chunk.chunk_index, tuple(chunk.applied_event_ids))
+    expected = (work.session_id, work.request_id, work.chunk_index, work.applied_event_ids)
+    if echoed != expected:
+        raise ModelError(f"world {name} answered {echoed} for tick {expected}")
+    frames = chunk.frames
+    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != geometry.frames_shape:
+        raise ModelError(f"world {name}: frames must be uint8 {list(geometry.frames_shape)}, got "
+                         f"{getattr(frames, 'dtype', None)} {list(getattr(frames, 'shape', ()))}")

@@ -1,0 +1,233 @@
+"""What every WebSocket endpoint shares: the socket mechanics and the live sessions.
+
+* ``Connection``: accept, a bounded receive, one locked send that tolerates a
+  vanished peer (the client may close first at any moment: after its own
+  ``session.close``, in the middle of a chunk), and a close that does the same.
+  Nothing a client does on its side of the socket reaches the server log as a
+  traceback.
+* ``engine_failure(exc)``: what a failed ``engine.submit`` / ``release`` means to a
+  client, one answer per exception type; each endpoint maps the three outcomes to
+  its protocol's error code and close code (``WORLD_CODES``, ``TTS_CODES``; OpenPI
+  has no codes, its client raises the text).
+* ``new_session_id(kind)``: the one rule for server-made ids. A client-chosen id
+  (world ``session_id``, OpenPI ``session_id``) is kept as sent; a session without
+  one is ``<kind>-<12 hex>`` (random, so two servers never collide behind a proxy).
+* ``LiveSessions``: one registry of live sessions across kinds, keyed by model and
+  session id. It routes a model's drop notices (LRU eviction) to the session's
+  owner whatever its kind, and lists every session for ``GET /v1/sessions``.
+
+An endpoint on top of these only parses, hands messages to its session, and sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from models.base import EngineDeadError, ModelError
+from protocols import tts_v1, world_v1
+from realtime.engine import EngineStopped, TickCancelled
+
+log = logging.getLogger(__name__)
+
+# RFC 6455 close codes that belong to no one protocol (world.v1's own are in its module).
+CLOSE_NORMAL = 1000
+CLOSE_INTERNAL = 1011
+
+# What a send or close raises once the peer has gone: starlette's WebSocketDisconnect,
+# its "Cannot call send once a close message has been sent" RuntimeError, a socket error.
+_PEER_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+
+
+def new_session_id(kind: str) -> str:
+    """A server-made session id for a session the client did not name."""
+    return f"{kind}-{uuid.uuid4().hex[:12]}"
+
+
+# --------------------------------------------------------------------------- failures
+class Failure(enum.Enum):
+    """What a failed engine call means for the client."""
+
+    MODEL = "model"  # the model failed this session's work; others are fine
+    ENGINE = "engine"  # the engine is dead or stopping: nothing runs any more
+    CANCELLED = "cancelled"  # a reset or close dropped the queued work
+
+
+ENGINE_ERRORS = (ModelError, EngineDeadError, EngineStopped, TickCancelled)
+
+
+def engine_failure(exc: BaseException) -> Failure:
+    """The outcome of one of ``ENGINE_ERRORS``."""
+    if isinstance(exc, TickCancelled):
+        return Failure.CANCELLED
+    if isinstance(exc, (EngineDeadError, EngineStopped)):
+        return Failure.ENGINE
+    return Failure.MODEL
+
+
+# Each protocol's error code per outcome. world.v1 and tts.v1 name an internal error
+# differently ("internal" / "internal_error"): both are on the wire already and the
+# clients match them, so the difference stays and is documented (docs/protocols*.md).
+# A cancelled tick is no error: the reset or close that cancelled it answers instead.
+WORLD_CODES = {Failure.MODEL: world_v1.SESSION_FAILED, Failure.ENGINE: world_v1.SESSION_FAILED}
+TTS_CODES = {Failure.MODEL: tts_v1.INTERNAL_ERROR, Failure.ENGINE: tts_v1.INTERNAL_ERROR}
+
+
+# --------------------------------------------------------------------------- socket
+@dataclass(frozen=True)
+class Received:
+    """One client frame: exactly one of ``text`` and ``data`` is set."""
+
+    text: str | None = None
+    data: bytes | None = None
+
+
+class TooLarge(Exception):
+    """A client frame over the endpoint's limit (the frame is dropped)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes over the limit of {limit}")
+        self.size, self.limit = size, limit
+
+
+class Connection:
+    """One accepted WebSocket: bounded receive, locked sends, a tolerant close."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self._lock = asyncio.Lock()
+        self._open = True
+
+    @property
+    def open(self) -> bool:
+        """False once the peer is gone or the server closed the socket."""
+        return self._open
+
+    async def accept(self) -> None:
+        await self.ws.accept()
+
+    async def receive(self, max_text: int | None, max_binary: int | None = None) -> Received | None:
+        """The next client frame, or None once the peer has gone. ``TooLarge`` for a
+        text frame over ``max_text`` UTF-8 bytes or a binary one over ``max_binary``
+        (None: only uvicorn's ``ws_max_size`` bounds it, for protocols that answer an
+        oversized body with their own error)."""
+        try:
+            msg = await self.ws.receive()
+        except _PEER_GONE:
+            self._open = False
+            return None
+        if msg["type"] == "websocket.disconnect":
+            self._open = False
+            return None
+        data = msg.get("bytes")
+        if data is not None:
+            if max_binary is not None and len(data) > max_binary:
+                raise TooLarge(len(data), max_binary)
+            return Received(data=data)
+        text = msg.get("text") or ""
+        # UTF-8 never has fewer bytes than characters: encode only when it might not fit.
+        if max_text is not None and (len(text) > max_text or
+                                     (4 * len(text) > max_text and len(text.encode("utf-8")) > max_text)):
+            raise TooLarge(len(text.encode("utf-8")), max_text)
+        return Received(text=text)
+
+    async def send(self, *frames: str | bytes) -> bool:
+        """Send ``frames`` back to back (no other send comes between them). False if
+        the peer has gone: nobody is left to tell, the reader sees the disconnect."""
+        if not self._open:
+            return False
+        try:
+            async with self._lock:
+                for frame in frames:
+                    if isinstance(frame, str):
+                        await self.ws.send_text(frame)
+                    else:
+                        await self.ws.send_bytes(frame)
+        except _PEER_GONE as exc:
+            self._open = False
+            log.debug("send on a closed socket: %r", exc)
+            return False
+        return True
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        """Close from the server side, unless the peer closed first (then: nothing)."""
+        was_open, self._open = self._open, False
+        if not was_open or self.ws.application_state is not WebSocketState.CONNECTED:
+            return
+        try:
+            async with self._lock:
+                await self.ws.close(code, reason)
+        except _PEER_GONE as exc:
+            log.debug("close raced the peer's close: %r", exc)
+
+
+# --------------------------------------------------------------------------- registry
+class SessionOwner(Protocol):
+    def dropped(self, reason: str) -> None:
+        """The model dropped this session's state on its own (event loop)."""
+
+
+@dataclass
+class LiveSession:
+    """One live session as ``GET /v1/sessions`` shows it; its endpoint keeps it current."""
+
+    kind: str
+    session_id: str
+    model: str
+    owner: SessionOwner | None = field(default=None, repr=False, compare=False)
+    state: str = "active"
+    chunk_index: int = 0
+    last_tick: float | None = None  # wall-clock time (time.time()) of the last committed tick
+
+    def ticked(self, chunk_index: int) -> None:
+        self.chunk_index = chunk_index
+        self.last_tick = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "session_id": self.session_id, "model": self.model, "state": self.state,
+                "chunk_index": self.chunk_index, "last_tick": self.last_tick}
+
+
+class LiveSessions:
+    """Every live session of every kind, by (model, session id). Event loop only."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str], LiveSession] = {}
+
+    def add(self, kind: str, session_id: str, model: str, owner: SessionOwner | None = None) -> LiveSession:
+        entry = LiveSession(kind, session_id, model, owner)
+        self._by_key[(model, session_id)] = entry
+        return entry
+
+    def remove(self, entry: LiveSession) -> None:
+        if self._by_key.get((entry.model, entry.session_id)) is entry:
+            del self._by_key[(entry.model, entry.session_id)]
+
+    def find(self, kind: str, session_id: str) -> LiveSession | None:
+        """The session of ``kind`` named ``session_id`` on any model, if live."""
+        for entry in self._by_key.values():
+            if entry.kind == kind and entry.session_id == session_id:
+                return entry
+        return None
+
+    def dropped(self, model: str, session_id: str, reason: str) -> None:
+        """A model dropped a session's state: tell its owner, whatever its kind."""
+        entry = self._by_key.get((model, session_id))
+        if entry is None or entry.owner is None:
+            log.info("session %s: %s dropped it (%s); no live owner", session_id, model, reason)
+            return
+        entry.owner.dropped(reason)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Per session: kind, session_id, model, state, chunk_index, last_tick."""
+        return [e.to_json() for e in self._by_key.values()]
+
+    def __len__(self) -> int:
+        return len(self._by_key)
