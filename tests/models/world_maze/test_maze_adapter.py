@@ -32,10 +32,13 @@ def test_describe_and_geometry(weights):
     d = w.describe()
     assert (d["kind"], d["name"], d["denoising_steps"], d["window_frames"], d["train_steps"]) == (
         "world", "maze", 2, 4, 3)
+    assert (d["height"], d["width"], d["fps"], d["control_schemas"], d["uses_prompts"]) == (
+        64, 64, 15.0, ["keys.v1"], False)
     g = w.geometry
-    assert (g.height, g.width, g.frames_per_chunk, g.num_layers, g.kv_heads, g.head_dim,
-            g.tokens_per_frame, g.sink_frames, g.window_frames, g.dtype_bytes) == (
-        64, 64, 1, 2, 1, 64, 256, 1, 4, 4)
+    assert (g.height, g.width, g.frames_per_chunk, g.fps) == (64, 64, 1, 15.0)
+    k = w.kv_geometry  # what kv/ plans with: the wire geometry carries no cache fields
+    assert (k.num_layers, k.kv_heads, k.head_dim, k.tokens_per_frame, k.sink_frames, k.window_frames,
+            k.itemsize) == (2, 1, 64, 256, 1, 4, 4)
 
 
 def test_first_chunk_is_the_simulators_start_frame_and_echoes_ids(weights):
