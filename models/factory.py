@@ -40,6 +40,8 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "piper-joe-medium": ("tts", "models.tts.adapter:build"),
 }
 
+# The worlds served by default, in order (the first is a session's default world).
+DEFAULT_WORLDS: tuple[str, ...] = ("maze", "tiny")
 # What a kind gets when the command line does not name one of its models
 # (``--policy default``; the voice unless ``--no-tts``).
 DEFAULTS: dict[str, str] = {"policy": "flow", "tts": "piper-joe-medium"}

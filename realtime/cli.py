@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from models.factory import FactoryError, kind_of, parse_entries
+from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 
 
@@ -16,20 +16,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--models", default="maze,tiny",
+    serve.add_argument("--models", default=",".join(DEFAULT_WORLDS),
                        help="models to load, comma-separated 'name' or 'name=path' entries of the factory table "
-                            "(models/factory.py); world entries in order, the first is the default world; a "
-                            "policy or voice entry here replaces --policy / the default voice")
+                            f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
+                            "first is the default world; a policy or voice entry here replaces --policy / the "
+                            "default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--frames-per-chunk", type=int, default=1)
     serve.add_argument("--steps", type=int, default=None, help="denoising steps per frame (maze)")
     serve.add_argument("--policy", default=None,
-                       help="robot policy: 'default' (flow), a table policy such as 'dummy' or 'name=path', "
-                            "a user policy 'module:factory', or '' to disable (default: default)")
+                       help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
+                            f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
+                            "'module:factory', or '' to disable (default: default)")
     serve.add_argument("--no-tts", action="store_true", help="do not load the TTS voice")
     serve.add_argument("--log-level", default="info")
     return parser.parse_args(argv)
+
+
+def _names(kind: str) -> list[str]:
+    return sorted(name for name, (k, _) in FACTORIES.items() if k == kind)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

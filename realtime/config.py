@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from models.factory import DEFAULT_WORLDS
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -16,7 +18,7 @@ class EngineConfig:
 @dataclass(frozen=True)
 class WorldConfig:
     # World models as factory-table entries ("name" or "name=path"); the first is the default.
-    models: tuple[str, ...] = ("maze", "tiny")
+    models: tuple[str, ...] = DEFAULT_WORLDS
     max_batch: int = 32
     frames_per_chunk: int = 1
     # Denoising steps per frame for the maze model (None: the model's default).
@@ -27,7 +29,7 @@ class WorldConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    # "default", a factory-table policy ("dummy", "name=path") or a user policy as
+    # "default", a factory-table policy (dummy, name=path) or a user policy as
     # "module:factory" (models.factory.build_policy); empty disables the endpoint.
     policy: str = "default"
     max_batch: int = 32

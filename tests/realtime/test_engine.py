@@ -245,3 +245,74 @@ def test_models_never_run_on_the_event_loop_thread():
 
     with_engine(Where(), main)
     assert seen == ["engine"]
+
+
+class CudaFailing(Doubler):
+    """Raises what torch raises for a failed kernel, or a RuntimeError that merely mentions CUDA."""
+
+    def run_batch(self, works: Sequence[int]) -> list[int]:
+        import torch
+
+        if 7 in works:
+            raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+        if 8 in works:
+            raise RuntimeError("CUDA error: looks fatal, is not one by type")
+        return super().run_batch(works)
+
+
+def test_fatal_errors_are_recognised_by_type_not_text():
+    async def main(engine: Engine):
+        with pytest.raises(ModelError, match="looks fatal"):
+            await engine.submit("doubler", 8, session_id="a")
+        assert engine.healthy
+        with pytest.raises(EngineDeadError, match="illegal memory access"):
+            await engine.submit("doubler", 7, session_id="b")
+        assert not engine.healthy
+        with pytest.raises(EngineDeadError):
+            await engine.submit("doubler", 1, session_id="c")
+
+    with_engine(CudaFailing(), main)
+
+
+class Resettable(Doubler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets: list[str] = []
+
+    def reset(self, session_id: str) -> None:
+        self.resets.append(session_id)
+
+
+def test_release_and_reset_for_any_adapter_drop_queued_ticks():
+    model = Resettable()
+    model.gate.clear()
+
+    async def main(engine: Engine):
+        running = asyncio.ensure_future(engine.submit("doubler", 1, session_id="a"))
+        await asyncio.sleep(0.05)  # "a" is in run_batch, held by the gate
+        queued = asyncio.ensure_future(engine.submit("doubler", 2, session_id="a"))
+        await asyncio.sleep(0.01)
+        reset = asyncio.ensure_future(engine.reset("doubler", "a"))
+        model.gate.set()
+        assert await running == 2
+        await reset
+        with pytest.raises(TickCancelled):
+            await queued
+        await engine.release("doubler", "b")
+        return model.resets, model.released
+
+    assert with_engine(model, main) == (["a"], ["b"])
+
+
+def test_a_failing_control_job_reaches_its_caller_only():
+    class BadRelease(Doubler):
+        def release(self, session_id: str) -> None:
+            raise KeyError(session_id)
+
+    async def main(engine: Engine):
+        with pytest.raises(KeyError):
+            await engine.release("doubler", "x")
+        assert engine.healthy
+        return await engine.submit("doubler", 3, session_id="x")
+
+    assert with_engine(BadRelease(), main) == 6

@@ -1,0 +1,79 @@
+"""models/world/base.py: every world's chunks are checked against their ticks, once, in the base."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytest
+
+from models.base import ModelError
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from sessions import FrozenDict, TickRequest
+
+
+class Painted(WorldAdapter):
+    """Frames filled with the chunk index; ``fault`` breaks one postcondition."""
+
+    name = "painted"
+
+    def __init__(self, fault: str = "") -> None:
+        self.geometry = WorldGeometry(height=4, width=6, frames_per_chunk=2, fps=10.0)
+        self.fault = fault
+
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        out = []
+        for w in works:
+            frames = np.full(self.geometry.frames_shape, w.chunk_index, np.uint8)
+            chunk = WorldChunk.answering(w, frames)
+            if self.fault == "request":
+                chunk = WorldChunk(w.session_id, "other:0", w.chunk_index, w.applied_event_ids, frames)
+            elif self.fault == "events":
+                chunk = WorldChunk(w.session_id, w.request_id, w.chunk_index, (), frames)
+            elif self.fault == "shape":
+                chunk = WorldChunk.answering(w, frames[:1])
+            elif self.fault == "dtype":
+                chunk = WorldChunk.answering(w, frames.astype(np.float32))
+            out.append(chunk)
+        if self.fault == "count":
+            out.append(out[0])
+        return out
+
+
+def tick(i: int = 0) -> WorldTick:
+    return WorldTick(f"s{i}", f"s{i}:0", 3, (1, 2), None, (frozenset("w"), frozenset()))
+
+
+def test_good_chunks_pass_through():
+    chunks = Painted().run_batch([tick(0), tick(1)])
+    assert [c.session_id for c in chunks] == ["s0", "s1"]
+    assert chunks[0].frames.shape == (2, 4, 6, 3) and int(chunks[0].frames.max()) == 3
+
+
+@pytest.mark.parametrize("fault, text", [
+    ("request", "answered ('s0', 'other:0', 3, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
+    ("events", "answered ('s0', 's0:0', 3, ()) for tick"),
+    ("shape", "frames must be uint8 [2, 4, 6, 3], got uint8 [1, 4, 6, 3]"),
+    ("dtype", "frames must be uint8 [2, 4, 6, 3], got float32 [2, 4, 6, 3]"),
+    ("count", "returned 2 chunks for 1 ticks"),
+])
+def test_broken_postconditions_fail_the_batch(fault, text):
+    with pytest.raises(ModelError) as info:
+        Painted(fault).run_batch([tick(0)])
+    assert text in str(info.value)
+
+
+def test_describe_declares_the_wire_geometry():
+    d = Painted().describe()
+    assert d == {"kind": "world", "name": "painted", "height": 4, "width": 6, "fps": 10.0, "frames_per_chunk": 2,
+                 "max_batch": 1, "control_schemas": ["keys.v1"], "action_keys": list("wasdijkl"),
+                 "uses_prompts": False}
+
+
+def test_tick_from_a_snapshot_and_action_bits():
+    model = Painted()
+    reducers = model.reducers()
+    assert set(reducers) == {"keys"}
+    request = TickRequest("s", "s:4", 2, (5,), "p", FrozenDict({"keys": (frozenset("wj"), frozenset())}))
+    assert model.tick(request, seed=9) == WorldTick("s", "s:4", 2, (5,), "p", (frozenset("wj"), frozenset()), 9)
+    assert action_bits(frozenset("wl")) == [1.0, 0, 0, 0, 0, 0, 0, 1.0]
