@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from typing import Iterator
 
 import httpx
@@ -113,11 +112,10 @@ class _Errors(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[logging.LogRecord] = []
-        self.lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        with self.lock:
-            self.records.append(record)
+        # Handler.handle holds the handler's own lock around emit.
+        self.records.append(record)
 
 
 @contextlib.contextmanager
