@@ -93,16 +93,3 @@ class SessionManager:
             del self._sessions[session_id]
             log.info("session %s: removed (%d open)", session_id, len(self._sessions))
         return session.state
-
-    def close(self, session_id: str, cleanup: Callable[[], None]) -> SessionState:
-        """begin_close, run ``cleanup``, finish_close; an exception from ``cleanup``
-        is logged and makes the session a CLEANUP_FAILED tombstone (close again to
-        retry)."""
-        self.begin_close(session_id)
-        ok = True
-        try:
-            cleanup()
-        except Exception:
-            log.exception("session %s: cleanup failed during close", session_id)
-            ok = False
-        return self.finish_close(session_id, ok)
