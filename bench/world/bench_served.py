@@ -24,9 +24,11 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
+
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 
 
 def log(msg: str) -> None:
@@ -86,49 +88,28 @@ def _client_process(url: str, ids: list[int], credits: int, warmup: float, secon
 
 
 # ---------------------------------------------------------------- server side
-class InstantWorld:
+class InstantWorld(WorldAdapter):
     """A world adapter that answers at once with a constant maze frame: what serving itself costs.
 
     With it the bench measures the server's ceiling (engine hand-offs, session
     bookkeeping, WebSocket framing) with no model time at all.
     """
 
-    kind = "world"
     name = "instant"
     max_batch = 128
 
     def __init__(self, delay_ms: float = 0.0) -> None:
-        from models.base import WorldGeometry
+        # A real maze view, so the bytes on the wire (and any compression) are as served.
+        from models.world.maze.sim import H, W, MazeSim
 
         self.delay_s = delay_ms / 1000.0  # a stand-in for GPU time: sleeping releases the GIL
-        self.geometry = WorldGeometry(height=64, width=64, frames_per_chunk=1, fps=15.0, num_layers=1,
-                                      kv_heads=1, head_dim=1, tokens_per_frame=1, sink_frames=0,
-                                      window_frames=1)
-        # A real maze view, so the bytes on the wire (and any compression) are as served.
-        from models.world.maze.sim import MazeSim
-
+        self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=1, fps=15.0)
         self.frame = MazeSim([0]).render().numpy()
 
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, "height": 64, "width": 64, "fps": 15.0,
-                "frames_per_chunk": 1, "action_keys": list("wasdijkl")}
-
-    def run_batch(self, works):
-        from models.base import WorldChunk
-
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         if self.delay_s:
             time.sleep(self.delay_s)
-        return [WorldChunk(session_id=w.session_id, request_id=w.request_id, chunk_index=w.chunk_index,
-                           applied_event_ids=w.applied_event_ids, frames=self.frame) for w in works]
-
-    def end_tick(self, session_id: str, committed: bool) -> None:
-        pass
-
-    def release(self, session_id: str) -> None:
-        pass
-
-    def set_drop_listener(self, listener) -> None:
-        pass
+        return [WorldChunk.answering(w, self.frame) for w in works]
 
 
 def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_sessions: int,
