@@ -24,6 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 import websockets
 
+from protocols import world_v1 as wire
+
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/world"
 
 
@@ -107,7 +109,7 @@ class WorldClient:
         return msg
 
     async def create(self, session_id: str, **options: Any) -> dict[str, Any]:
-        await self.send({"type": "session.create", "session_id": session_id, **options})
+        await self.send(wire.CreateRequest(session_id, **options).to_wire())
         return await self.expect("session.created")
 
     async def event(self, *, event_id: int | None = None, prompt: str | None = None,
@@ -115,22 +117,19 @@ class WorldClient:
         if event_id is None:
             event_id = self._next_event_id
         self._next_event_id = max(self._next_event_id, event_id + 1)
-        msg: dict[str, Any] = {"type": "event", "event_id": event_id, "controls": list(controls)}
-        if prompt is not None:
-            msg["prompt"] = prompt
-        await self.send(msg)
+        await self.send(wire.event_message(event_id, prompt=prompt, controls=controls))
         return await self.expect("event.accepted")
 
     async def hold_keys(self, keys: Sequence[str], **kw: Any) -> dict[str, Any]:
-        control = {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": list(keys)}}
+        control = wire.keys_control({"mode": "state", "held": list(keys)})
         return await self.event(controls=[control], **kw)
 
     async def script_keys(self, frames: Sequence[Sequence[str]], **kw: Any) -> dict[str, Any]:
-        control = {"track": "keys", "schema": "keys.v1", "data": {"mode": "script", "frames": [list(f) for f in frames]}}
+        control = wire.keys_control({"mode": "script", "frames": [list(f) for f in frames]})
         return await self.event(controls=[control], **kw)
 
     async def credit(self, chunks: int = 1) -> None:
-        await self.send({"type": "credit", "chunks": chunks})
+        await self.send(wire.Credit(chunks).to_wire())
 
     async def next_chunk(self, timeout: float = 30.0, *, credit: bool = True) -> Chunk:
         chunk = await asyncio.wait_for(self.chunks.get(), timeout)
@@ -139,11 +138,11 @@ class WorldClient:
         return chunk
 
     async def reset(self) -> dict[str, Any]:
-        await self.send({"type": "session.reset"})
+        await self.send(wire.Reset().to_wire())
         return await self.expect("session.reset")
 
     async def close(self) -> dict[str, Any]:
-        await self.send({"type": "session.close"})
+        await self.send(wire.Close().to_wire())
         return await self.expect("session.closed")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
@@ -52,12 +52,69 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class CreateRequest:
+    """``session.create``; ``to_wire`` leaves out what equals the default."""
+
     session_id: str
-    model: str | None
-    prompt: str | None
-    seed: int
-    format: str
-    credits: int
+    model: str | None = None
+    prompt: str | None = None
+    seed: int = 0
+    format: str = "jpeg"
+    credits: int = DEFAULT_CREDITS
+
+    def to_wire(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
+        for key, value, default in (("model", self.model, None), ("prompt", self.prompt, None),
+                                    ("seed", self.seed, 0), ("format", self.format, "jpeg"),
+                                    ("credits", self.credits, DEFAULT_CREDITS)):
+            if value != default:
+                msg[key] = value
+        return msg
+
+
+@dataclass(frozen=True)
+class Credit:
+    """``credit``: let the server run ``chunks`` more chunks ahead."""
+
+    chunks: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "credit", "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
+class Reset:
+    """``session.reset``."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "session.reset"}
+
+
+@dataclass(frozen=True)
+class Close:
+    """``session.close``; ``session_id`` retries a tombstone from another connection."""
+
+    session_id: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"type": "session.close"}
+        if self.session_id is not None:
+            msg["session_id"] = self.session_id
+        return msg
+
+
+def event_message(event_id: int, *, prompt: str | None = None,
+                  controls: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """An ``event`` message (its contents are checked by the server's session layer,
+    ``sessions/events.py``, which owns the control schemas)."""
+    msg: dict[str, Any] = {"type": "event", "event_id": event_id, "controls": list(controls)}
+    if prompt is not None:
+        msg["prompt"] = prompt
+    return msg
+
+
+def keys_control(data: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``keys.v1`` control of an event (``{"mode": "state", "held": [...]}`` or a script)."""
+    return {"track": "keys", "schema": "keys.v1", "data": dict(data)}
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -98,17 +155,17 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits)
 
 
-def parse_close(msg: Mapping[str, Any]) -> str | None:
+def parse_close(msg: Mapping[str, Any]) -> Close:
     """``session.close``: the optional ``session_id`` of a session whose cleanup failed
     on an earlier connection (a retry by id); None closes this connection's session."""
     session_id = msg.get("session_id")
     if session_id is not None and (not isinstance(session_id, str) or not session_id):
         raise ProtocolError(BAD_REQUEST, "session.close takes an optional non-empty string session_id")
-    return session_id
+    return Close(session_id)
 
 
-def parse_credit(msg: Mapping[str, Any]) -> int:
-    return _credits(msg.get("chunks"), "chunks", minimum=1)
+def parse_credit(msg: Mapping[str, Any]) -> Credit:
+    return Credit(_credits(msg.get("chunks"), "chunks", minimum=1))
 
 
 def _credits(value: Any, name: str, minimum: int = 0) -> int:

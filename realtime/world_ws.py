@@ -113,12 +113,12 @@ class WorldConnection:
                 await self.event(msg)
             elif kind == "credit":
                 self._need_session()
-                self.credits = min(self.credits + wire.parse_credit(msg), wire.MAX_CREDITS)
+                self.credits = min(self.credits + wire.parse_credit(msg).chunks, wire.MAX_CREDITS)
                 self._wake.set()
             elif kind == "session.reset":
                 await self.reset()
             elif kind == "session.close":
-                await self.close(wire.parse_close(msg))
+                await self.close(wire.parse_close(msg).session_id)
         except wire.ProtocolError as exc:
             await self.send_error(exc.code, exc.message, exc.event_id if exc.event_id is not None else event_id)
         except SessionError as exc:

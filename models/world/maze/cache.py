@@ -12,10 +12,9 @@ Keys are stored already rotated (time angle of ``f % 64``; the sink's time
 dims zeroed), so the order of slots never matters to attention and nothing is
 rewritten when the window rolls.
 
-``FrameCache.view(rows)`` hands the model a ``FrameContext`` over some rows:
-the pool's own tensors when ``rows`` is None (evaluation: every row, commit at
-once), else a gathered copy (serving: a batch of sessions whose tick may still
-be dropped; ``commit`` copies the kept frames back).
+``FrameCache.view()`` hands the model a ``FrameContext`` over the pool's own
+tensors (evaluation: every row, kept at once). Serving does not use this cache:
+it runs on kv/'s paged cache (``models/world/maze/adapter.py``).
 """
 
 from __future__ import annotations
@@ -85,19 +84,6 @@ class FrameCache:
         c.slot_valid = self.slot_valid.clone()
         return c
 
-    def view(self, rows: torch.Tensor | None = None) -> CacheView:
-        if rows is None:
-            return CacheView(self.k, self.v, self.slot_valid, self.cfg.tokens)
-        return CacheView([k[rows] for k in self.k], [v[rows] for v in self.v], self.slot_valid[rows].clone(),
-                         self.cfg.tokens)
-
-    def commit(self, rows: torch.Tensor, frames: torch.Tensor, own: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Keep frame ``frames[i]``'s K/V for row ``rows[i]`` (only for views that were copies)."""
-        view = CacheView(self.k, self.v, self.slot_valid, self.cfg.tokens)
-        n = self.cfg.tokens
-        slots = window_slots(frames, self.window)
-        tok = slots[:, None] * n + torch.arange(n, device=frames.device)[None]
-        for layer, (k, v) in enumerate(own):
-            view.k[layer][rows[:, None], :, tok] = k.transpose(1, 2).to(view.k[layer].dtype)
-            view.v[layer][rows[:, None], :, tok] = v.transpose(1, 2).to(view.v[layer].dtype)
-        self.slot_valid[rows, slots] = True
+    def view(self) -> CacheView:
+        """The whole cache, in place: passes write their kept K/V straight into it."""
+        return CacheView(self.k, self.v, self.slot_valid, self.cfg.tokens)
