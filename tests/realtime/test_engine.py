@@ -278,6 +278,11 @@ class Resettable(Doubler):
     def __init__(self) -> None:
         super().__init__()
         self.resets: list[str] = []
+        self.entered = threading.Event()
+
+    def run_batch(self, works: Sequence[int]) -> list[int]:
+        self.entered.set()
+        return super().run_batch(works)
 
     def reset(self, session_id: str) -> None:
         self.resets.append(session_id)
@@ -289,9 +294,9 @@ def test_release_and_reset_for_any_adapter_drop_queued_ticks():
 
     async def main(engine: Engine):
         running = asyncio.ensure_future(engine.submit("doubler", 1, session_id="a"))
-        await asyncio.sleep(0.05)  # "a" is in run_batch, held by the gate
+        assert await asyncio.to_thread(model.entered.wait, 10)  # "a" is in run_batch, held by the gate
         queued = asyncio.ensure_future(engine.submit("doubler", 2, session_id="a"))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # queued behind the running batch
         reset = asyncio.ensure_future(engine.reset("doubler", "a"))
         model.gate.set()
         assert await running == 2
