@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from models.base import ModelError
-from models.tts.base import (
+from models.tts.base import (  # the work and chunk types, re-exported for older imports
     MAX_SENTENCE_CHARS,
     AudioChunk,
     DecodeWindow,
@@ -57,6 +57,8 @@ from models.tts.windows import WindowPlan
 from protocols.tts_v1 import SAMPLE_RATES
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["MAX_SENTENCE_CHARS", "AudioChunk", "DecodeWindow", "PiperTTS", "SynthesizeSentence", "build"]
 
 # The rates every voice here offers (the resampler makes what the voice lacks).
 SUPPORTED_RATES = SAMPLE_RATES

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
