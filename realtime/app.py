@@ -19,6 +19,7 @@ from realtime.engine import Engine
 from realtime.metrics import render_metrics
 from realtime.registry import Inventory, build_inventory
 from realtime.openpi_ws import openpi_endpoint
+from realtime.origins import OriginGuard
 from realtime.tts_ws import tts_endpoint
 from realtime.world_ws import world_endpoint
 from sessions import SessionManager
@@ -66,6 +67,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     if WEB_DIR.is_dir():
         routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(OriginGuard, allowed=config.allowed_origins)
     app.state.config = config
     app.state.inventory = inventory
     app.state.world_models = inventory.names("world")

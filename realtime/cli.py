@@ -3,29 +3,78 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 
 from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.origins import parse_allowed
+
+DESCRIPTION = """\
+A realtime session server for interactive generative models: world, robot-policy
+and speech sessions over WebSockets on one engine. Open http://HOST:PORT/ for the
+demo page; the endpoints are /v1/realtime/world, /v1/realtime/robot/openpi and
+/v1/realtime/tts (docs/protocols.md)."""
+
+SERVE_EPILOG = """\
+examples:
+  realtime serve                                  maze and tiny worlds, policy, voice
+  realtime serve --host 0.0.0.0 --port 8080       reachable from other machines
+  realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
+Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="realtime", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+def _origins(text: str) -> tuple[str, ...]:
+    try:
+        return parse_allowed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets",
+                           description=DESCRIPTION, epilog=SERVE_EPILOG,
+                           formatter_class=_Formatter)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on; 0.0.0.0 (or ::) for every interface")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     serve.add_argument("--models", default="maze,tiny",
-                       help="world models to load, comma-separated; the first is the default (maze, tiny)")
+                       help="world models to load, comma-separated (maze, tiny); the first is the default")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
-    serve.add_argument("--frames-per-chunk", type=int, default=1)
-    serve.add_argument("--steps", type=int, default=None, help="denoising steps per frame (maze)")
+    serve.add_argument("--frames-per-chunk", type=int, default=1,
+                       help="frames a world session gets per tick (chunk); held keys apply per frame")
+    serve.add_argument("--steps", type=int, default=None,
+                       help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
     serve.add_argument("--policy", default="default",
                        help="robot policy: 'default', 'dummy', 'module:factory', or '' to disable")
     serve.add_argument("--no-tts", action="store_true", help="do not load the TTS voice")
-    serve.add_argument("--log-level", default="info")
-    return parser.parse_args(argv)
+    serve.add_argument("--allowed-origins", type=_origins, default=ServerConfig.allowed_origins,
+                       metavar="ORIGINS",
+                       help="comma-separated browser origins (scheme://host[:port]) that may open "
+                            "WebSockets besides the server's own page; 'loopback' allows any "
+                            "localhost port, '*' any origin; clients that send no Origin "
+                            "(Python, robots) are always allowed")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level of the server and of uvicorn")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after every option's help; the description and examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):  # "(default: None)" says nothing
+            return action.help
+        if isinstance(action.default, tuple):
+            return f"{action.help} (default: {','.join(action.default)})"
+        return super()._get_help_string(action)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -37,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host,
         port=args.port,
+        allowed_origins=args.allowed_origins,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=tuple(m for m in args.models.split(",") if m), max_batch=args.max_batch,
                           frames_per_chunk=args.frames_per_chunk, steps=args.steps),
@@ -47,12 +97,26 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = config_from_args(args)
-    from realtime.app import build_app
-    from realtime.server import run
+    from realtime.server import bind_socket, run
 
-    run(build_app(config), host=config.host, port=config.port, log_level=args.log_level)
+    # The port first: a busy one is reported now, not after every model has loaded.
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        hint = " (another server running? choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        print(f"realtime serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
+              file=sys.stderr)
+        return 1
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        from realtime.app import build_app
+
+        app = build_app(config)
+    except KeyboardInterrupt:  # Ctrl-C while models load: nothing to drain
+        print("realtime serve: interrupted while loading models", file=sys.stderr)
+        return 130
+    run(app, sock=sock, log_level=args.log_level)
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from realtime.origins import LOOPBACK
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -46,6 +48,9 @@ class TTSConfig:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    # Browser origins that may open WebSockets besides the server's own (realtime/origins.py):
+    # exact origins, "loopback" (any localhost port) or "*". Clients without Origin always may.
+    allowed_origins: tuple[str, ...] = (LOOPBACK,)
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

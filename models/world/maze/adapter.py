@@ -127,7 +127,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
             block_size=cfg.tokens, sink_frames=1, window_frames=self.window, frames_per_tick=1,
             dtype=self.dtype)
         g = self.kv_geometry
-        plan = plan_capacity(g, available_bytes=1 << 62, fraction=1.0, requested_sessions=max_sessions,
+        plan = plan_capacity(g, available_bytes=None, fraction=1.0, requested_sessions=max_sessions,
                              ticks_in_flight=max_batch)
         self.cache = PagedKVCache.from_plan(
             g, plan, self.device, attention_backend=attention_backend or "gather_sdpa")
