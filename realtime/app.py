@@ -85,8 +85,9 @@ async def healthz(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     inventory: Inventory = request.app.state.inventory
-    models = [{**a.describe(), "available": True} for a in inventory.adapters.values()]
-    models += list(inventory.unavailable.values())
+    # ``id`` as OpenAI-style model lists have it: the name a session's ``model`` field takes.
+    models = [{"id": name, **a.describe(), "available": True} for name, a in inventory.adapters.items()]
+    models += [{"id": name, **entry} for name, entry in inventory.unavailable.items()]
     return JSONResponse({"object": "list", "data": models})
 
 

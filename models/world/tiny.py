@@ -146,6 +146,7 @@ class TinyWorld(ModelAdapter[WorldTick, WorldChunk]):
             "frames_per_chunk": g.frames_per_chunk,
             "fps": g.fps,
             "max_batch": self.max_batch,
+            "uses_prompts": False,  # frames follow the keys only
         }
 
     def _first_frame(self, seed: int) -> torch.Tensor:

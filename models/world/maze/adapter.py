@@ -186,6 +186,7 @@ class MazeWorld(ModelAdapter[WorldTick, WorldChunk]):
         cfg = self.model.cfg
         return {
             "kind": self.kind, "name": self.name, "height": 64, "width": 64, "fps": FPS,
+            "uses_prompts": False,  # the raycast maze is steered by keys alone
             "frames_per_chunk": self.frames_per_chunk, "action_keys": list(ACTION_KEYS),
             "denoising_steps": self.steps, "window_frames": self.window, "sink_frames": 1,
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),

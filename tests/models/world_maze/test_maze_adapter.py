@@ -32,6 +32,7 @@ def test_describe_and_geometry(weights):
     d = w.describe()
     assert (d["kind"], d["name"], d["denoising_steps"], d["window_frames"], d["train_steps"]) == (
         "world", "maze", 2, 4, 3)
+    assert d["uses_prompts"] is False
     g = w.geometry
     assert (g.height, g.width, g.frames_per_chunk, g.num_layers, g.kv_heads, g.head_dim,
             g.tokens_per_frame, g.sink_frames, g.window_frames, g.dtype_bytes) == (
