@@ -5,8 +5,10 @@ no same-origin rule to WebSockets themselves, so without this check any page a u
 visits could drive their local server. Python clients and robots send no ``Origin``
 and are always allowed. A browser handshake is allowed when its origin is
 
-* the server's own origin (``Origin`` names the same host and port as ``Host``):
-  the demo page the server itself serves;
+* the server's own origin (``Origin`` names the same host and port as ``Host``)
+  when that host is an IP address or ``localhost``: the demo page the server itself
+  serves. A domain name must be listed: a DNS-rebinding page (its own domain made to
+  resolve to this machine) sends its domain as ``Host`` and would match itself;
 * a loopback origin (``http(s)://localhost``, ``127.x.x.x``, ``[::1]``, any port)
   when the allowed list holds the keyword ``loopback`` (the default);
 * listed exactly (``https://app.example.com``), or anything when ``*`` is listed.
@@ -66,6 +68,15 @@ def _normalise(origin: str) -> str | None:
     return f"{parts.scheme}://{host}:{port}"
 
 
+def _is_address(host: str) -> bool:
+    """An IP literal or a loopback name: a host no DNS answer can rebind."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return _is_loopback(host)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
@@ -89,9 +100,9 @@ def origin_allowed(origin: str | None, host_header: str | None, allowed: Iterabl
     if normal in allowed:
         return True
     scheme = normal.split("://", 1)[0]
-    if host_header and _normalise(f"{scheme}://{host_header}") == normal:
-        return True
     hostname = urlsplit(normal).hostname or ""
+    if host_header and _normalise(f"{scheme}://{host_header}") == normal and _is_address(hostname):
+        return True
     return LOOPBACK in allowed and _is_loopback(hostname)
 
 
@@ -113,11 +124,12 @@ class OriginGuard:
         if origin_allowed(origin, headers.get("host"), self.allowed):
             await self.app(scope, receive, send)
             return
+        shown = origin if len(origin) <= 200 else origin[:200] + "..."  # a client's text: bounded
         log.warning("refused a WebSocket to %s from origin %r (not in --allowed-origins)",
-                    scope.get("path"), origin)
+                    scope.get("path"), shown)
         await receive()  # websocket.connect
         if "websocket.http.response" in scope.get("extensions", {}):
-            body = f"origin {origin!r} is not allowed (see --allowed-origins)\n".encode()
+            body = f"origin {shown!r} is not allowed (see --allowed-origins)\n".encode()
             await send({"type": "websocket.http.response.start", "status": 403,
                         "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                     (b"content-length", str(len(body)).encode())]})

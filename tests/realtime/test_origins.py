@@ -43,6 +43,22 @@ def test_origin_rule(origin, allowed, ok):
     assert origin_allowed(origin, OWN, normalise_allowed(allowed)) is ok
 
 
+@pytest.mark.parametrize(
+    ("origin", "host", "ok"),
+    [
+        ("http://192.168.1.5:8000", "192.168.1.5:8000", True),  # the page, reached over the LAN
+        ("http://[fe80::1]:8000", "[fe80::1]:8000", True),
+        ("http://localhost:8000", "localhost:8000", True),
+        # DNS rebinding: a page on evil.example, resolved to this machine, sends its own Host.
+        ("http://evil.example:8000", "evil.example:8000", False),
+        ("https://demo.example.com", "demo.example.com", False),  # behind a proxy: list it
+    ],
+)
+def test_own_origin_needs_an_address_as_host(origin, host, ok):
+    assert origin_allowed(origin, host, ()) is ok
+    assert origin_allowed(origin, host, normalise_allowed([origin])) is True
+
+
 def test_parse_allowed():
     assert parse_allowed(" loopback, https://a.example ,") == ("loopback", "https://a.example")
     assert normalise_allowed(parse_allowed("https://a.example")) == ("https://a.example:443",)
