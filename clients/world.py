@@ -183,15 +183,26 @@ async def _main(args: argparse.Namespace) -> None:
         await client.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Play a world session from the terminal.")
-    parser.add_argument("--url", default=DEFAULT_URL)
-    parser.add_argument("--session", default="cli")
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--keys", default="w", help="keys to hold, e.g. 'wj'")
-    parser.add_argument("--chunks", type=int, default=30)
-    parser.add_argument("--out", default=None, help="write the last frame as PNG")
-    asyncio.run(_main(parser.parse_args()))
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m clients.world",
+        description="Play one world.v1 session from the terminal: hold keys for a number of "
+                    "chunks, print the frame rate and optionally save the last frame.",
+        epilog="example: python -m clients.world --keys wj --chunks 60 --out last.png")
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help="the server's world.v1 WebSocket (default: %(default)s)")
+    parser.add_argument("--session", default="cli",
+                        help="session id to create; must not be in use on the server (default: %(default)s)")
+    parser.add_argument("--model", default=None,
+                        help="world model to run (see GET /v1/models); default: the server's first")
+    parser.add_argument("--keys", default="w",
+                        help="keys to hold, one letter each: w a s d move, i j k l look; '' for none "
+                             "(default: %(default)s)")
+    parser.add_argument("--chunks", type=int, default=30,
+                        help="how many chunks to play; a chunk is one tick of the server's frames_per_chunk "
+                             "frames (default: %(default)s)")
+    parser.add_argument("--out", default=None, help="write the last frame as PNG to this path")
+    asyncio.run(_main(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

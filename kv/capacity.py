@@ -77,7 +77,7 @@ def required_bytes(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> in
 
 @dataclass(frozen=True)
 class CapacityPlan:
-    available_bytes: int
+    available_bytes: int | None  # None: no memory limit
     fraction: float
     budget_bytes: int          # effective budget: max(available * fraction, required(1))
     required_one_bytes: int    # required(1)
@@ -88,10 +88,21 @@ class CapacityPlan:
     ticks_in_flight: int
 
 
-def plan_capacity(g: KVGeometry, available_bytes: int, *, fraction: float = 0.9,
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``3.5 KiB``, ``1.04 GiB``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            value = n / (1 << shift)
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+    return f"{n} B"
+
+
+def plan_capacity(g: KVGeometry, available_bytes: int | None, *, fraction: float = 0.9,
                   requested_sessions: int | None = None, ticks_in_flight: int = 1) -> CapacityPlan:
     """Largest resident session count that fits, capped by ``requested_sessions``.
 
+    ``available_bytes=None`` means no memory limit (host memory, or a device the
+    caller does not measure): the plan is then exactly ``requested_sessions``.
     Raises ``CapacityError`` naming available and required bytes when not even one
     session fits in ``available_bytes``.
     """
@@ -100,6 +111,16 @@ def plan_capacity(g: KVGeometry, available_bytes: int, *, fraction: float = 0.9,
     if ticks_in_flight < 1:
         raise ValueError(f"ticks_in_flight must be >= 1, got {ticks_in_flight}")
     one = required_bytes(g, 1, ticks_in_flight)
+    if available_bytes is None:
+        if requested_sessions is None or requested_sessions < 1:
+            raise ValueError("without a memory limit, requested_sessions must be a positive int")
+        need = required_bytes(g, requested_sessions, ticks_in_flight)
+        log.info("kv capacity: %d sessions in %s (no memory limit)", requested_sessions, format_bytes(need))
+        return CapacityPlan(
+            available_bytes=None, fraction=fraction, budget_bytes=need, required_one_bytes=one,
+            capacity=requested_sessions, required_bytes=need,
+            num_blocks=pool_blocks(g, requested_sessions, ticks_in_flight),
+            worker_blocks=scratch_pages(g), ticks_in_flight=ticks_in_flight)
     if one > available_bytes:
         raise CapacityError(
             f"KV cache needs {one} bytes for one session but only {available_bytes} bytes "
@@ -115,8 +136,8 @@ def plan_capacity(g: KVGeometry, available_bytes: int, *, fraction: float = 0.9,
     capacity = max(capacity, 1)
     need = required_bytes(g, capacity, ticks_in_flight)
     assert need <= budget, (need, budget)
-    log.info("kv capacity: %d sessions, %d of %d budget bytes (available %d, fraction %s)",
-             capacity, need, budget, available_bytes, fraction)
+    log.info("kv capacity: %d sessions in %s of a %s budget (%s of %s available)",
+             capacity, format_bytes(need), format_bytes(budget), fraction, format_bytes(available_bytes))
     return CapacityPlan(
         available_bytes=available_bytes, fraction=fraction, budget_bytes=budget,
         required_one_bytes=one, capacity=capacity, required_bytes=need,

@@ -20,6 +20,7 @@ from realtime.engine import Engine
 from realtime.metrics import render_metrics
 from realtime.registry import Inventory, build_inventory
 from realtime.openpi_ws import openpi_endpoint
+from realtime.origins import OriginGuard
 from realtime.tts_ws import tts_endpoint
 from realtime.world_ws import world_endpoint
 from sessions import SessionManager
@@ -68,6 +69,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     if WEB_DIR.is_dir():
         routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
     app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(OriginGuard, allowed=config.allowed_origins)
     app.state.config = config
     app.state.inventory = inventory
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
@@ -84,8 +86,9 @@ async def healthz(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     inventory: Inventory = request.app.state.inventory
-    models = [{**a.describe(), "available": True} for a in inventory.adapters.values()]
-    models += list(inventory.unavailable.values())
+    # ``id`` as OpenAI-style model lists have it: the name a session's ``model`` field takes.
+    models = [{"id": name, **a.describe(), "available": True} for name, a in inventory.adapters.items()]
+    models += [{"id": name, **entry} for name, entry in inventory.unavailable.items()]
     return JSONResponse({"object": "list", "data": models})
 
 

@@ -3,35 +3,84 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.origins import parse_allowed
+
+DESCRIPTION = """\
+A realtime session server for interactive generative models: world, robot-policy
+and speech sessions over WebSockets on one engine. Open http://HOST:PORT/ for the
+demo page; the endpoints are /v1/realtime/world, /v1/realtime/robot/openpi and
+/v1/realtime/tts (docs/protocols.md)."""
+
+SERVE_EPILOG = """\
+examples:
+  realtime serve                                  maze and tiny worlds, policy, voice
+  realtime serve --host 0.0.0.0 --port 8080       reachable from other machines
+  realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
+Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="realtime", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+def _origins(text: str) -> tuple[str, ...]:
+    try:
+        return parse_allowed(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets",
+                           description=DESCRIPTION, epilog=SERVE_EPILOG,
+                           formatter_class=_Formatter)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on; 0.0.0.0 (or ::) for every interface")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     serve.add_argument("--models", default=",".join(DEFAULT_WORLDS),
                        help="models to load, comma-separated 'name' or 'name=path' entries of the factory table "
                             f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
-                            "first is the default world; a policy or voice entry here replaces --policy / the "
-                            "default voice")
+                            "first is the default world; a policy or voice entry here takes the place of the policy "
+                            "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
-    serve.add_argument("--frames-per-chunk", type=int, default=1)
-    serve.add_argument("--steps", type=int, default=None, help="denoising steps per frame (maze)")
+    serve.add_argument("--frames-per-chunk", type=int, default=1,
+                       help="frames a world session gets per tick (chunk); held keys apply per frame")
+    serve.add_argument("--steps", type=int, default=None,
+                       help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
     serve.add_argument("--policy", default=None,
                        help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
                             "'module:factory', or '' to disable (default: default)")
     serve.add_argument("--no-tts", action="store_true", help="do not load the TTS voice")
-    serve.add_argument("--log-level", default="info")
-    return parser.parse_args(argv)
+    serve.add_argument("--allowed-origins", type=_origins, default=ServerConfig.allowed_origins,
+                       metavar="ORIGINS",
+                       help="comma-separated browser origins (scheme://host[:port]) that may open "
+                            "WebSockets besides the server's own page; 'loopback' allows any "
+                            "localhost port, '*' any origin; clients that send no Origin "
+                            "(Python, robots) are always allowed")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level of the server and of uvicorn")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after every option's help; the description and examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):  # "(default: None)" says nothing
+            return action.help
+        if isinstance(action.default, tuple):
+            return f"{action.help} (default: {','.join(action.default)})"
+        return super()._get_help_string(action)
 
 
 def _names(kind: str) -> list[str]:
@@ -49,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host,
         port=args.port,
+        allowed_origins=args.allowed_origins,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps),
@@ -74,17 +124,30 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from realtime.app import build_app
-    from realtime.server import run
+    from realtime.server import bind_socket, run
 
+    # The port first: a busy one is reported now, not after every model has loaded.
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        hint = " (another server running? choose another --port)" if exc.errno == errno.EADDRINUSE else ""
+        print(f"realtime serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
+              file=sys.stderr)
+        return 1
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = config_from_args(args)
+        from realtime.app import build_app
+
         app = build_app(config)
     except FactoryError as exc:
+        sock.close()
         print(f"realtime serve: {exc}", file=sys.stderr)
         return 2
-    run(app, host=config.host, port=config.port, log_level=args.log_level)
+    except KeyboardInterrupt:  # Ctrl-C while models load: nothing to drain
+        print("realtime serve: interrupted while loading models", file=sys.stderr)
+        return 130
+    run(app, sock=sock, log_level=args.log_level)
     return 0
 
 

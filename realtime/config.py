@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.factory import DEFAULT_WORLDS
+from realtime.origins import LOOPBACK
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class TTSConfig:
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    # Browser origins that may open WebSockets besides the server's own (realtime/origins.py):
+    # exact origins, "loopback" (any localhost port) or "*". Clients without Origin always may.
+    allowed_origins: tuple[str, ...] = (LOOPBACK,)
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -7,6 +7,8 @@ through here, so what they measure is what a user runs.
 from __future__ import annotations
 
 import contextlib
+import logging
+import signal
 import socket
 import threading
 import time
@@ -15,6 +17,8 @@ from typing import Any, Iterator
 import uvicorn
 
 from realtime.allocator import tune_malloc
+
+log = logging.getLogger(__name__)
 
 # The largest WebSocket message uvicorn accepts at all; each endpoint enforces its own,
 # smaller limit with a protocol error (OpenPI must read a 64 MiB+ body to answer it).
@@ -38,10 +42,63 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                           ws_per_message_deflate=per_message_deflate, lifespan="on")
 
 
-def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
-    """Serve in the foreground, as ``realtime serve`` does."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one).
+
+    ``realtime serve`` binds before it loads any model, so a busy port is reported
+    in a moment rather than after every model has loaded. Raises ``OSError``
+    (``errno.EADDRINUSE`` for a busy port). SO_REUSEADDR as uvicorn sets it: a
+    restart may reuse a port in TIME_WAIT, never one another server listens on.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        # Listening now claims the port: two servers started at once cannot both
+        # bind, and clients that connect while models load wait instead of failing.
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, less its re-raise of the stopping signal.
+
+    uvicorn drains on SIGINT / SIGTERM and then raises the signal again, which ends
+    the process with a ``KeyboardInterrupt`` traceback (SIGINT) or killed by SIGTERM.
+    A server that has drained has finished its job: ``realtime serve`` exits 0.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and sockets:  # uvicorn logs its "running on" line only for host/port
+            host, port = sockets[0].getsockname()[:2]
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            log.info("serving on %s (the demo page; Ctrl-C to stop)", url)
+
+
+def run(app: Any, *, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve on ``sock`` (from :func:`bind_socket`) in the foreground, as ``realtime
+    serve`` does; returns once a signal has stopped and drained the server."""
     tune_malloc()
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
+    host, port = sock.getsockname()[:2]
+    _Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run(sockets=[sock])
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -105,6 +105,16 @@ class KeysReducer(ControlReducer):
         tick 0:  s0 s1 s2 s3      script left: s4 s5
         tick 1:  s4 s5 w  w       script left: -
         tick 2:  w  w  w  w
+
+    A key pressed and released again between two ticks (``held: ["j"]`` then
+    ``held: []``) would leave no trace in the final held set, so it is kept as a
+    *pulse*: it acts in the first held frame of that tick only. With 3 frames and
+    nothing held before::
+
+        updates  held [j], held []   ->  {j} {} {}   (as script [[j], [], []])
+
+    Like the held set itself, a pulse is overridden by script frames: in a tick
+    whose every frame comes from the script it has no effect.
     """
 
     track = "keys"
@@ -164,16 +174,24 @@ class KeysReducer(ControlReducer):
 
     def prepare(self, updates: Sequence[FrozenDict]) -> Prepared:
         held, script = self._held, self._script
+        pressed: frozenset[str] = frozenset()
         for data in updates:
             if data["mode"] == "state":
-                held = _keyset(data["held"], "held")
+                new_held = _keyset(data["held"], "held")
+                pressed |= new_held - held
+                held = new_held
             else:
                 script = script + tuple(
                     _keyset(frame, f"frames[{i}]") for i, frame in enumerate(data["frames"])
                 )
         n = self.frames_per_chunk
         from_script = script[:n]
-        value = from_script + (held,) * (n - len(from_script))
+        # Keys that went down in this tick's updates but are up again at its end.
+        pulse = pressed - held
+        held_frames = (held,) * (n - len(from_script))
+        if pulse and held_frames:
+            held_frames = (held | pulse,) + held_frames[1:]
+        value = from_script + held_frames
         next_state: KeysState = (held, script[len(from_script) :])
         return Prepared(value=value, next_state=next_state)
 

@@ -82,9 +82,9 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
     inventory.adapters[policy.name] = policy
     # The same process set-up and uvicorn settings as ``realtime serve``.
-    from realtime.server import run
+    from realtime.server import bind_socket, run
 
-    run(build_app(config, inventory), host="127.0.0.1", port=port, log_level="warning")
+    run(build_app(config, inventory), sock=bind_socket("127.0.0.1", port), log_level="warning")
 
 
 def serve_reference(port: int, infer_ms: float) -> None:

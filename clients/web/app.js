@@ -3,7 +3,7 @@
 // window.demo (read by tests/e2e/test_web.py):
 //   ready           true once every panel has started (bootError set instead on failure)
 //   models          GET /v1/models data
-//   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, ...)
+//   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts, ...)
 //   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, ...)
 //   robot           RobotPanel.state   (policies, placeholder)
 //   panels          the panel objects themselves

@@ -48,6 +48,7 @@ export class WorldPanel {
       lastError: null, // the last server `error` message, or {code: "connection", ...}
       errors: [],
       closeCode: null, // of the last unexpected socket close
+      usesPrompts: true, // the selected model's `uses_prompts` (GET /v1/models); unknown: true
     };
     this.el = {
       model: $("world-model"),
@@ -90,7 +91,10 @@ export class WorldPanel {
     this.el.session.value = randomId("web");
     this.keys.attach(document.querySelector("#world-panel .keypad"));
     this.el.connect.addEventListener("click", () => this.newSession());
-    this.el.model.addEventListener("change", () => this.newSession());
+    this.el.model.addEventListener("change", () => {
+      this.#renderPrompt();
+      this.newSession();
+    });
     this.el.reset.addEventListener("click", () => this.send({ type: "session.reset" }));
     this.el.close.addEventListener("click", () => this.closeSession());
     this.el.reconnect.addEventListener("click", () => {
@@ -366,6 +370,17 @@ export class WorldPanel {
     this.el.promptForm.querySelector("button").disabled = !live;
   }
 
+  /** The prompt box says when the selected model ignores prompts (its `uses_prompts`).
+   *  It stays usable: the server still takes (and checks) a prompt such a model ignores. */
+  #renderPrompt() {
+    const model = this.models.find((m) => m.name === this.el.model.value);
+    this.state.usesPrompts = model?.uses_prompts !== false;
+    this.el.prompt.placeholder = this.state.usesPrompts
+      ? "prompt, e.g. a foggy harbour at dawn"
+      : `${model.name} ignores prompts: steer it with the keys`;
+    this.el.prompt.title = this.state.usesPrompts ? "" : `${model.name} ignores prompts: they are accepted and have no effect`;
+  }
+
   #renderHud() {
     const s = this.state;
     s.fps = this.player.fps;
@@ -388,6 +403,7 @@ export class WorldPanel {
     }
     const first = this.models.find((m) => m.available);
     if (first) this.el.model.value = first.name;
+    this.#renderPrompt();
   }
 }
 

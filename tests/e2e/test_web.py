@@ -181,6 +181,38 @@ def test_page_loads_and_plays_without_console_errors(tiny_page: Page):
     assert p.console_errors == []
 
 
+class PromptedTiny(TinyWorld):
+    """The tiny world under another name, listed as reading prompts: the page's other case
+    (no built-in world reads prompts yet; the page only looks at ``uses_prompts``)."""
+
+    def describe(self):
+        return {**super().describe(), "uses_prompts": True}
+
+
+def test_the_prompt_box_says_when_the_model_ignores_prompts(browser):
+    inventory = Inventory()
+    for model in (TinyWorld(), PromptedTiny(name="prompted")):
+        inventory.adapters[model.name] = model
+    app = build_app(ServerConfig(world=WorldConfig(models=("tiny", "prompted"))), inventory)
+    box = "document.getElementById('world-prompt')"
+    with serve(app) as addr:
+        p = Page(browser, addr)
+        try:
+            p.wait("demo.world.chunkIndex >= 0")
+            assert p.js("demo.world.model") == "tiny"
+            assert p.js(f"[{box}.placeholder, {box}.title, demo.world.usesPrompts]") == [
+                "tiny ignores prompts: steer it with the keys",
+                "tiny ignores prompts: they are accepted and have no effect", False]
+            p.screenshot("#world-prompt-form", "world-prompt-ignored.png")
+            p.page.select_option("#world-model", "prompted")
+            p.wait("demo.world.model === 'prompted' && demo.world.chunkIndex >= 0")
+            assert p.js(f"[{box}.placeholder, {box}.title, demo.world.usesPrompts]") == [
+                "prompt, e.g. a foggy harbour at dawn", "", True]
+            assert p.console_errors == []
+        finally:
+            p.close()
+
+
 def test_holding_w_advances_chunks_and_changes_pixels(tiny_page: Page):
     p = tiny_page
     p.focus_page()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kv.capacity import (CapacityError, managed_pages, plan_capacity, pool_blocks, required_bytes,
+from kv.capacity import (CapacityError, format_bytes, managed_pages, plan_capacity, pool_blocks, required_bytes,
                          scratch_pages)
 from kv.geometry import KVGeometry
 
@@ -81,3 +81,21 @@ def test_branches_multiply_pages_and_cross():
 def test_bad_fraction():
     with pytest.raises(ValueError):
         plan_capacity(TINY, 1000, fraction=0.0)
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (0, 1023, 1024, 1536, 1_116_733_440, 60 * GIB, 1 << 50)] == [
+        "0 B", "1023 B", "1 KiB", "1.5 KiB", "1.04 GiB", "60 GiB", "1024 TiB"]
+
+
+def test_no_memory_limit_plans_the_requested_sessions_and_logs_human_units(caplog):
+    caplog.set_level("INFO", logger="kv.capacity")
+    plan = plan_capacity(LINGBOT, None, fraction=1.0, requested_sessions=2)
+    assert (plan.capacity, plan.available_bytes) == (2, None)
+    assert plan.required_bytes == plan.budget_bytes == required_bytes(LINGBOT, 2)
+    assert plan.num_blocks == pool_blocks(LINGBOT, 2)
+    plan_capacity(LINGBOT, 100 * GIB, fraction=0.6)
+    assert caplog.messages == ["kv capacity: 2 sessions in 53.2 GiB (no memory limit)",
+                               "kv capacity: 2 sessions in 53.2 GiB of a 60 GiB budget (0.6 of 100 GiB available)"]
+    with pytest.raises(ValueError):
+        plan_capacity(LINGBOT, None)

@@ -300,6 +300,7 @@ def test_release_and_reset_for_any_adapter_drop_queued_ticks():
         queued = asyncio.ensure_future(engine.submit("doubler", 2, session_id="a"))
         await asyncio.sleep(0)  # queued behind the running batch
         reset = asyncio.ensure_future(engine.reset("doubler", "a"))
+        await asyncio.sleep(0)  # the reset is on the control lane before the running batch ends
         model.gate.set()
         assert await running == 2
         await reset

@@ -59,6 +59,30 @@ def test_updates_apply_in_order_within_a_tick():
     assert tick(r, script(["i"])) == (fs("i"), fs("l"))
 
 
+def test_a_key_pressed_and_released_within_a_tick_acts_for_one_frame():
+    # Issue 12, defect 2: the pulse was lost (the final held set is empty).
+    r = KeysReducer(3)
+    pulse = tick(r, state("j"), state())
+    assert pulse == tick(KeysReducer(3), script(["j"], [], [])) == (fs("j"), fs(), fs())
+    assert r.held == fs()
+    assert tick(r) == (fs(),) * 3
+    # With other keys held, the pulse joins them in the first held frame only.
+    r = KeysReducer(3)
+    tick(r, state("w"))
+    assert tick(r, state("w", "j"), state("w")) == (fs("w", "j"), fs("w"), fs("w"))
+    # A key held before the tick is no pulse when released, nor one re-pressed and kept.
+    assert tick(r, state(), state("w")) == (fs("w"),) * 3
+    assert tick(r, state()) == (fs(),) * 3
+
+
+def test_a_pulse_follows_the_script_frames_of_its_tick():
+    r = KeysReducer(3)
+    assert tick(r, script(["a"]), state("l"), state()) == (fs("a"), fs("l"), fs())
+    # Script frames fill the whole chunk: like the held set, the pulse is overridden.
+    assert tick(r, script(["a"], ["s"], ["d"]), state("l"), state()) == (fs("a"), fs("s"), fs("d"))
+    assert tick(r) == (fs(),) * 3
+
+
 def test_prepare_is_pure_and_speculative():
     r = KeysReducer(2)
     tick(r, state("w"), script(["a"], ["s"], ["d"]))

@@ -1,0 +1,105 @@
+"""``realtime serve`` as a user runs it: a real subprocess on a real port."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from realtime.cli import build_parser, parse_args
+from realtime.server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ["--models", "tiny", "--policy", "dummy", "--no-tts"]
+
+
+def realtime(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "realtime", *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def test_a_busy_port_fails_at_once_with_one_line():
+    """Issue 12, defect 5: the second server loaded every model before Errno 98."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        proc = realtime("serve", "--port", str(port))  # the default models: maze, policy, voice
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    assert out == (f"realtime serve: cannot listen on 127.0.0.1:{port}: Address already in use "
+                   "(another server running? choose another --port)\n")
+    # One line and nothing else: no model started loading. 0.3 s on an idle dev machine (the
+    # models alone took 23 s before the fix); the bound leaves room for a loaded CI machine.
+    assert elapsed < 10.0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_drains_and_exits_quietly_with_status_0(sig):
+    """Issue 12, defect 4: Ctrl-C ended in ~20 lines of CancelledError / KeyboardInterrupt."""
+    port = free_port()
+    proc = realtime("serve", "--port", str(port), *QUICK)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).text == "OK":
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout and proc.stdout.read()
+            time.sleep(0.1)
+
+        async def session_open_during_the_signal() -> int | None:
+            async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime/world") as ws:
+                await ws.send(json.dumps({"type": "session.create", "session_id": "s", "credits": 1}))
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                proc.send_signal(sig)
+                try:
+                    while True:
+                        await ws.recv()
+                except websockets.ConnectionClosed as closed:
+                    return closed.rcvd.code if closed.rcvd else None
+
+        close_code = asyncio.run(asyncio.wait_for(session_open_during_the_signal(), 60))
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "Error" not in out and " ERROR " not in out, out
+    assert "serving on http://127.0.0.1:" in out
+    assert out.rstrip().endswith(f"Finished server process [{proc.pid}]"), out
+    assert close_code == 1012  # uvicorn's "service restart" to the client
+
+
+def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
+    serve = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    options = serve.choices["serve"]._actions
+    assert [a.dest for a in options if not a.help] == []
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text
+    listed = " ".join(text.split("options:", 1)[1].split())
+    for option, default in [("--host HOST", "127.0.0.1"), ("--port PORT", "8000"),
+                            ("--frames-per-chunk FRAMES_PER_CHUNK", "1"), ("--log-level", "info"),
+                            ("--allowed-origins ORIGINS", "loopback"), ("--models MODELS", "maze,tiny")]:
+        after = listed.split(option, 1)[1].split(" --", 1)[0]
+        assert f"(default: {default})" in after, (option, after)
+    assert "(default: None)" not in text and "(default: False)" not in text

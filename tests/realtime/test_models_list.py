@@ -1,0 +1,26 @@
+"""``GET /v1/models`` on a real server: ids, availability and what each world model reads."""
+
+from __future__ import annotations
+
+import httpx
+
+from models.world.tiny import TinyWorld
+from realtime.app import build_app
+from realtime.config import ServerConfig, WorldConfig
+from realtime.registry import Inventory
+from tests.e2e.conftest import serve
+
+
+def test_every_entry_has_an_id_and_world_models_say_whether_they_use_prompts():
+    inventory = Inventory()
+    world = TinyWorld()
+    inventory.adapters[world.name] = world
+    inventory.skip("piper-joe-medium", "tts", "TTS unavailable: missing onnx")
+    app = build_app(ServerConfig(world=WorldConfig(models=("tiny",))), inventory)
+    with serve(app) as addr:
+        body = httpx.get(f"http://{addr}/v1/models").json()
+    assert body["object"] == "list"
+    assert [(m["id"], m["name"], m["kind"], m["available"]) for m in body["data"]] == [
+        ("tiny", "tiny", "world", True), ("piper-joe-medium", "piper-joe-medium", "tts", False)]
+    assert body["data"][0]["uses_prompts"] is False
+    assert body["data"][1]["reason"] == "TTS unavailable: missing onnx"
