@@ -161,17 +161,20 @@ class Pi0Model(nn.Module):
         by a real token, so zeros stand in for them and SigLIP does not run on them."""
         cfg, b = self.cfg, tokens.shape[0]
         n, width = cfg.tokens_per_image, cfg.vlm.width
-        cams = len(cfg.image_features)
-        img = torch.zeros(b, cams, n, width, dtype=self.dtype, device=tokens.device)
-        pad = torch.zeros(b, cams, n, dtype=torch.bool, device=tokens.device)
-        if present:
-            feats = self.embed_images(images.flatten(0, 1)).view(b, len(present), n, width)
-            idx = list(present)
-            img[:, idx] = feats
-            pad[:, idx] = True
+        dev = tokens.device
+        feats = self.embed_images(images.flatten(0, 1)).view(b, len(present), n, width) if present else None
+        # Pieces in the checkpoint's camera order; no index tensors, so this captures in a CUDA graph.
+        pieces, pads = [], []
+        for slot in range(len(cfg.image_features)):
+            if slot in present:
+                pieces.append(feats[:, present.index(slot)])
+                pads.append(torch.ones(b, n, dtype=torch.bool, device=dev))
+            else:
+                pieces.append(torch.zeros(b, n, width, dtype=self.dtype, device=dev))
+                pads.append(torch.zeros(b, n, dtype=torch.bool, device=dev))
         lang = self.vlm.embed_tokens(tokens) * math.sqrt(width)
-        embs = torch.cat([img.flatten(1, 2), lang.to(self.dtype)], dim=1)
-        return embs, torch.cat([pad.flatten(1), token_valid], dim=1)
+        embs = torch.cat([*pieces, lang.to(self.dtype)], dim=1)
+        return embs, torch.cat([*pads, token_valid], dim=1)
 
     def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor) -> None:
         """Run Gemma-2B over the prefix; write each layer's rotated K and V into
@@ -259,7 +262,10 @@ def _qkv(layer: GemmaLayer, x: torch.Tensor, nh: int, nkv: int, d: int, cos: tor
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Multi-query attention; [B, H, T, D] -> [B, T, H*D]."""
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    if k.shape[1] != q.shape[1]:  # one K/V head for all query heads: a stride-0 view, no copy
+        b, _, t, d = k.shape
+        k, v = k.expand(b, q.shape[1], t, d), v.expand(b, q.shape[1], t, d)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.transpose(1, 2).flatten(2)
 
 

@@ -55,7 +55,7 @@ class Pi0Policy(PolicyAdapter):
     def __init__(self, model: Pi0Model, tokenizer: PromptTokenizer, *, state_stats: Stats, action_stats: Stats,
                  device: torch.device, max_batch: int = 32, steps: int | None = None,
                  image_key_map: Mapping[str, str] | None = None, name: str = "pi0", seed: int = 0,
-                 use_graphs: bool | None = None) -> None:
+                 use_graphs: bool | None = None, graph_prefix: bool = True) -> None:
         cfg = model.cfg
         self.cfg, self.model, self.tokenizer = cfg, model.eval(), tokenizer
         self.state_stats, self.action_stats = state_stats, action_stats
@@ -80,7 +80,7 @@ class Pi0Policy(PolicyAdapter):
                 "image_key_map": {k: key_map[k] for k in self.client_keys},
             },
         )
-        self.runner = Pi0Runner(model, device, max_batch, use_graphs=use_graphs)
+        self.runner = Pi0Runner(model, device, max_batch, use_graphs=use_graphs, graph_prefix=graph_prefix)
         self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pending: dict[str, int] = {}
 

@@ -8,6 +8,13 @@ padding mask, the state, the noise); the prefix runs eagerly and writes its K/V
 into the bucket's buffer, and the 10 expert passes (18 layers each, bound by kernel
 launches when run eagerly) replay as one captured graph per (bucket, steps) that
 reads those buffers. The graphs share one memory pool: they never run at once.
+
+With ``graph_prefix`` (the default on CUDA) the prefix joins the graph too: the
+bucket then also holds static images, tokens and their mask, a call copies its
+inputs in and replays one graph. The prefix is some 800 kernels (SigLIP's 27
+layers over every camera, Gemma-2B's 18), so at one robot its launch time is
+comparable to its arithmetic. If the prefix cannot be captured (a library change),
+it falls back to eager and says so once.
 """
 
 from __future__ import annotations
@@ -42,16 +49,21 @@ class _Bucket:
     state: torch.Tensor
     noise: torch.Tensor
     ar: torch.Tensor
-    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # loop only
+    whole: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # prefix + loop
+    # Static prefix inputs (graph_prefix only): images, tokens, token mask.
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class Pi0Runner:
     """Owns the device buffers; ``run`` is called by the engine thread only."""
 
-    def __init__(self, model: Pi0Model, device: torch.device, max_batch: int, *, use_graphs: bool | None = None) -> None:
+    def __init__(self, model: Pi0Model, device: torch.device, max_batch: int, *, use_graphs: bool | None = None,
+                 graph_prefix: bool = True) -> None:
         self.model, self.device = model, device
         self.buckets = buckets_for(max_batch)
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.graph_prefix = graph_prefix and self.use_graphs
         self._buckets: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_count = 0
@@ -82,28 +94,35 @@ class Pi0Runner:
             self._buckets[size] = bk
         return bk
 
-    def _loop(self, bk: _Bucket, steps: int) -> torch.Tensor:
+    def _loop(self, bk: _Bucket, steps: int, present: tuple[int, ...] | None = None) -> torch.Tensor:
         m = self.model
+        if present is not None and bk.inputs is not None:
+            embs, pad = m.embed_prefix(bk.inputs[0], present, bk.inputs[1], bk.inputs[2])
+            m.prefix_kv(embs, pad, bk.kv)
+            bk.prefix_pad.copy_(pad)
         state_emb, mask, cos, sin = m.suffix_inputs(bk.state, bk.prefix_pad, bk.ar)
         return m.sample(bk.noise, steps, state_emb, bk.kv, mask, cos, sin)
 
-    def _graph(self, bk: _Bucket, steps: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
-        hit = bk.graphs.get(steps)
+    def _graph(self, bk: _Bucket, steps: int,
+               present: tuple[int, ...] | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        table = bk.graphs if present is None else bk.whole
+        hit = table.get(steps)
         if hit is not None or not self.use_graphs or self.graph_count >= MAX_GRAPHS:
             return hit
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: cuBLAS handles and workspaces before capture
-                self._loop(bk, steps)
+                self._loop(bk, steps, present)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._loop(bk, steps)
-        bk.graphs[steps] = (graph, out)
+            out = self._loop(bk, steps, present)
+        table[steps] = (graph, out)
         self.graph_count += 1
-        log.info("pi0: captured the expert loop for batch %d, %d steps (%d graphs)", bk.size, steps, self.graph_count)
-        return bk.graphs[steps]
+        log.info("pi0: captured %s for batch %d, %d steps (%d graphs)",
+                 "the whole call" if present is not None else "the expert loop", bk.size, steps, self.graph_count)
+        return table[steps]
 
     def run(self, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor, token_valid: torch.Tensor,
             state: torch.Tensor, noise: torch.Tensor, steps: list[int]) -> torch.Tensor:
@@ -112,6 +131,11 @@ class Pi0Runner:
         images [B, C, 3, H, W] in [-1, 1] for the cameras in ``present``; ``steps`` per row."""
         m, b = self.model, tokens.shape[0]
         bk = self._bucket(b)
+        distinct = sorted(set(steps))
+        if self.graph_prefix and len(distinct) == 1 and not self.time_split:
+            out = self._whole(bk, images, present, tokens, token_valid, state, noise, distinct[0])
+            if out is not None:
+                return out
         timing = self.time_split and self.device.type == "cuda"
         if timing:
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
@@ -123,9 +147,8 @@ class Pi0Runner:
         bk.noise.copy_(noise)
         if timing:
             ev[1].record()
-        distinct = sorted(set(steps))
         if len(distinct) == 1:
-            graph = self._graph(bk, distinct[0])
+            graph = self._graph(bk, distinct[0], None)
             if graph is not None:
                 graph[0].replay()
                 out = graph[1].clone()
@@ -144,3 +167,25 @@ class Pi0Runner:
             ev[2].synchronize()
             self.last_split_ms = (ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2]))
         return out
+
+    def _whole(self, bk: _Bucket, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor,
+               token_valid: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor | None:
+        """Prefix and loop as one graph; None (and eager from then on) if capture fails."""
+        if bk.inputs is None:
+            bk.inputs = (torch.empty_like(images), torch.empty_like(tokens), torch.empty_like(token_valid))
+        for dst, src in zip(bk.inputs, (images, tokens, token_valid)):
+            dst.copy_(src)
+        bk.state.copy_(state)
+        bk.noise.copy_(noise)
+        try:
+            graph = self._graph(bk, steps, present)
+        except RuntimeError as exc:  # capture refused by some kernel: keep serving, eagerly
+            log.warning("pi0: cannot capture the prefix in a CUDA graph (%s); prefix runs eagerly", exc)
+            self.graph_prefix = False
+            bk.whole.clear()
+            torch.cuda.synchronize(self.device)
+            return None
+        if graph is None:
+            return self._loop(bk, steps, present)
+        graph[0].replay()
+        return graph[1].clone()
