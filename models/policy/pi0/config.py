@@ -111,6 +111,12 @@ class Pi0Config:
         """The state token, then one token per action."""
         return 1 + self.chunk_size
 
+    @property
+    def kv_len(self) -> int:
+        """Keys per layer: prefix, suffix, then masked padding up to a multiple of 16
+        (attention kernels want the mask's rows aligned; 816 + 51 -> 880 at full size)."""
+        return -(-(self.prefix_len + self.suffix_len) // 16) * 16
+
 
 def _feature_shape(spec: Any, name: str) -> tuple[int, ...]:
     shape = spec.get("shape") if isinstance(spec, Mapping) else None

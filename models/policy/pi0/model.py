@@ -36,7 +36,7 @@ from torch import nn
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from models.policy.pi0.config import LAYER_NORM_EPS, Pi0Config
-from models.policy.pi0.gemma import GemmaLayer, GemmaStack, apply_rope, heads, rope
+from models.policy.pi0.gemma import GemmaLayer, GemmaStack, apply_rope, rope
 
 
 def make_att_2d_masks(pad: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
@@ -178,26 +178,25 @@ class Pi0Model(nn.Module):
 
     def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor) -> None:
         """Run Gemma-2B over the prefix; write each layer's rotated K and V into
-        ``kv[layer, 0 / 1, :, :, :L]`` (kv: [depth, 2, B, kv_heads, L + suffix, head_dim])."""
+        ``kv[layer, 0 / 1, :, :L]`` (kv: [depth, 2, B, kv_len, head_dim], one K/V head)."""
         spec, length = self.cfg.vlm, embs.shape[1]
-        mask = make_att_2d_masks(pad, torch.zeros_like(pad, dtype=torch.long))
-        # Padding queries see everything: their outputs are never read, and a row with
-        # no visible key would make NaNs that reach real tokens as 0 * NaN.
-        mask = (mask | ~pad[:, :, None])[:, None]
-        cos, sin = rope(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim)
+        # The prefix is bidirectional: only padding keys are hidden. A padding query sees
+        # the real keys (at least <bos>), so no row is empty and no NaN is made.
+        bias = _bias(pad[:, None, None, :], self.dtype)
+        cos, sin = rope(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim, self.dtype)
         x = embs
         last = len(self.vlm.layers) - 1
         for i, layer in enumerate(self.vlm.layers):
-            q, k, v = _qkv(layer, x, spec.num_heads, spec.num_kv_heads, spec.head_dim, cos, sin)
-            kv[i, 0, :, :, :length] = k
-            kv[i, 1, :, :, :length] = v
+            q, k, v = _qkv(layer, x, spec.num_heads, spec.head_dim, cos, sin)
+            kv[i, 0, :, :length] = k
+            kv[i, 1, :, :length] = v
             if i == last:
                 break  # the last layer's output feeds nothing the actions use
-            x = _finish(layer, x, _attend(q, k, v, mask))
+            x = _finish(layer, x, _attend(q, k, v, bias))
 
     # ------------------------------------------------------------------ suffix
     def velocity(self, x_t: torch.Tensor, t: torch.Tensor, state_emb: torch.Tensor, kv: torch.Tensor,
-                 mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                 bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """One expert pass: x_t [B, chunk, A] float32 at time t [B] -> velocity [B, chunk, A] float32.
 
         ``state_emb`` [B, 1, W] and the attention inputs are the same for every step."""
@@ -207,66 +206,87 @@ class Pi0Model(nn.Module):
         at = torch.cat([a, temb[:, None, :].expand_as(a)], dim=2)
         at = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(at)))
         x = torch.cat([state_emb, at], dim=1)
-        start = kv.shape[-2] - x.shape[1]
+        start, end = cfg.prefix_len, cfg.prefix_len + cfg.suffix_len
         for i, layer in enumerate(self.expert.layers):
-            q, k, v = _qkv(layer, x, spec.num_heads, spec.num_kv_heads, spec.head_dim, cos, sin)
-            kv[i, 0, :, :, start:] = k
-            kv[i, 1, :, :, start:] = v
-            x = _finish(layer, x, _attend(q, kv[i, 0], kv[i, 1], mask))
+            q, k, v = _qkv(layer, x, spec.num_heads, spec.head_dim, cos, sin)
+            kv[i, 0, :, start:end] = k
+            kv[i, 1, :, start:end] = v
+            x = _finish(layer, x, _attend(q, kv[i, 0], kv[i, 1], bias))
         out = self.expert.norm(x[:, -cfg.chunk_size:])
         return self.action_out_proj(out).float()
 
     def suffix_inputs(self, state: torch.Tensor, prefix_pad: torch.Tensor,
                       ar: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The step-invariant suffix inputs: (state_emb, mask [B, 1, S, L+S], cos, sin).
+        """The step-invariant suffix inputs: (state_emb, attention bias, cos, sin).
 
         ``ar`` [B, L+S]: 0 for the prefix, then ``suffix_ar`` (a device tensor made once,
         so that this runs inside a CUDA graph capture)."""
         cfg = self.cfg
-        b, s = prefix_pad.shape[0], cfg.suffix_len
-        suffix_pad = torch.ones(b, s, dtype=torch.bool, device=prefix_pad.device)
-        full = make_att_2d_masks(torch.cat([prefix_pad, suffix_pad], dim=1), ar)
-        mask = full[:, -s:, :][:, None]
-        pos = prefix_pad.long().sum(dim=1, keepdim=True) + torch.arange(s, device=prefix_pad.device)[None]
-        cos, sin = rope(pos, cfg.expert.head_dim)
+        mask = suffix_mask(prefix_pad, ar, cfg.suffix_len, cfg.kv_len)
+        # Query rows are (token, head) pairs, token-major: see _attend.
+        bias = _bias(mask.repeat_interleave(cfg.expert.num_heads, dim=1)[:, None], self.dtype)
+        pos = prefix_pad.long().sum(dim=1, keepdim=True) + torch.arange(cfg.suffix_len, device=prefix_pad.device)[None]
+        cos, sin = rope(pos, cfg.expert.head_dim, self.dtype)
         state_emb = self.state_proj(state.to(self.dtype))[:, None, :]
-        return state_emb, mask, cos, sin
+        return state_emb, bias, cos, sin
 
     def sample(self, noise: torch.Tensor, steps: int, state_emb: torch.Tensor, kv: torch.Tensor,
-               mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+               bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Euler from t = 1 (noise) to t = 0 in ``steps`` steps -> actions [B, chunk, A] float32."""
         x, dt = noise.float(), -1.0 / steps
         for i in range(steps):
             t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
-            x = euler_step(x, self.velocity(x, t, state_emb, kv, mask, cos, sin), dt)
+            x = euler_step(x, self.velocity(x, t, state_emb, kv, bias, cos, sin), dt)
         return x
 
     def kv_buffer(self, batch: int, device: torch.device | str) -> torch.Tensor:
         spec, cfg = self.cfg.vlm, self.cfg
-        return torch.zeros(spec.depth, 2, batch, spec.num_kv_heads, cfg.prefix_len + cfg.suffix_len, spec.head_dim,
-                           dtype=self.dtype, device=device)
+        return torch.zeros(spec.depth, 2, batch, cfg.kv_len, spec.head_dim, dtype=self.dtype, device=device)
+
+    def fuse(self) -> None:
+        """Fused q|k|v and gate|up matrices (views keep the checkpoint's names); see gemma.py."""
+        for stack in (self.vlm, self.expert):
+            for layer in stack.layers:
+                layer.fuse()
+            stack.norm.fuse()
+
+
+def suffix_mask(prefix_pad: torch.Tensor, ar: torch.Tensor, suffix_len: int, kv_len: int) -> torch.Tensor:
+    """The suffix's rows of pi0's mask: [B, S, kv_len] bool, alignment columns hidden."""
+    b = prefix_pad.shape[0]
+    suffix_pad = torch.ones(b, suffix_len, dtype=torch.bool, device=prefix_pad.device)
+    full = make_att_2d_masks(torch.cat([prefix_pad, suffix_pad], dim=1), ar)[:, -suffix_len:, :]
+    return F.pad(full, (0, kv_len - full.shape[-1]), value=False)
 
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
     return x + dt * v
 
 
-def _qkv(layer: GemmaLayer, x: torch.Tensor, nh: int, nkv: int, d: int, cos: torch.Tensor,
+def _qkv(layer: GemmaLayer, x: torch.Tensor, nh: int, d: int, cos: torch.Tensor,
          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    h = layer.input_layernorm(x)
-    att = layer.self_attn
-    q = apply_rope(heads(att.q_proj(h), nh, d), cos, sin)
-    k = apply_rope(heads(att.k_proj(h), nkv, d), cos, sin)
-    return q, k, heads(att.v_proj(h), nkv, d)
+    """-> q [B, T, H, D] and k, v [B, T, D] (one K/V head), q and k rotated."""
+    b, t, _ = x.shape
+    qkv = layer.self_attn.project(layer.input_layernorm(x)).view(b, t, nh + 2, d)
+    qk = apply_rope(qkv[:, :, :nh + 1], cos, sin)
+    return qk[:, :, :nh], qk[:, :, nh], qkv[:, :, nh + 1]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Multi-query attention; [B, H, T, D] -> [B, T, H*D]."""
-    if k.shape[1] != q.shape[1]:  # one K/V head for all query heads: a stride-0 view, no copy
-        b, _, t, d = k.shape
-        k, v = k.expand(b, q.shape[1], t, d), v.expand(b, q.shape[1], t, d)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.transpose(1, 2).flatten(2)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Multi-query attention with the query heads folded into the rows.
+
+    With one K/V head, H heads over T tokens are one head over T * H rows (row
+    t * H + h is token t's head h), so q [B, T, H, D] becomes [B, 1, T*H, D] with no
+    transpose, K/V [B, L, D] need no copy per head, and the output reshapes straight to
+    [B, T, H * D]. ``bias`` [B, 1, T*H or 1, L]: 0 where visible, -inf where hidden."""
+    b, t, h, d = q.shape
+    out = F.scaled_dot_product_attention(q.reshape(b, 1, t * h, d), k[:, None], v[:, None], attn_mask=bias)
+    return out.view(b, t, h * d)
+
+
+def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask -> additive bias (fill kernels only: this runs inside graph captures)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _finish(layer: GemmaLayer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:

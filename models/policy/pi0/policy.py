@@ -57,6 +57,7 @@ class Pi0Policy(PolicyAdapter):
                  image_key_map: Mapping[str, str] | None = None, name: str = "pi0", seed: int = 0,
                  use_graphs: bool | None = None, graph_prefix: bool = True) -> None:
         cfg = model.cfg
+        model.fuse()
         self.cfg, self.model, self.tokenizer = cfg, model.eval(), tokenizer
         self.state_stats, self.action_stats = state_stats, action_stats
         self.name, self.max_batch, self.seed, self.device = name, max_batch, seed, device

@@ -16,7 +16,7 @@ from models.base import ModelError
 from models.policy.base import PolicyWork
 from models.policy.pi0 import CheckpointError, build, load_policy
 from models.policy.pi0.inputs import Stats, pad_to, unpad
-from models.policy.pi0.model import euler_step, make_att_2d_masks, suffix_ar, time_embedding
+from models.policy.pi0.model import euler_step, make_att_2d_masks, suffix_ar, suffix_mask, time_embedding
 from models.policy.pi0.weights import EMBED_KEY, EXPERT_HEAD_KEY, TIED_HEAD_KEY, build_empty, load_weights
 from protocols.openpi import Observation, SamplingParams
 from tests.models.pi0.pi0_support import TINY, write_tiny
@@ -209,14 +209,21 @@ def test_attention_mask_two_cameras_three_prompt_tokens():
 
 
 def test_suffix_mask_matches_the_full_matrix(policy):
-    m, cfg = policy.model, policy.cfg
+    cfg = policy.cfg
     pad = torch.ones(1, cfg.prefix_len, dtype=torch.bool)
     pad[0, -3:] = False  # three prompt pads
     ar = torch.tensor([[0] * cfg.prefix_len + suffix_ar(cfg.chunk_size)])
-    _, mask, _, _ = m.suffix_inputs(torch.zeros(1, cfg.max_state_dim), pad, ar)
-    full = make_att_2d_masks(torch.cat([pad, torch.ones(1, cfg.suffix_len, dtype=torch.bool)], 1), ar)
-    assert torch.equal(mask[0, 0], full[0, -cfg.suffix_len:])
-    assert mask[0, 0, 0, -cfg.suffix_len:].tolist() == [True] + [False] * cfg.chunk_size  # the state row
+    mask = suffix_mask(pad, ar, cfg.suffix_len, cfg.kv_len)[0]
+    full = make_att_2d_masks(torch.cat([pad, torch.ones(1, cfg.suffix_len, dtype=torch.bool)], 1), ar)[0]
+    n = cfg.prefix_len + cfg.suffix_len
+    assert cfg.kv_len % 16 == 0 and cfg.kv_len >= n
+    assert torch.equal(mask[:, :n], full[-cfg.suffix_len:]) and not mask[:, n:].any()
+    assert mask[0, cfg.prefix_len:n].tolist() == [True] + [False] * cfg.chunk_size  # the state row
+    # The bias the expert uses: one row per (token, head), token-major.
+    _, bias, _, _ = policy.model.suffix_inputs(torch.zeros(1, cfg.max_state_dim), pad, ar)
+    heads = cfg.expert.num_heads
+    assert bias.shape == (1, 1, cfg.suffix_len * heads, cfg.kv_len)
+    assert torch.equal(bias[0, 0] == 0, mask.repeat_interleave(heads, dim=0))
 
 
 def test_time_embedding_at_0_half_and_1():
@@ -288,3 +295,33 @@ def test_normalisation_round_trip_and_checkpoint_stats(folder, tmp_path, policy)
     out = normed.infer_batch([work("n", o, seed=2)])[0]["actions"]
     np.testing.assert_allclose(out, raw * (std + 1e-8) + mean, atol=1e-5)
     assert normed.describe()["normalisation"] == {"state": "MEAN_STD", "action": "MEAN_STD"}
+
+
+def test_folded_multi_query_attention_equals_per_head_softmax():
+    from models.policy.pi0.model import _attend, _bias
+
+    g = torch.Generator().manual_seed(0)
+    b, t, h, d, keys = 2, 3, 4, 8, 5
+    q, k, v = torch.randn(b, t, h, d, generator=g), torch.randn(b, keys, d, generator=g), torch.randn(b, keys, d, generator=g)
+    mask = torch.rand(b, t, keys, generator=g) > 0.3
+    mask[..., 0] = True
+    got = _attend(q, k, v, _bias(mask.repeat_interleave(h, dim=1)[:, None], torch.float32))
+    scores = torch.einsum("bthd,bkd->bthk", q, k) / math.sqrt(d)
+    scores = scores.masked_fill(~mask[:, :, None, :], float("-inf"))
+    want = torch.einsum("bthk,bkd->bthd", scores.softmax(-1), v).reshape(b, t, h * d)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_projections_equal_the_named_ones(folder):
+    model = build_empty(TINY)
+    load_weights(model, folder, device=torch.device("cpu"), dtype=torch.float32)
+    layer = model.expert.layers[0]
+    x = torch.randn(2, 3, TINY.expert.width, generator=torch.Generator().manual_seed(1))
+    ref = (layer.self_attn.project(x), layer.mlp(x), layer.input_layernorm(x))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse()
+    torch.testing.assert_close(layer.self_attn.project(x), ref[0])
+    torch.testing.assert_close(layer.mlp(x), ref[1])
+    torch.testing.assert_close(layer.input_layernorm(x), ref[2], atol=1e-5, rtol=1e-5)
+    after = model.state_dict()  # the checkpoint's names still reach the same numbers
+    assert all(torch.equal(before[k], after[k]) for k in before)
