@@ -13,7 +13,8 @@ One call::
 
     cameras  --SigLIP + projector-->  C x 256 image tokens ─┐
     prompt   --embed * sqrt(2048)-->  48 prompt tokens     ─┴─> prefix [B, C*256+48]
-        Gemma-2B over the prefix once: per layer K, V  ->  kv [depth, B, 1, prefix+suffix, 256]
+        Gemma-2B over the prefix once: per layer K, V  ->  kv [depth, 2, B, kv_len, 256]
+        (kv_len: prefix + suffix rounded up to 16; one K/V head)
     x_1 = noise [B, 50, 32]; Euler t = 1 -> 0 in ``steps`` steps, dt = -1/steps:
         suffix = [state_proj(state), mlp(action_in_proj(x_t) ++ time(t))]   [B, 51, 1024]
         Gemma-300M layer l attends to kv[l]'s prefix and its own 51 tokens  ->  v = action_out_proj(...)
