@@ -1,4 +1,4 @@
-"""A tiny pi0 written in LeRobot's layout, shared by the pi0 tests."""
+"""A tiny pi0 written in LeRobot's layout, shared by the pi0 tests (and tests/e2e/test_pi0_openpi.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from models.policy.pi0 import load_policy
-from tests.models.pi0.test_pi0_model import obs, work
-from tests.models.pi0.pi0_support import write_tiny
+from test_pi0_model import obs, work
+from pi0_support import write_tiny
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

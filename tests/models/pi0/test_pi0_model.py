@@ -19,7 +19,7 @@ from models.policy.pi0.inputs import Stats, pad_to, unpad
 from models.policy.pi0.model import euler_step, make_att_2d_masks, suffix_ar, suffix_mask, time_embedding
 from models.policy.pi0.weights import EMBED_KEY, EXPERT_HEAD_KEY, TIED_HEAD_KEY, build_empty, load_weights
 from protocols.openpi import Observation, SamplingParams
-from tests.models.pi0.pi0_support import TINY, write_tiny
+from pi0_support import TINY, write_tiny
 
 CAMS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb")
 
