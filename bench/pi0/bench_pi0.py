@@ -1,0 +1,285 @@
+"""Native pi0 at full size (random bf16 weights made on the GPU) served over OpenPI, same run:
+
+1. bare: ``Pi0Policy.infer_batch`` at 1, 8, 32 robots (host prep, upload, prefix,
+   Euler loop, download), with the prefix vs action-expert split from CUDA events,
+   and the expert loop eager vs as a CUDA graph at one robot;
+2. served: the real server (uvicorn + the engine) on loopback and robots that are
+   separate processes with the real ``openpi-client`` (bench/pi0/robots.py): one
+   robot (vs bare), then 8 and 32 robots batched (``max_batch`` 32) and one at a
+   time (the same weights behind a ``max_batch`` 1 adapter);
+3. memory: weights, and per batch bucket the static K/V buffers plus the peak of a call.
+
+    python -m bench.pi0.bench_pi0 --device cuda --out bench/results/pi0_h200.json
+    python -m bench.pi0.bench_pi0 --tiny --seconds 1 --out /tmp/pi0_cpu.json   # CPU smoke test
+
+Progress goes to stderr; every phase is bounded by --seconds / --calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+from bench.pi0.robots import make_obs, pct  # noqa: E402
+from models.policy.base import PolicyWork  # noqa: E402
+from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size  # noqa: E402
+from models.policy.pi0.inputs import PromptTokenizer, Stats  # noqa: E402
+from models.policy.pi0.layout import write_tokenizer  # noqa: E402
+from models.policy.pi0.policy import Pi0Policy  # noqa: E402
+from models.policy.pi0.weights import build_random  # noqa: E402
+from protocols import openpi as wire  # noqa: E402
+
+PATH = "/v1/realtime/robot/openpi"
+
+
+def log(msg: str) -> None:
+    print(f"[pi0_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class CountingPi0(Pi0Policy):
+    """Records each forward's batch size (what the engine actually batched)."""
+
+    sizes: list[int]
+
+    def infer_batch(self, works):  # type: ignore[override]
+        self.sizes.append(len(works))
+        return super().infer_batch(works)
+
+
+def tiny_config():
+    return full_size(
+        image_resolution=(28, 28), chunk_size=50, tokenizer_max_length=16,
+        vlm=GemmaSpec(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=32),
+        expert=GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=32),
+        vision=VisionSpec(hidden=32, intermediate=64, layers=2, heads=2, patch=14), vocab_size=128,
+    )
+
+
+def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | None = None) -> CountingPi0:
+    p = CountingPi0(model, tok, state_stats=Stats("IDENTITY"), action_stats=Stats("IDENTITY"), device=dev,
+                    max_batch=max_batch, name=name, use_graphs=use_graphs)
+    p.sizes = []
+    return p
+
+
+def works_for(policy: Pi0Policy, n: int, size: int, tag: str) -> list[PolicyWork]:
+    out = []
+    for i in range(n):
+        o = make_obs(i, list(policy.client_keys), size, policy.cfg.state_dim)
+        obs = wire.validate_observation(o, policy.metadata)
+        out.append(PolicyWork(f"{tag}/{i}", f"{tag}/{i}:0", obs))
+    return out
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _time(policy: Pi0Policy, works: list[PolicyWork], calls: int, seconds: float, dev: torch.device,
+          split: bool) -> tuple[list[float], list[float], list[float]]:
+    policy.runner.time_split = split
+    policy.infer_batch(works)  # capture / warm
+    lat, prefix, expert = [], [], []
+    start = time.perf_counter()
+    while len(lat) < calls and time.perf_counter() - start < seconds:
+        sync(dev)
+        t = time.perf_counter()
+        policy.infer_batch(works)
+        lat.append((time.perf_counter() - t) * 1000.0)
+        if split and policy.runner.last_split_ms is not None:
+            prefix.append(policy.runner.last_split_ms[0])
+            expert.append(policy.runner.last_split_ms[1])
+    policy.runner.time_split = False
+    return lat, prefix, expert
+
+
+def bare(policy: Pi0Policy, n: int, size: int, calls: int, seconds: float, dev: torch.device) -> dict[str, Any]:
+    """The adapter's forward alone: as served (whole call graphed on CUDA), then split."""
+    works = works_for(policy, n, size, f"bare{n}")
+    lat, _, _ = _time(policy, works, calls, seconds, dev, split=False)
+    out: dict[str, Any] = {"robots": n, "call_ms": pct(lat), "calls_per_s": round(n * 1000.0 / float(np.median(lat)), 2)}
+    if dev.type == "cuda":
+        # The split needs an event between the two halves: prefix eager, expert loop graphed.
+        lat2, prefix, expert = _time(policy, works, max(10, calls // 4), seconds / 2, dev, split=True)
+        out["split_run"] = {"note": "prefix eager + expert loop as a CUDA graph, CUDA events between them",
+                            "call_ms": pct(lat2), "prefix_ms": pct(prefix), "expert_loop_ms": pct(expert)}
+    return out
+
+
+def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
+    if dev.type != "cuda":
+        return {}
+    out = {}
+    for b in policy.runner.buckets:
+        works = works_for(policy, b, size, f"mem{b}")
+        policy.infer_batch(works)
+        bk = policy.runner._buckets[b]
+        static = sum(t.numel() * t.element_size() for t in (bk.kv, bk.prefix_pad, bk.state, bk.noise))
+        torch.cuda.synchronize(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        policy.infer_batch(works)
+        torch.cuda.synchronize(dev)
+        out[str(b)] = {"static_kv_and_inputs_mib": round(static / 2**20, 1),
+                       "call_peak_above_resident_mib": round((torch.cuda.max_memory_allocated(dev) - base) / 2**20, 1)}
+    return out
+
+
+def served(policy: Pi0Policy, robots: int, seconds: float, size: int, batch_wait_ms: float) -> dict[str, Any]:
+    from realtime.app import build_app
+    from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.registry import Inventory
+    from realtime.server import serve_in_thread
+
+    config = ServerConfig(engine=EngineConfig(device=str(policy.device), batch_wait_ms=batch_wait_ms),
+                          world=WorldConfig(models=()), policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False))
+    inventory = Inventory()
+    inventory.adapters[policy.name] = policy
+    policy.sizes.clear()
+    with serve_in_thread(build_app(config, inventory)) as addr:
+        cmd = [sys.executable, "-m", "bench.pi0.robots", "--uri", f"ws://{addr}{PATH}", "--robots", str(robots),
+               "--seconds", str(seconds), "--cameras", ",".join(policy.client_keys), "--size", str(size),
+               "--state", str(policy.cfg.state_dim)]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 240)
+    if proc.returncode != 0:
+        raise RuntimeError(f"robots failed: {proc.stderr[-2000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    sizes = np.asarray(policy.sizes or [0])
+    result["forwards"] = int(sizes.size)
+    result["mean_batch"] = round(float(sizes.mean()), 2)
+    return result
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+           "transformers": transformers.__version__}
+    for name in ("openpi_client", "uvicorn", "starlette", "websockets", "tokenizers", "safetensors"):
+        try:
+            from importlib.metadata import version
+
+            out[name] = version(name.replace("_", "-"))
+        except Exception:  # noqa: BLE001 - a version is a nicety
+            out[name] = "?"
+    return out
+
+
+def hardware(dev: torch.device) -> dict[str, Any]:
+    hw: dict[str, Any] = {"cpu_cores": os.cpu_count(), "machine": platform.machine()}
+    if dev.type == "cuda":
+        prop = torch.cuda.get_device_properties(dev)
+        hw.update(gpu=prop.name, gpu_memory_gib=round(prop.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return hw
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    dev = torch.device(args.device)
+    cfg = tiny_config() if args.tiny else full_size()
+    size = cfg.image_resolution[0]
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    tok_dir = tempfile.mkdtemp(prefix="pi0_tok_")
+    write_tokenizer(tok_dir, ["pick up the red block", "warm up", "stack the blocks"], vocab_size=64)
+    tok = PromptTokenizer(tok_dir, cfg.tokenizer_max_length)
+    log(f"building pi0 ({'tiny' if args.tiny else 'full size'}) on {dev} in {dtype}")
+    t = time.perf_counter()
+    model = build_random(cfg, device=dev, dtype=dtype).eval()
+    sync(dev)
+    build_s = time.perf_counter() - t
+    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    resident = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+    params = sum(p.numel() for p in model.parameters())
+    log(f"{params / 1e9:.3f} B parameters, {weights_bytes / 2**30:.2f} GiB, built in {build_s:.1f} s")
+
+    batched = make_policy(model, tok, dev, 32, "pi0")
+    single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time")
+    eager = make_policy(model, tok, dev, 1, "pi0-eager", use_graphs=False)
+    t = time.perf_counter()
+    batched.warmup()
+    single.warmup()
+    log(f"warm-up (graph capture for buckets {batched.runner.buckets}) {time.perf_counter() - t:.1f} s")
+
+    res: dict[str, Any] = {
+        "benchmark": "pi0_native",
+        "command": " ".join([os.path.basename(sys.executable), "-m", "bench.pi0.bench_pi0", *sys.argv[1:]]),
+        "hardware": hardware(dev), "versions": versions(),
+        "model": {"config": "tiny" if args.tiny else "pi0 full size (PaliGemma 3B + Gemma 300M expert)",
+                  "weights": "random (built on the device, no checkpoint)", "dtype": str(dtype).removeprefix("torch."),
+                  "parameters": params, "cameras": len(cfg.image_features), "prefix_tokens": cfg.prefix_len,
+                  "suffix_tokens": cfg.suffix_len, "chunk": [cfg.chunk_size, cfg.max_action_dim],
+                  "steps": cfg.num_inference_steps, "build_s": round(build_s, 2)},
+        "request_bytes": len(wire.pack(make_obs(0, list(batched.client_keys), size, cfg.state_dim))),
+        "memory": {"weights_gib": round(weights_bytes / 2**30, 3),
+                   "resident_after_build_gib": None if resident is None else round(resident / 2**30, 3)},
+    }
+    log("bare forwards")
+    res["bare"] = {str(n): bare(batched if n > 1 else single, n, size, args.calls, args.seconds, dev)
+                   for n in (1, 8, 32)}
+    res["bare_eager_expert_loop_1"] = bare(eager, 1, size, args.calls, args.seconds, dev)
+    log(f"bare: {json.dumps({k: v['call_ms']['p50'] for k, v in res['bare'].items()})}")
+    res["memory"]["per_batch"] = memory(batched, size, dev)
+    if dev.type == "cuda":
+        res["memory"]["peak_gib"] = round(torch.cuda.max_memory_reserved(dev) / 2**30, 2)
+
+    fleets: dict[str, Any] = {}
+    log("served: one robot")
+    fleets["1"] = {"batched": served(batched, 1, args.seconds, size, args.batch_wait_ms)}
+    for n in (8, 32):
+        log(f"served: {n} robots, batched then one at a time")
+        fleets[str(n)] = {"batched": served(batched, n, args.seconds, size, args.batch_wait_ms),
+                          "one_at_a_time": served(single, n, args.seconds, size, args.batch_wait_ms)}
+        f = fleets[str(n)]
+        f["speedup"] = round(f["batched"]["calls_per_s"] / max(f["one_at_a_time"]["calls_per_s"], 1e-9), 2)
+        log(f"  {n}: {f['batched']['calls_per_s']} vs {f['one_at_a_time']['calls_per_s']} calls/s "
+            f"({f['speedup']}x), p99 {f['batched']['latency_ms']['p99']} ms")
+    res["served"] = fleets
+    one_served = fleets["1"]["batched"]["latency_ms"]["p50"]
+    one_bare = res["bare"]["1"]["call_ms"]["p50"]
+    res["goals"] = {
+        "one_robot_served_p50_ms": one_served, "goal_one_robot_ms": 20.0,
+        "one_robot_bare_p50_ms": one_bare, "served_over_bare": round(one_served / one_bare, 3), "goal_ratio": 1.1,
+        "speedup_8": fleets["8"]["speedup"], "speedup_32": fleets["32"]["speedup"], "goal_speedup": 4.0,
+        "p99_32_batched_ms": fleets["32"]["batched"]["latency_ms"]["p99"],
+    }
+    log(f"goals: {json.dumps(res['goals'])}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="a tiny config (CPU smoke test)")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--batch-wait-ms", type=float, default=20.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    res = run(args)
+    text = json.dumps(res, indent=2)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        log(f"wrote {args.out}")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""One pi0 call for a batch of robots: the prefix once, then the Euler loop (a CUDA graph on CUDA).
+
+Batches are padded up to a bucket (1, 2, 4, 8, 16, 32, ... up to ``max_batch``) so
+that every shape in a call is fixed per bucket: the prefix is always
+``cameras * 256 + 48`` tokens (the prompt is padded to 48) and the suffix 51. Each
+bucket owns static buffers (the per-layer K/V of prefix + suffix, the prefix's
+padding mask, the state, the noise); the prefix runs eagerly and writes its K/V
+into the bucket's buffer, and the 10 expert passes (18 layers each, bound by kernel
+launches when run eagerly) replay as one captured graph per (bucket, steps) that
+reads those buffers. The graphs share one memory pool: they never run at once.
+
+With ``graph_prefix`` (the default on CUDA) the prefix joins the graph too: the
+bucket then also holds static images, tokens and their mask, a call copies its
+inputs in and replays one graph. The prefix is some 800 kernels (SigLIP's 27
+layers over every camera, Gemma-2B's 18), so at one robot its launch time is
+comparable to its arithmetic. If the prefix cannot be captured (a library change),
+it falls back to eager and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from models.policy.pi0.model import Pi0Model, suffix_ar
+
+log = logging.getLogger(__name__)
+
+# Distinct (bucket, steps) graphs kept; robots asking for unusual step counts run eagerly beyond this.
+MAX_GRAPHS = 24
+
+
+def buckets_for(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, then ``max_batch``: 12 -> (1, 2, 4, 8, 12)."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return (*out, max_batch)
+
+
+@dataclass
+class _Bucket:
+    size: int
+    kv: torch.Tensor
+    prefix_pad: torch.Tensor
+    state: torch.Tensor
+    noise: torch.Tensor
+    ar: torch.Tensor
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # loop only
+    whole: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = field(default_factory=dict)  # prefix + loop
+    # Static prefix inputs (graph_prefix only): images, tokens, token mask.
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+class Pi0Runner:
+    """Owns the device buffers; ``run`` is called by the engine thread only."""
+
+    def __init__(self, model: Pi0Model, device: torch.device, max_batch: int, *, use_graphs: bool | None = None,
+                 graph_prefix: bool = True) -> None:
+        self.model, self.device = model, device
+        self.buckets = buckets_for(max_batch)
+        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.graph_prefix = graph_prefix and self.use_graphs
+        self._buckets: dict[int, _Bucket] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.graph_count = 0
+        # Filled by run(): milliseconds of the last call's prefix and expert loop (CUDA events
+        # on CUDA, so the split is measured without an extra synchronisation).
+        self.last_split_ms: tuple[float, float] | None = None
+        self.time_split = False
+
+    def bucket_of(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} is over max_batch {self.buckets[-1]}")
+
+    def _bucket(self, size: int) -> _Bucket:
+        bk = self._buckets.get(size)
+        if bk is None:
+            cfg, dev = self.model.cfg, self.device
+            ar = torch.tensor([0] * cfg.prefix_len + suffix_ar(cfg.chunk_size), device=dev)[None].expand(size, -1)
+            bk = _Bucket(
+                size=size,
+                kv=self.model.kv_buffer(size, dev),
+                prefix_pad=torch.zeros(size, cfg.prefix_len, dtype=torch.bool, device=dev),
+                state=torch.zeros(size, cfg.max_state_dim, dtype=torch.float32, device=dev),
+                noise=torch.zeros(size, cfg.chunk_size, cfg.max_action_dim, dtype=torch.float32, device=dev),
+                ar=ar.contiguous(),
+            )
+            self._buckets[size] = bk
+        return bk
+
+    def _loop(self, bk: _Bucket, steps: int, present: tuple[int, ...] | None = None) -> torch.Tensor:
+        m = self.model
+        if present is not None and bk.inputs is not None:
+            embs, pad = m.embed_prefix(bk.inputs[0], present, bk.inputs[1], bk.inputs[2])
+            m.prefix_kv(embs, pad, bk.kv)
+            bk.prefix_pad.copy_(pad)
+        state_emb, mask, cos, sin = m.suffix_inputs(bk.state, bk.prefix_pad, bk.ar)
+        return m.sample(bk.noise, steps, state_emb, bk.kv, mask, cos, sin)
+
+    def _graph(self, bk: _Bucket, steps: int,
+               present: tuple[int, ...] | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
+        table = bk.graphs if present is None else bk.whole
+        hit = table.get(steps)
+        if hit is not None or not self.use_graphs or self.graph_count >= MAX_GRAPHS:
+            return hit
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up: cuBLAS handles and workspaces before capture
+                self._loop(bk, steps, present)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._loop(bk, steps, present)
+        table[steps] = (graph, out)
+        self.graph_count += 1
+        log.info("pi0: captured %s for batch %d, %d steps (%d graphs)",
+                 "the whole call" if present is not None else "the expert loop", bk.size, steps, self.graph_count)
+        return table[steps]
+
+    def run(self, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor, token_valid: torch.Tensor,
+            state: torch.Tensor, noise: torch.Tensor, steps: list[int]) -> torch.Tensor:
+        """Inputs already padded to a bucket size, on the device -> actions [B, chunk, max_action_dim] float32.
+
+        images [B, C, 3, H, W] in [-1, 1] for the cameras in ``present``; ``steps`` per row."""
+        m, b = self.model, tokens.shape[0]
+        bk = self._bucket(b)
+        distinct = sorted(set(steps))
+        if self.graph_prefix and len(distinct) == 1 and not self.time_split:
+            out = self._whole(bk, images, present, tokens, token_valid, state, noise, distinct[0])
+            if out is not None:
+                return out
+        timing = self.time_split and self.device.type == "cuda"
+        if timing:
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            ev[0].record()
+        embs, pad = m.embed_prefix(images, present, tokens, token_valid)
+        m.prefix_kv(embs, pad, bk.kv)
+        bk.prefix_pad.copy_(pad)
+        bk.state.copy_(state)
+        bk.noise.copy_(noise)
+        if timing:
+            ev[1].record()
+        if len(distinct) == 1:
+            graph = self._graph(bk, distinct[0], None)
+            if graph is not None:
+                graph[0].replay()
+                out = graph[1].clone()
+            else:
+                out = self._loop(bk, distinct[0])
+        else:
+            # Robots asked for different step counts: one eager loop per count over its rows.
+            out = torch.empty_like(bk.noise)
+            state_emb, mask, cos, sin = m.suffix_inputs(bk.state, bk.prefix_pad, bk.ar)
+            for s in distinct:
+                rows = torch.tensor([i for i, x in enumerate(steps) if x == s], device=self.device)
+                kv = bk.kv.index_select(2, rows)
+                out[rows] = m.sample(bk.noise[rows], s, state_emb[rows], kv, mask[rows], cos[rows], sin[rows])
+        if timing:
+            ev[2].record()
+            ev[2].synchronize()
+            self.last_split_ms = (ev[0].elapsed_time(ev[1]), ev[1].elapsed_time(ev[2]))
+        return out
+
+    def _whole(self, bk: _Bucket, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor,
+               token_valid: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor | None:
+        """Prefix and loop as one graph; None (and eager from then on) if capture fails."""
+        if bk.inputs is None:
+            bk.inputs = (torch.empty_like(images), torch.empty_like(tokens), torch.empty_like(token_valid))
+        for dst, src in zip(bk.inputs, (images, tokens, token_valid)):
+            dst.copy_(src)
+        bk.state.copy_(state)
+        bk.noise.copy_(noise)
+        try:
+            graph = self._graph(bk, steps, present)
+        except RuntimeError as exc:  # capture refused by some kernel: keep serving, eagerly
+            log.warning("pi0: cannot capture the prefix in a CUDA graph (%s); prefix runs eagerly", exc)
+            self.graph_prefix = False
+            bk.whole.clear()
+            torch.cuda.synchronize(self.device)
+            return None
+        if graph is None:
+            return self._loop(bk, steps, present)
+        graph[0].replay()
+        return graph[1].clone()
