@@ -4,6 +4,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
+from kv import KVGeometry, ModelState, PagedKVCache, Residency
 from models.world.wan_vae import StreamingWanDecoder
 
 Z, LH, LW = 4, 2, 3  # latent channels, latent height, width -> 16 x 24 pixels
@@ -146,6 +147,31 @@ def test_channels_last_within_float_tolerance(latents, one_shot):
     state = dec.new_state(2, LH, LW)
     out = _blocks(dec, state, latents, (0, 3, 7))
     assert torch.allclose(out, one_shot, atol=1e-5, rtol=0)
+
+
+def test_residency_swaps_the_decode_state_with_the_session(vae, latents, one_shot):
+    dec = StreamingWanDecoder(vae)
+    nbytes = dec.state_bytes(2, LH, LW)
+    g = KVGeometry(num_layers=1, kv_heads=1, head_dim=4, tokens_per_frame=2, block_size=2, sink_frames=1,
+                   window_frames=1, dtype=torch.float32, branches=("positive", "negative"),
+                   model_state_bytes=nbytes)
+    cache = PagedKVCache(g, 16, max_sessions=1)
+    r = Residency(cache, host_budget_bytes=10 * nbytes)
+    r.open("a")
+    state = dec.new_state(2, LH, LW)
+    assert isinstance(state, ModelState)
+    r.attach_state("a", state)
+    a = dec.decode(state, latents[:, :, :2])
+    ptrs = [c.data_ptr() for c in state.caches]
+    r.open("b")                               # one slot: a and its decode state go to the host
+    assert r.is_swapped("a") and r.metrics()["swap_out_bytes"] == nbytes
+    assert all(c.data_ptr() != p for c, p in zip(state.caches, ptrs))
+    r.close("b")
+    r.ensure_resident(["a"])
+    b = dec.decode(r.state("a"), latents[:, :, 2:])
+    assert torch.equal(torch.cat([a, b], 2), one_shot)
+    r.close("a")
+    assert state.freed
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
