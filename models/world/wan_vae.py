@@ -40,7 +40,8 @@ block's. ``state.latent_frames`` counts the latent frames decoded so far.
 ``cuda_graph=True`` replays the per-latent-frame step as a CUDA graph per state
 (captured on the state's second steady step, dropped when the state moves);
 ``channels_last=True`` runs the convolutions channels-last with the spatial
-padding inside the conv (faster on GPUs, equal only to dtype tolerance).
+padding inside the conv, ``compile=True`` runs the steady step through
+torch.compile (both faster on GPUs, equal only to dtype tolerance).
 Only the Wan 2.1 layout is supported (``is_residual=False``, no ``patch_size``):
 the LingBot-World and DreamZero VAE.
 """
@@ -142,7 +143,8 @@ class WanDecodeState:
 class StreamingWanDecoder:
     """Stateful block-by-block decode with a ``diffusers.AutoencoderKLWan``'s weights."""
 
-    def __init__(self, vae: nn.Module, *, cuda_graph: bool = False, channels_last: bool = False) -> None:
+    def __init__(self, vae: nn.Module, *, cuda_graph: bool = False, channels_last: bool = False,
+                 compile: bool = False) -> None:
         config = vae.config
         if getattr(config, "is_residual", False) or getattr(config, "patch_size", None) is not None:
             raise ValueError("streaming decode supports the Wan 2.1 VAE layout only (is_residual=False, no patch_size)")
@@ -156,6 +158,9 @@ class StreamingWanDecoder:
         #: Pixels per latent pixel along height and width (8 for Wan 2.1).
         self.spatial_upsample = 2 ** len(self._upsamplers)
         self._pool = None
+        # The steady step (every latent frame after a session's first) through
+        # torch.compile: norms, activations and cache copies fuse around cuDNN's convs.
+        self._steady = torch.compile(self._steady_step, dynamic=False) if compile else self._steady_step
         if channels_last:
             for m in dec.modules():
                 if isinstance(m, nn.Conv3d):
@@ -247,12 +252,15 @@ class StreamingWanDecoder:
     def _advance(self, state: WanDecodeState, x: torch.Tensor) -> torch.Tensor:
         first = state.latent_frames == 0
         use_graph = self.cuda_graph and not first and x.device.type == "cuda"
-        if not use_graph:
-            out = self._step(state.caches, x, first)
+        if first:
+            out = self._step(state.caches, x, True)
+        elif not use_graph:
+            out = self._steady(state.caches, x)
         else:
             if state._graph is None and state._eager_steady_steps < 1:
-                # One eager steady step first: cuDNN picks its algorithms outside capture.
-                out = self._step(state.caches, x, first)
+                # One uncaptured steady step first: cuDNN picks its algorithms (and
+                # torch.compile compiles) outside capture.
+                out = self._steady(state.caches, x)
                 state._eager_steady_steps += 1
             else:
                 if state._graph is None:
@@ -272,10 +280,13 @@ class StreamingWanDecoder:
         static_in = x.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            static_out = self._step(state.caches, static_in, False)
+            static_out = self._steady(state.caches, static_in)
         return graph, static_in, static_out
 
     # -- one latent frame (mirrors diffusers' WanDecoder3d.forward op for op) -----------
+
+    def _steady_step(self, caches: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return self._step(caches, x, False)
 
     def _step(self, caches: list[torch.Tensor], x: torch.Tensor, first: bool) -> torch.Tensor:
         dec = self.vae.decoder

@@ -192,3 +192,4 @@ def test_cuda_graph_and_pinned_swap_bit_exact_float32(latents):
     state.to_device("cuda")
     b = _blocks(dec, state, z, (3, 4, 5))  # recaptured on the moved caches
     assert torch.equal(torch.cat([a, b], 2), ref)
+
