@@ -11,8 +11,7 @@ Streaming variants (``models/world/wan_vae.py``) decode the same latents in bloc
 ``--block`` latent frames on one state, new state included in the time; ``graph``
 replays the per-latent-frame step as a CUDA graph (the state is reset, not rebuilt,
 between repetitions, so its graph is kept), ``channels_last`` runs channels-last
-convolutions with in-conv padding (on a copy of the VAE), ``compile`` the steady
-step through torch.compile. Reported per variant and T:
+convolutions with in-conv padding (on a copy of the VAE). Reported per variant and T:
 ms per output frame (best of ``--reps`` after a warm-up), the marginal ms per output
 frame between the smallest and largest T, time to the first frame of a steady block,
 max |streaming - one-shot|, the state's bytes, a CUDA swap round trip (bit-exact?) and
@@ -37,12 +36,11 @@ sys.path.insert(0, ROOT)
 
 from models.world.wan_vae import StreamingWanDecoder  # noqa: E402
 
-VARIANTS = {  # name: (cuda_graph, channels_last, compile)
-    "eager": (False, False, False),
-    "graph": (True, False, False),
-    "channels_last": (False, True, False),
-    "graph_channels_last": (True, True, False),
-    "compile_graph_channels_last": (True, True, True),   # last: its compile may take a while
+VARIANTS = {  # name: (cuda_graph, channels_last)
+    "eager": (False, False),
+    "graph": (True, False),
+    "channels_last": (False, True),
+    "graph_channels_last": (True, True),
 }
 
 
@@ -134,14 +132,13 @@ def main() -> None:
         if time.perf_counter() - start > args.budget_s:
             result["errors"][name] = "skipped: time budget"
             continue
-        graph, cl, comp = VARIANTS[name]
+        graph, cl = VARIANTS[name]
         try:
             model = copy.deepcopy(vae) if cl else vae
-            dec = StreamingWanDecoder(model, cuda_graph=graph and device.type == "cuda", channels_last=cl,
-                                      compile=comp)
+            dec = StreamingWanDecoder(model, cuda_graph=graph and device.type == "cuda", channels_last=cl)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            row: dict = {"cuda_graph": graph, "channels_last": cl, "compile": comp, "frames": {}}
+            row: dict = {"cuda_graph": graph, "channels_last": cl, "frames": {}}
             state = dec.new_state(1, lh, lw)
 
             def run(t: int) -> torch.Tensor:
@@ -149,7 +146,7 @@ def main() -> None:
                 outs = [dec.decode(state, zs[t][:, :, a : a + args.block]) for a in range(0, t, args.block)]
                 return torch.cat(outs, dim=2)
 
-            dt, _ = _timed(lambda: run(args.frames[0]), device)  # warm-up (graph capture, compile)
+            dt, _ = _timed(lambda: run(args.frames[0]), device)  # warm-up (and the graph capture)
             row["warmup_s"] = round(dt, 2)
             for t in args.frames:
                 times = []
