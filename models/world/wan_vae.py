@@ -238,10 +238,11 @@ class StreamingWanDecoder:
         a generator left unfinished leaves the state after the last latent frame it
         decoded (``state.latent_frames``).
         """
-        if z.dim() != 5 or z.shape[0] != state.batch or tuple(z.shape[3:]) != state.latent_hw:
-            raise ValueError(
-                f"latents {tuple(z.shape)} do not match the state (batch {state.batch}, latent {state.latent_hw})"
-            )
+        z_dim = self.vae.post_quant_conv.in_channels
+        if (z.dim() != 5 or z.shape[0] != state.batch or z.shape[1] != z_dim
+                or tuple(z.shape[3:]) != state.latent_hw):
+            raise ValueError(f"latents {tuple(z.shape)} do not match the state (batch {state.batch}, "
+                             f"{z_dim} channels, latent {state.latent_hw})")
         x = self.vae.post_quant_conv(z)
         for i in range(x.shape[2]):
             out = self._advance(state, x[:, :, i : i + 1])

@@ -130,7 +130,7 @@ def test_bad_latents_change_nothing(vae, latents):
     state = dec.new_state(2, LH, LW)
     dec.decode(state, latents[:, :, :1])
     before = [c.clone() for c in state.caches]
-    for bad in (latents[:1, :, :1], latents[:, :, :1, :1], latents[:, :, 0]):
+    for bad in (latents[:1, :, :1], latents[:, :, :1, :1], latents[:, :, 0], latents[:, :3, :1]):
         with pytest.raises(ValueError, match="do not match"):
             dec.decode(state, bad)
     assert state.latent_frames == 1
