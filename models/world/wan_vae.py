@@ -112,7 +112,7 @@ class WanDecodeState:
             h = torch.empty_like(c, device="cpu", pin_memory=pin)  # keeps the memory format
             h.copy_(c, non_blocking=pin)
             host.append(h)
-        if pin:
+        if caches[0].device.type == "cuda":  # the copies above may still be in flight
             torch.cuda.current_stream(caches[0].device).synchronize()
         self._drop_graph()
         self._caches = host
@@ -152,6 +152,8 @@ class StreamingWanDecoder:
     """Stateful block-by-block decode with a ``diffusers.AutoencoderKLWan``'s weights."""
 
     def __init__(self, vae: nn.Module, *, cuda_graph: bool = False, channels_last: bool = False) -> None:
+        """``vae``: an ``AutoencoderKLWan`` (Wan 2.1 layout). ``channels_last`` converts its
+        decoder weights to channels-last in place (same values; other users of the module see it)."""
         config = vae.config
         if getattr(config, "is_residual", False) or getattr(config, "patch_size", None) is not None:
             raise ValueError("streaming decode supports the Wan 2.1 VAE layout only (is_residual=False, no patch_size)")
