@@ -193,3 +193,17 @@ def test_cuda_graph_and_pinned_swap_bit_exact_float32(latents):
     b = _blocks(dec, state, z, (3, 4, 5))  # recaptured on the moved caches
     assert torch.equal(torch.cat([a, b], 2), ref)
 
+
+
+def test_default_config_state_bytes_at_480x832_bf16():
+    with torch.device("meta"):  # shapes only, nothing allocated
+        vae = AutoencoderKLWan().to(torch.bfloat16)
+    dec = StreamingWanDecoder(vae)
+    # 2 frames * 2 bytes * sum(C_in * pixels) over the 32 causal convs, by level:
+    # 60x104: conv_in 16 + mid 4 x 384 + up0 6 x 384 + time conv 384 = 4,240 channels
+    # 120x208: up1 192 + 5 x 384 + time conv 384 = 2,496; 240x416: up2 192 + 5 x 192 = 1,152
+    # 480x832: up3 96 + 5 x 96 + conv_out 96 = 672
+    px = 4240 * 6240 + 2496 * 24960 + 1152 * 99840 + 672 * 399360
+    assert dec.state_bytes(1, 60, 104) == 2 * 2 * px == 1_888_573_440   # 1,801 MiB per session
+    assert len(dec.cache_shapes(1, 60, 104)) == 32
+    assert dec.output_frames(0, 21) == 81
