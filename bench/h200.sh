@@ -12,6 +12,7 @@ step world 130 python3 -m bench.world.bench_served --model maze --device cuda --
 step kv_triton 60 python3 bench/kv/check_triton_paged.py --out "$OUT/kv_triton_check.json"
 step kv_tune 170 python3 bench/kv/bench_attention_tune.py --no-flex --budget-s 140 --out "$OUT/kv_attention_tune.json"
 step kv_book 40 python3 bench/kv/bench_kv.py --only bookkeeping --out "$OUT/kv_bookkeeping_h200.json"
+step wan_vae 150 python3 -m bench.world.bench_wan_vae --budget-s 100 --out "$OUT/wan_vae_decode_h200.json"
 step openpi 100 python3 -m bench.openpi.bench_gpu_policy --device cuda --out "$OUT/openpi_gpu_h200.json"
 python3 bench/upcast_voice.py .gpu/voice16 /tmp/voice
 step tts 100 python3 -m bench.tts.bench_tts --sessions 32 --device cuda --voice-dir /tmp/voice \

@@ -6,7 +6,7 @@ See kv/README.md for the picture and a usage example. Modules, one concept each:
 every session branch, in arrays), ``session_kv`` (session slots, rows and
 states), ``storage`` (the tensors), ``batch`` (KVBatch and its index),
 ``cache`` (PagedKVCache), ``paged_attention``, ``capacity``, ``residency``
-(LRU + swap). The attention entry point is
+(LRU + swap), ``model_state`` (model-owned per-session state that swaps with the KV). The attention entry point is
 ``kv.paged_attention.paged_attention`` (not re-exported here, so the module name
 stays importable).
 """
@@ -16,11 +16,13 @@ from kv.block_pool import NULL_BLOCK, BlockPool
 from kv.cache import HostKV, PagedKVCache
 from kv.capacity import CapacityError, CapacityPlan, plan_capacity, required_bytes
 from kv.geometry import KVGeometry
+from kv.model_state import ModelState, TensorState
 from kv.residency import SESSION_EVICTED, Residency, ResidencyError
 from kv.session_kv import ChunkSlots
 
 __all__ = [
     "NULL_BLOCK", "SESSION_EVICTED", "BlockPool", "CapacityError", "CapacityPlan", "ChunkSlots",
-    "HostKV", "KVBatch", "KVGeometry", "PagedKVCache", "Residency", "ResidencyError",
+    "HostKV", "KVBatch", "KVGeometry", "ModelState", "PagedKVCache", "Residency", "ResidencyError",
+    "TensorState",
     "plan_capacity", "required_bytes",
 ]

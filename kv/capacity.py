@@ -10,7 +10,8 @@ For ``c`` resident sessions, ``B`` local branches, ``ppf`` pages per frame and
 
     in_flight_frames = T * ticks_in_flight       (ticks in flight at once: the batch)
     managed_pages(c) = B * (c * (sink + window) + in_flight_frames) * ppf + 2
-    scratch          = B * (T * ppf + scratch_blocks)
+    scratch          = B' * (T * ppf + scratch_blocks)   B' = 1 if the branches share
+                                                          the worker-local slot, else B
     required(c)      = (scratch + managed_pages(c)) * page_bytes
                        + c * cross_bytes + c * model_state_bytes
 
@@ -32,6 +33,15 @@ Why these units reproduce the issue's figures (one tick in flight):
   26*1,277,952,000 + 419,430,400 + 7,488,000 = 33,653,670,400, which is the
   budget at fraction 0.1 of 100 GiB (10 GiB < required(1)). required(2) =
   44 pages + 2*(cross + state) = 57,083,724,800 <= 60 GiB, so fraction 0.6 fits 2.
+* Two CFG branches (DreamZero-style: the LingBot geometry with branches positive
+  and negative, the worker slot shared, and the Wan VAE decode state of 603 MiB =
+  632,291,328 bytes per session as ``model_state_bytes``): scratch = 3 (shared;
+  6 if not), managed(1) = 2*(18 + 3) + 2 = 44, cross = 2*419,430,400, so
+  required(1) = 47*1,277,952,000 + 838,860,800 + 632,291,328 = 61,534,896,128;
+  each further session adds 2*18 pages + cross + state = 47,477,424,128, so
+  required(2) = 109,012,320,256: 139 GiB (149,250,113,536 bytes) at fraction 0.9
+  is a budget of 134,325,102,182 bytes and holds 2 (required(3) =
+  156,489,744,384). Without the shared slot required(1) = 65,368,752,128.
 
 The budget is soft: ``effective = max(available * fraction, required(1))`` so one
 session always fits when the device can hold it at all; when ``required(1) >
@@ -55,7 +65,9 @@ class CapacityError(RuntimeError):
 
 
 def scratch_pages(g: KVGeometry) -> int:
-    return g.num_branches * (g.pages_per_tick + g.scratch_blocks)
+    """The worker-local slot: one tick's pages (+ ``scratch_blocks``) per branch, or once if shared."""
+    branches = 1 if g.branches_share_worker_slot else g.num_branches
+    return branches * (g.pages_per_tick + g.scratch_blocks)
 
 
 def managed_pages(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> int:

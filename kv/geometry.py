@@ -48,6 +48,9 @@ class KVGeometry:
     # tick's frames, and bytes of state the model keeps per session itself.
     scratch_blocks: int = 0
     model_state_bytes: int = 0
+    # True when the branches run one after another through one worker-local slot
+    # (CFG positive pass, then negative), so the worker scratch is counted once.
+    branches_share_worker_slot: bool = False
     _itemsize: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -12,6 +12,11 @@ dropped itself. Dropping closes the session's KV, runs ``on_drop(session_id)``
 (the adapter's release hook; the engine then sends the client an ``error`` with
 code ``SESSION_EVICTED``) and returns the id from ``ensure_resident``/``open``.
 
+A session's model-owned state (``attach_state``, see ``kv.model_state``) moves
+with its KV: evicting a session swaps all its branches' blocks, its cross caches
+and its state to the host together, bringing it back restores all three
+bit-exactly, the host budget counts the state's bytes, and close or drop frees it.
+
 LRU order is tick order: ``ensure_resident`` and ``touch`` move sessions to the
 most-recent end. It is kept as a stamp per cache session slot (a counter that
 grows with every touch), so touching a batch is one array write and the LRU
@@ -27,6 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kv.cache import HostKV, PagedKVCache
+from kv.model_state import ModelState
 from kv.session_kv import SlotState
 
 log = logging.getLogger(__name__)
@@ -48,6 +54,7 @@ class Residency:
         self._stamp = np.zeros(cache.sessions.capacity, dtype=np.int64)
         self._clock = 0
         self._host: dict[str, HostKV] = {}                  # swapped sessions
+        self._states: dict[str, ModelState] = {}            # model-owned state, resident or not
         self.host_bytes = 0
         self.swap_outs = self.swap_ins = self.drops = 0
         self.swap_out_bytes = self.swap_in_bytes = 0
@@ -65,14 +72,43 @@ class Residency:
         self.touch(session_id)
         return dropped
 
+    def attach_state(self, session_id: str, state: ModelState) -> None:
+        """Give an open, resident session its model-owned state (replacing and freeing any earlier one).
+
+        Raises ``ValueError`` (and changes nothing) when the session is not open and
+        resident, or when the state is larger than the geometry's
+        ``model_state_bytes``, which capacity was planned with.
+        """
+        if session_id not in self.cache or not self.cache.is_resident(session_id):
+            raise ValueError(f"session {session_id!r} is not open and resident")
+        declared = self.cache.geometry.model_state_bytes
+        if state.nbytes > declared:
+            raise ValueError(f"model state of {state.nbytes} bytes exceeds the declared "
+                             f"model_state_bytes {declared} that capacity was planned with")
+        old = self._states.get(session_id)
+        if old is not None and old is not state:
+            old.free()
+        self._states[session_id] = state
+
+    def state(self, session_id: str) -> ModelState | None:
+        """The session's model-owned state (on the device whenever the session is resident)."""
+        return self._states.get(session_id)
+
     def close(self, session_id: str) -> None:
-        """Forget the session wherever it lives (idempotent)."""
+        """Forget the session wherever it lives, freeing its model state (idempotent)."""
         if session_id not in self.cache:
             return
+        state = self._states.pop(session_id, None)
         host = self._host.pop(session_id, None)
         if host is not None:
-            self.host_bytes -= host.nbytes
+            self.host_bytes -= host.nbytes + (state.nbytes if state is not None else 0)
+        if state is not None:
+            state.free()
         self.cache.close(session_id)
+
+    def _state_bytes(self, session_id: str) -> int:
+        state = self._states.get(session_id)
+        return 0 if state is None else state.nbytes
 
     def reset(self, session_id: str, keep_cross: bool = False) -> list[str]:
         """Reset the session's KV (made resident first, so kept cross caches survive)."""
@@ -127,11 +163,16 @@ class Residency:
             if not cache.swap_in(h):  # cannot happen after the loop above
                 host[sid] = h
                 raise ResidencyError(f"swap-in of {sid!r} failed after making room")
+            state = self._states.get(sid)
+            nbytes = h.nbytes
+            if state is not None:
+                state.to_device(cache.device)
+                nbytes += state.nbytes
             self.swap_in_seconds += time.perf_counter() - start
             self.swap_ins += 1
-            self.swap_in_bytes += h.nbytes
-            self.host_bytes -= h.nbytes
-            log.info("kv swap-in session=%s bytes=%d", sid, h.nbytes)
+            self.swap_in_bytes += nbytes
+            self.host_bytes -= nbytes
+            log.info("kv swap-in session=%s bytes=%d", sid, nbytes)
         self._touch(plan.slots)
         return dropped
 
@@ -155,7 +196,7 @@ class Residency:
             raise ResidencyError(
                 f"cannot make room: {self.cache.num_resident} resident sessions are all in the "
                 f"batch or in flight ({self.cache.num_free_blocks} free blocks)")
-        need = self.cache.swap_bytes(victim)
+        need = self.cache.swap_bytes(victim) + self._state_bytes(victim)
         if need > self.host_budget_bytes:
             self._drop(victim, dropped)
             return
@@ -164,12 +205,17 @@ class Residency:
             self._drop(self._oldest(SlotState.SWAPPED), dropped)
         start = time.perf_counter()
         host = self.cache.swap_out(victim)
+        state = self._states.get(victim)
+        moved = host.nbytes
+        if state is not None:
+            state.to_host()
+            moved += state.nbytes
         self.swap_out_seconds += time.perf_counter() - start
         self._host[victim] = host
-        self.host_bytes += host.nbytes
+        self.host_bytes += moved
         self.swap_outs += 1
-        self.swap_out_bytes += host.nbytes
-        log.info("kv swap-out session=%s bytes=%d", victim, host.nbytes)
+        self.swap_out_bytes += moved
+        log.info("kv swap-out session=%s bytes=%d", victim, moved)
 
     def _drop(self, session_id: str, dropped: list[str]) -> None:
         log.warning("kv drop session=%s (%s)", session_id, SESSION_EVICTED)
@@ -206,4 +252,5 @@ class Residency:
             "swap_out_seconds": self.swap_out_seconds,
             "swap_in_seconds": self.swap_in_seconds,
             "drops": self.drops,
+            "model_state_bytes": sum(s.nbytes for s in self._states.values()),
         }

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -99,3 +101,53 @@ def test_no_memory_limit_plans_the_requested_sessions_and_logs_human_units(caplo
                                "kv capacity: 2 sessions in 53.2 GiB of a 60 GiB budget (0.6 of 100 GiB available)"]
     with pytest.raises(ValueError):
         plan_capacity(LINGBOT, None)
+
+
+# Two CFG branches: TINY with branches positive/negative and 40 bytes of model-owned state.
+TINY_CFG = KVGeometry(
+    num_layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, tokens_per_frame=1, block_size=1,
+    chunk_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2,
+    branches=("positive", "negative"), model_state_bytes=40)
+TINY_CFG_SHARED = dataclasses.replace(TINY_CFG, branches_share_worker_slot=True)
+
+MIB = 1 << 20
+# DreamZero-style: the LingBot geometry with two CFG branches through one shared worker
+# slot and the Wan VAE causal-conv decode state (603 MiB per session) as model state.
+DREAMZERO = dataclasses.replace(LINGBOT, branches=("positive", "negative"), branches_share_worker_slot=True,
+                                model_state_bytes=603 * MIB)
+
+
+def test_two_branches_count_pages_cross_and_state_tiny():
+    # page 8 bytes, cross 2 branches * 16, state 40
+    assert TINY_CFG.cross_bytes == 32
+    assert scratch_pages(TINY_CFG) == 6                      # 2 branches * 3 pages
+    assert scratch_pages(TINY_CFG_SHARED) == 3               # one shared worker slot
+    assert managed_pages(TINY_CFG, 1) == 2 * (6 + 3) + 2 == 20
+    assert managed_pages(TINY_CFG, 2) == 2 * (12 + 3) + 2 == 32
+    assert required_bytes(TINY_CFG, 1) == 26 * 8 + 32 + 40 == 280
+    assert required_bytes(TINY_CFG, 2) == 38 * 8 + 2 * 72 == 448
+    assert required_bytes(TINY_CFG_SHARED, 1) == 23 * 8 + 72 == 256
+    assert required_bytes(TINY_CFG_SHARED, 2) == 35 * 8 + 144 == 424
+    # each session: 2 branches * 6 retained pages + cross + state = 96 + 72
+    plan = plan_capacity(TINY_CFG_SHARED, 424, fraction=1.0)
+    assert (plan.capacity, plan.num_blocks, plan.worker_blocks) == (2, 35, 3)
+    assert plan_capacity(TINY_CFG_SHARED, 423, fraction=1.0).capacity == 1
+    with pytest.raises(CapacityError) as err:
+        plan_capacity(TINY_CFG, 279, fraction=1.0)
+    assert "280" in str(err.value) and "279" in str(err.value)
+
+
+def test_dreamzero_two_branches_with_the_603_mib_vae_state():
+    assert DREAMZERO.model_state_bytes == 632_291_328
+    assert DREAMZERO.cross_bytes == 2 * 419_430_400
+    assert scratch_pages(DREAMZERO) == 3
+    assert managed_pages(DREAMZERO, 1) == 44
+    assert required_bytes(DREAMZERO, 1) == 47 * 1_277_952_000 + 838_860_800 + 632_291_328 == 61_534_896_128
+    assert required_bytes(DREAMZERO, 2) == 109_012_320_256
+    assert required_bytes(DREAMZERO, 3) == 156_489_744_384
+    unshared = dataclasses.replace(DREAMZERO, branches_share_worker_slot=False)
+    assert required_bytes(unshared, 1) == 65_368_752_128
+    plan = plan_capacity(DREAMZERO, 139 * GIB, fraction=0.9)
+    assert plan.budget_bytes == 134_325_102_182
+    assert (plan.capacity, plan.required_bytes, plan.num_blocks, plan.worker_blocks) == (
+        2, 109_012_320_256, 83, 3)
