@@ -6,7 +6,9 @@ through here, so what they measure is what a user runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -14,7 +16,10 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from protocols.world_v1 import CLOSE_GOING_AWAY
 from realtime.allocator import tune_malloc
+
+log = logging.getLogger(__name__)
 
 # The largest WebSocket message uvicorn accepts at all; each endpoint enforces its own,
 # smaller limit with a protocol error (OpenPI must read a 64 MiB+ body to answer it).
@@ -31,6 +36,39 @@ WS_PING_INTERVAL_S = 20.0
 WS_PER_MESSAGE_DEFLATE = False
 
 
+# How long SIGTERM waits for running world ticks before uvicorn closes what is left (1012).
+DRAIN_TIMEOUT_S = 20.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that drains world sessions on SIGTERM (docs/deploy.md): stop listening
+    (a proxy sends new sessions to another replica), close each world session once its
+    running tick is committed and sent, close its socket with 1001; then uvicorn's own
+    shutdown (other sockets get 1012) and the lifespan's."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        try:
+            await asyncio.wait_for(_drain_world(self.config.app), DRAIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("drain: world sessions still open after %.0f s", DRAIN_TIMEOUT_S)
+        await super().shutdown(sockets)
+
+
+async def _drain_world(app: Any) -> None:
+    async def drain(conn: Any) -> None:
+        session = conn.session
+        if session is None:
+            return
+        await conn.close_session(notify=False)
+        log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
+        with contextlib.suppress(RuntimeError, OSError):  # the client may be gone already
+            await conn.ws.close(CLOSE_GOING_AWAY)
+
+    await asyncio.gather(*(drain(c) for c in list(app.state.world_connections.values())))
+
+
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
@@ -41,7 +79,7 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
 def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
     """Serve in the foreground, as ``realtime serve`` does."""
     tune_malloc()
-    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
+    _Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -58,7 +96,7 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warn
     ``per_message_deflate`` is for benchmarks that measure what compression costs.
     """
     port = free_port(host)
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+    server = _Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                            per_message_deflate=per_message_deflate))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -304,7 +304,7 @@ def test_server_errors_are_shown_on_the_page(tiny_page: Page):
     finally:
         other.close()
 
-    # A new id works again on the same socket.
+    # A new id works again (on a socket of its own: the URL carries the routing id).
     p.page.fill("#world-session", "web-second")
     p.page.click("#world-connect")
     p.wait("demo.world.sessionId === 'web-second' && demo.world.chunkIndex >= 2")
