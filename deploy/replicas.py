@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from deploy.nginx import Nginx, Upstream
 
@@ -70,8 +70,10 @@ def plan(replica_count: int | None, *, host: str, ports: Sequence[int],
 class Replica:
     """One ``realtime serve`` subprocess in its own process group, logging to a file."""
 
-    def __init__(self, spec: ReplicaSpec, serve_args: Sequence[str], log_dir: Path) -> None:
+    def __init__(self, spec: ReplicaSpec, serve_args: Sequence[str], log_dir: Path,
+                 env: Mapping[str, str] | None = None) -> None:
         self.spec = spec
+        self.extra_env = dict(env or {})
         self.serve_args = list(serve_args)
         self.log_path = log_dir / f"replica-{spec.index}.log"
         self.proc: subprocess.Popen | None = None
@@ -85,7 +87,7 @@ class Replica:
         return self.proc is not None and self.proc.poll() is None
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {**os.environ, **self.extra_env}
         # The replica imports this checkout, wherever it is started from.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPOSITORY), env.get("PYTHONPATH", "")) if p)
         if self.spec.gpu is not None:
@@ -152,7 +154,7 @@ class Deployment:
     def __init__(self, replica_count: int | None = None, *, host: str = "127.0.0.1", port: int | None = None,
                  replica_ports: Sequence[int] | None = None, gpus: Sequence[str] | None = None,
                  serve_args: Sequence[str] = (), log_dir: str | Path | None = None,
-                 nginx_workers: str = "1") -> None:
+                 nginx_workers: str = "1", env: Mapping[str, str] | None = None) -> None:
         from realtime.server import free_port  # a free loopback port, as the e2e tests pick them
 
         count = replica_count if replica_count is not None else len(gpus or ())
@@ -163,7 +165,7 @@ class Deployment:
         self.specs = plan(replica_count, host=host, ports=replica_ports, gpus=gpus)
         self.host = host
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="realtime-replicas-"))
-        self.replicas = [Replica(spec, serve_args, self.log_dir) for spec in self.specs]
+        self.replicas = [Replica(spec, serve_args, self.log_dir, env) for spec in self.specs]
         self.nginx = Nginx([Upstream(s.host, s.port) for s in self.specs], host=host, port=self.port,
                            worker_processes=nginx_workers)
 
