@@ -57,6 +57,10 @@ class _Server(uvicorn.Server):
 
 
 async def _drain_world(app: Any) -> None:
+    connections = getattr(getattr(app, "state", None), "world_connections", None)
+    if connections is None:  # not this project's app (e.g. a bare ASGI app in a test)
+        return
+
     async def drain(conn: Any) -> None:
         session = conn.session
         if session is None:
@@ -66,7 +70,9 @@ async def _drain_world(app: Any) -> None:
         with contextlib.suppress(RuntimeError, OSError):  # the client may be gone already
             await conn.ws.close(CLOSE_GOING_AWAY)
 
-    await asyncio.gather(*(drain(c) for c in list(app.state.world_connections.values())))
+    results = await asyncio.gather(*(drain(c) for c in list(connections.values())), return_exceptions=True)
+    for error in (r for r in results if isinstance(r, BaseException)):
+        log.error("drain: closing a session failed: %r", error)
 
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",

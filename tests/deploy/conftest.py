@@ -41,6 +41,19 @@ def live_sessions(replica_addr: str) -> int:
     return int(re.search(r"^realtime_world_sessions (\d+)$", text, re.M).group(1))
 
 
+async def settled(players: "list[Player]", addrs: set[str], timeout_s: float = 10.0) -> dict[str, int]:
+    """Wait until each replica in ``addrs`` holds exactly the ``players`` that nginx sent it
+    (sessions of earlier tests may still be closing); returns those counts."""
+    expected = {addr: sum(p.upstream == addr for p in players) for addr in addrs}
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        held = {addr: live_sessions(addr) for addr in addrs}
+        if held == expected:
+            return held
+        assert asyncio.get_running_loop().time() < deadline, f"replicas hold {held}, nginx placed {expected}"
+        await asyncio.sleep(0.05)
+
+
 @dataclass
 class Player:
     """One world session through nginx, crediting each chunk after ``pace_s``."""

@@ -20,7 +20,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from deploy.replicas import Deployment
 from protocols.routing import with_session_id
 from protocols.world_v1 import CLOSE_GOING_AWAY
-from tests.deploy.conftest import GPUS, Player, join, live_sessions, requires_nginx
+from tests.deploy.conftest import GPUS, Player, join, requires_nginx, settled
 
 pytestmark = requires_nginx
 
@@ -67,15 +67,13 @@ def _group_pids(pgid: int) -> list[int]:
 def test_fifty_sessions_spread_and_reconnect_to_the_same_replica(cluster: Deployment):
     async def main() -> None:
         live = live_addrs(cluster)
-        before = {addr: live_sessions(addr) for addr in live}
         players = await asyncio.gather(*(join(cluster.addr, f"spread-{i}") for i in range(50)))
         try:
             placed = Counter(p.upstream for p in players)
             # Every replica got some of the 50 (hash shares are uneven, but never near zero).
             assert set(placed) == live, placed
             # Each replica holds exactly the sessions nginx sent it, and none of the others'.
-            for addr in live:
-                assert live_sessions(addr) - before[addr] == placed[addr], (addr, placed)
+            await settled(players, live)
             for p in players:
                 assert (await p.client.next_chunk(credit=False)).chunk_index == 0
             # A reconnect with the same session_id lands on the same replica.
@@ -126,6 +124,7 @@ def test_killed_replica_fails_only_its_sessions(cluster: Deployment):
             victim = _victim(cluster, players)
             mine = [p for p in players if p.upstream == victim.addr]
             others = [p for p in players if p.upstream != victim.addr]
+            await settled(players, live_addrs(cluster))
             victim.kill()
             # Its sessions' sockets drop (no close frame: the process is gone) ...
             for p in mine:
@@ -135,6 +134,7 @@ def test_killed_replica_fails_only_its_sessions(cluster: Deployment):
             for p in others:
                 assert p.indexes == list(range(len(p.indexes))), p.session_id
                 assert p.client.ws.close_code is None
+            await settled(others, live_addrs(cluster), timeout_s=0)
             # New sessions, including the dead replica's own ids, land on live replicas.
             fresh = await asyncio.gather(*(join(cluster.addr, p.session_id) for p in mine),
                                          *(join(cluster.addr, f"kill-new-{i}") for i in range(6)))
@@ -158,7 +158,8 @@ def test_drained_replica_moves_no_session_and_loses_no_chunk(cluster: Deployment
             victim = _victim(cluster, players)
             mine = [p for p in players if p.upstream == victim.addr]
             others = [p for p in players if p.upstream != victim.addr]
-            held = {addr: live_sessions(addr) for addr in live_addrs(cluster) - {victim.addr}}
+            held = await settled(players, live_addrs(cluster))
+            del held[victim.addr]
             victim.drain()
             # Its sessions end with 1001 after their last committed chunk: the replica's
             # log names how many it committed, and each client got exactly those, in order.
@@ -177,7 +178,7 @@ def test_drained_replica_moves_no_session_and_loses_no_chunk(cluster: Deployment
             await asyncio.gather(*(p.until(5) for p in others))
             for p in others:
                 assert p.indexes == list(range(len(p.indexes))) and p.client.ws.close_code is None
-            assert {addr: live_sessions(addr) for addr in held} == held
+            await settled(others, set(held), timeout_s=0)
             # New sessions, the drained replica's ids too, land on the replicas still serving.
             fresh = await asyncio.gather(*(join(cluster.addr, p.session_id) for p in mine))
             try:
