@@ -17,9 +17,11 @@ From code (the tests and bench/deploy do this)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -155,13 +157,13 @@ class Deployment:
                  replica_ports: Sequence[int] | None = None, gpus: Sequence[str] | None = None,
                  serve_args: Sequence[str] = (), log_dir: str | Path | None = None,
                  nginx_workers: str = "1", env: Mapping[str, str] | None = None) -> None:
-        from realtime.server import free_port  # a free loopback port, as the e2e tests pick them
-
         count = replica_count if replica_count is not None else len(gpus or ())
-        self.port = port if port is not None else free_port(host)
+        if port is None:  # tests and benchmarks: any free ports
+            port, *free = free_ports(host, 1 + (count if replica_ports is None else 0))
+            replica_ports = replica_ports if replica_ports is not None else free
+        self.port = port
         if replica_ports is None:
-            replica_ports = [self.port + 1 + i for i in range(count)] if port is not None \
-                else [free_port(host) for _ in range(count)]
+            replica_ports = [port + 1 + i for i in range(count)]
         self.specs = plan(replica_count, host=host, ports=replica_ports, gpus=gpus)
         self.host = host
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="realtime-replicas-"))
@@ -179,6 +181,10 @@ class Deployment:
         return next(r for r in self.replicas if r.addr == addr)
 
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        # A port already taken would make another server's /healthz look like our replica's.
+        taken = [p for p in [self.port, *(s.port for s in self.specs)] if not port_free(self.host, p)]
+        if taken:
+            raise RuntimeError(f"ports already in use on {self.host}: {taken}")
         try:
             for replica in self.replicas:
                 replica.start()
@@ -218,6 +224,26 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct free ports (each held until all are picked, so none repeats)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``port`` (SO_REUSEADDR, as uvicorn and nginx bind)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

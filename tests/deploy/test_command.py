@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from deploy.replicas import port_free
 from tests.deploy.conftest import requires_nginx
 
 pytestmark = requires_nginx
@@ -22,18 +23,9 @@ def _free_run(count: int) -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + count < 65536 and all(_bindable(base + i) for i in range(count)):
+        if base + count < 65536 and all(port_free("127.0.0.1", base + i) for i in range(count)):
             return base
     pytest.skip("no run of free ports")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _refuses(port: int) -> bool:

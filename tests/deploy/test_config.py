@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 
 import pytest
 
 from deploy.nginx import TEMPLATE, Upstream, find_nginx, render
-from deploy.replicas import Replica, ReplicaSpec, parse_args, plan
+from deploy.replicas import Deployment, Replica, ReplicaSpec, free_ports, parse_args, plan, port_free
 from protocols.routing import SESSION_ID_PARAM
 
 UPSTREAMS = [Upstream("127.0.0.1", 8001), Upstream("127.0.0.1", 8002)]
@@ -71,3 +72,17 @@ def test_cli_passes_what_follows_the_double_dash_to_every_replica():
 
 def test_template_is_shipped_next_to_the_module():
     assert TEMPLATE.is_file() and TEMPLATE.parent.name == "nginx"
+
+
+def test_free_ports_are_distinct_and_a_taken_port_is_refused_before_anything_starts(tmp_path):
+    ports = free_ports("127.0.0.1", 4)
+    assert len(set(ports)) == 4 and all(port_free("127.0.0.1", p) for p in ports)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert not port_free("127.0.0.1", taken)
+        deployment = Deployment(1, replica_ports=[taken], serve_args=[], log_dir=tmp_path)
+        with pytest.raises(RuntimeError, match=f"ports already in use on 127.0.0.1: \\[{taken}\\]"):
+            deployment.start()
+        assert deployment.replicas[0].proc is None
