@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,7 +157,7 @@ class Deployment:
     def __init__(self, replica_count: int | None = None, *, host: str = "127.0.0.1", port: int | None = None,
                  replica_ports: Sequence[int] | None = None, gpus: Sequence[str] | None = None,
                  serve_args: Sequence[str] = (), log_dir: str | Path | None = None,
-                 nginx_workers: str = "1", env: Mapping[str, str] | None = None) -> None:
+                 nginx_workers: str = "1", env: Mapping[str, str] | None = None, keep_logs: bool = False) -> None:
         count = replica_count if replica_count is not None else len(gpus or ())
         if port is None:  # tests and benchmarks: any free ports
             port, *free = free_ports(host, 1 + (count if replica_ports is None else 0))
@@ -167,6 +168,8 @@ class Deployment:
         self.specs = plan(replica_count, host=host, ports=replica_ports, gpus=gpus)
         self.host = host
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="realtime-replicas-"))
+        # A temp log folder of our own goes at stop, unless asked to keep it (the CLI prints it).
+        self._remove_logs = log_dir is None and not keep_logs
         self.replicas = [Replica(spec, serve_args, self.log_dir, env) for spec in self.specs]
         self.nginx = Nginx([Upstream(s.host, s.port) for s in self.specs], host=host, port=self.port,
                            worker_processes=nginx_workers)
@@ -217,6 +220,8 @@ class Deployment:
             replica.drain()
         for replica in self.replicas:
             replica.stop()
+        if self._remove_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> "Deployment":
         self.start()
@@ -269,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else None
     try:
         deployment = Deployment(args.replicas, host=args.host, port=args.port, gpus=gpus,
-                                serve_args=args.serve_args, log_dir=args.log_dir, nginx_workers=args.nginx_workers)
+                                serve_args=args.serve_args, log_dir=args.log_dir, nginx_workers=args.nginx_workers,
+                                keep_logs=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -86,3 +86,10 @@ def test_free_ports_are_distinct_and_a_taken_port_is_refused_before_anything_sta
         with pytest.raises(RuntimeError, match=f"ports already in use on 127.0.0.1: \\[{taken}\\]"):
             deployment.start()
         assert deployment.replicas[0].proc is None
+
+
+def test_a_temp_log_folder_of_its_own_goes_at_stop():
+    deployment = Deployment(1, serve_args=[])
+    assert deployment.log_dir.is_dir()
+    deployment.stop()
+    assert not deployment.log_dir.exists()
