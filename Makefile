@@ -18,7 +18,7 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: serve test install install-dev chromium
+.PHONY: serve test install install-dev chromium nginx
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,8 +41,16 @@ chromium:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "chromium not found: browser tests will be skipped"; fi; }
 
+# Debian's nginx for the replica tests (tests/deploy run their own unprivileged nginx on
+# loopback, so the package's service is not wanted: RUNLEVEL=1 keeps invoke-rc.d from starting it).
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+	  else echo "nginx not found: the deploy tests will be skipped"; fi; }
+
 serve: install
 	$(BIN)/realtime serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
-test: install-dev chromium
+test: install-dev chromium nginx
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

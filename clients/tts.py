@@ -11,6 +11,9 @@ From code::
         result = await client.speak("Hello there.")     # streams, returns the audio
         write_wav("speech.wav", result.pcm, result.sample_rate)
 
+Every socket's URL carries a ``?session_id=`` (given, or a random ``tts-...``), so a proxy
+in front of several replicas (deploy/) can route on it; the server ignores the query.
+
 ``speak`` sends the text (in pieces when ``piece_chars`` is set, the way a
 language model would), then ``input.done``, and collects binary PCM frames until
 ``response.done``. Time to first audio is measured from ``input.done``, the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
 import time
 import wave
@@ -30,6 +34,7 @@ from typing import Sequence
 import websockets
 
 from protocols import tts_v1
+from protocols.routing import with_session_id
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/tts"
 
@@ -69,15 +74,22 @@ class SpeechResult:
         return self.samples / self.sample_rate
 
 
+def new_session_id() -> str:
+    """A random routing id for one TTS socket (tts.v1 itself has no session id)."""
+    return "tts-" + secrets.token_hex(6)
+
+
 class TTSClient:
-    def __init__(self, ws, timeout: float = 60.0) -> None:
+    def __init__(self, ws, timeout: float = 60.0, session_id: str | None = None) -> None:
         self._ws = ws
         self.timeout = timeout
+        self.session_id = session_id  # the routing id in the socket's URL
         self.session: tts_v1.SessionUpdated | None = None
 
     @classmethod
-    def connect(cls, url: str = DEFAULT_URL, timeout: float = 60.0) -> "_Connect":
-        return _Connect(url, timeout)
+    def connect(cls, url: str = DEFAULT_URL, timeout: float = 60.0, session_id: str | None = None) -> "_Connect":
+        """Open a socket whose URL carries ``?session_id=`` (a random one when not given)."""
+        return _Connect(url, timeout, session_id or new_session_id())
 
     async def _recv(self):
         frame = await asyncio.wait_for(self._ws.recv(), self.timeout)
@@ -146,12 +158,13 @@ class TTSClient:
 
 
 class _Connect:
-    def __init__(self, url: str, timeout: float) -> None:
-        self._url, self._timeout, self._ws = url, timeout, None
+    def __init__(self, url: str, timeout: float, session_id: str) -> None:
+        self._url, self._timeout, self._ws = with_session_id(url, session_id), timeout, None
+        self._session_id = session_id
 
     async def __aenter__(self) -> TTSClient:
         self._ws = await websockets.connect(self._url, max_size=None, open_timeout=self._timeout)
-        return TTSClient(self._ws, self._timeout)
+        return TTSClient(self._ws, self._timeout, self._session_id)
 
     async def __aexit__(self, *exc) -> None:
         await self._ws.close()
@@ -174,9 +187,10 @@ async def synthesize(
     speed: float | None = None,
     piece_chars: int | None = None,
     timeout: float = 60.0,
+    session_id: str | None = None,
 ) -> SpeechResult:
     """Connect, configure, speak ``text`` and close."""
-    async with TTSClient.connect(url, timeout) as client:
+    async with TTSClient.connect(url, timeout, session_id) as client:
         await client.update(voice=voice, sample_rate=sample_rate, speed=speed)
         result = await client.speak(text, piece_chars=piece_chars)
         await client.close()
@@ -193,6 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--speed", type=float, default=None)
     p.add_argument("--piece-chars", type=int, default=None, help="send the text in pieces of this many characters")
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--session", default=None, help="routing id for ?session_id= (default: a random tts-...)")
     args = p.parse_args(argv)
     try:
         result = asyncio.run(
@@ -204,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 speed=args.speed,
                 piece_chars=args.piece_chars,
                 timeout=args.timeout,
+                session_id=args.session,
             )
         )
     except ServerError as exc:

@@ -2,13 +2,17 @@
 
 Use it from code::
 
-    async with WorldClient.connect("ws://127.0.0.1:8000/v1/realtime/world") as client:
-        created = await client.create("w1", credits=4)
+    async with WorldClient.connect("ws://127.0.0.1:8000/v1/realtime/world", session_id="w1") as client:
+        created = await client.create(credits=4)   # the session_id given to connect
         await client.hold_keys(["w"])          # keys.v1 state event
         chunk = await client.next_chunk()      # header dict + decoded frames
         await client.credit(1)
 
 or from a shell: ``python -m clients.world --keys w --chunks 30 --out last.png``.
+
+``connect(url, session_id=...)`` puts the id in the URL's query too (``?session_id=``,
+protocols/routing.py), so a proxy in front of several replicas (deploy/) sends every
+connection of the session to the same one; the server itself ignores the query.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy as np
 import websockets
 
 from protocols import world_v1 as wire
+from protocols.routing import with_session_id
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/world"
 
@@ -67,8 +72,9 @@ class WorldClient:
     """One world session over one WebSocket. Messages other than chunks are queued
     on ``messages``; chunks on ``chunks``; errors raise where they are awaited."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, session_id: str | None = None) -> None:
         self.ws = ws
+        self.session_id = session_id  # the one in the URL, create's default
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.chunks: asyncio.Queue[Chunk] = asyncio.Queue()
         self.errors: list[dict[str, Any]] = []
@@ -76,8 +82,10 @@ class WorldClient:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    def connect(cls, url: str = DEFAULT_URL, **kwargs: Any) -> "_Connector":
-        return _Connector(url, kwargs)
+    def connect(cls, url: str = DEFAULT_URL, session_id: str | None = None, **kwargs: Any) -> "_Connector":
+        """Open a socket; with ``session_id`` the URL carries it (``?session_id=``) for the
+        proxy's routing and ``create`` uses it by default."""
+        return _Connector(url, session_id, kwargs)
 
     async def _read(self) -> None:
         try:
@@ -108,7 +116,10 @@ class WorldClient:
             raise AssertionError(f"expected {types}, got {msg}")
         return msg
 
-    async def create(self, session_id: str, **options: Any) -> dict[str, Any]:
+    async def create(self, session_id: str | None = None, **options: Any) -> dict[str, Any]:
+        session_id = session_id if session_id is not None else self.session_id
+        if session_id is None:
+            raise ValueError("no session_id: pass one here or to connect()")
         await self.send(wire.CreateRequest(session_id, **options).to_wire())
         return await self.expect("session.created")
 
@@ -147,12 +158,13 @@ class WorldClient:
 
 
 class _Connector:
-    def __init__(self, url: str, kwargs: dict[str, Any]) -> None:
-        self.url, self.kwargs, self.client = url, kwargs, None
+    def __init__(self, url: str, session_id: str | None, kwargs: dict[str, Any]) -> None:
+        self.url = with_session_id(url, session_id) if session_id is not None else url
+        self.session_id, self.kwargs, self.client = session_id, kwargs, None
 
     async def __aenter__(self) -> WorldClient:
         ws = await websockets.connect(self.url, max_size=None, **self.kwargs)
-        self.client = WorldClient(ws)
+        self.client = WorldClient(ws, self.session_id)
         return self.client
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -162,9 +174,9 @@ class _Connector:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    async with WorldClient.connect(args.url) as client:
-        created = await client.create(args.session, model=args.model, credits=4, format="png") if args.model \
-            else await client.create(args.session, credits=4, format="png")
+    async with WorldClient.connect(args.url, session_id=args.session) as client:
+        created = await client.create(model=args.model, credits=4, format="png") if args.model \
+            else await client.create(credits=4, format="png")
         print(json.dumps(created))
         if args.keys:
             await client.hold_keys(list(args.keys))

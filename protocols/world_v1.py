@@ -20,6 +20,8 @@ FORMATS = ("jpeg", "png", "rgb8")
 # WebSocket close codes for protocol violations (RFC 6455).
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
 CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
+# The server is draining (SIGTERM): the session was closed after its last committed chunk.
+CLOSE_GOING_AWAY = 1001
 
 CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
 

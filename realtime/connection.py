@@ -173,6 +173,9 @@ class SessionOwner(Protocol):
     def dropped(self, reason: str) -> None:
         """The model dropped this session's state on its own (event loop)."""
 
+    # Optional: ``async def drain(self) -> None``, called when the server stops (SIGTERM):
+    # end the session once its running tick is committed and sent, then close with 1001.
+
 
 @dataclass
 class LiveSession:
@@ -224,6 +227,13 @@ class LiveSessions:
             log.info("session %s: %s dropped it (%s); no live owner", session_id, model, reason)
             return
         entry.owner.dropped(reason)
+
+    async def drain(self) -> None:
+        """Drain every session whose owner can drain, all at once (server shutdown)."""
+        drains = [d for e in list(self._by_key.values()) if (d := getattr(e.owner, "drain", None)) is not None]
+        results = await asyncio.gather(*(d() for d in drains), return_exceptions=True)
+        for error in (r for r in results if isinstance(r, BaseException)):
+            log.error("drain: closing a session failed: %r", error)
 
     def sessions(self) -> list[dict[str, Any]]:
         """Per session: kind, session_id, model, state, chunk_index, last_tick."""

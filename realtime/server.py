@@ -6,6 +6,7 @@ through here, so what they measure is what a user runs.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
@@ -33,6 +34,10 @@ WS_PING_INTERVAL_S = 20.0
 # halved the serving ceiling (bench_served --model instant: 9.3k vs 17.3k chunks/s for 32
 # sessions on the dev machine). OpenPI's reference server turns compression off too.
 WS_PER_MESSAGE_DEFLATE = False
+
+
+# How long SIGTERM waits for running ticks to finish before uvicorn closes what is left (1012).
+DRAIN_TIMEOUT_S = 20.0
 
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
@@ -71,7 +76,23 @@ class _Server(uvicorn.Server):
     uvicorn drains on SIGINT / SIGTERM and then raises the signal again, which ends
     the process with a ``KeyboardInterrupt`` traceback (SIGINT) or killed by SIGTERM.
     A server that has drained has finished its job: ``realtime serve`` exits 0.
+
+    Its shutdown drains first (docs/deploy.md): stop listening (a proxy sends new
+    sessions to another replica), let every live session that can drain end once its
+    running tick is committed and sent, closing its socket with 1001; then uvicorn's
+    own shutdown (sockets still open get 1012) and the lifespan's.
     """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        live = getattr(getattr(self.config.app, "state", None), "live_sessions", None)
+        if live is not None:  # not this project's app (e.g. a bare ASGI app in a test)
+            try:
+                await asyncio.wait_for(live.drain(), DRAIN_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("drain: sessions still open after %.0f s", DRAIN_TIMEOUT_S)
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -115,7 +136,7 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warn
     ``per_message_deflate`` is for benchmarks that measure what compression costs.
     """
     port = free_port(host)
-    server = uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+    server = _Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                            per_message_deflate=per_message_deflate))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -214,6 +214,16 @@ class WorldConnection:
         self._forget()
         return dropped
 
+    async def drain(self) -> None:
+        """Server shutdown: close the session once its running tick is committed and
+        sent (no ``session.closed``: the socket itself closes, with 1001)."""
+        session = self.session
+        if session is None:
+            return
+        await self.close_session(notify=False)
+        log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
+        await self.conn.close(wire.CLOSE_GOING_AWAY)
+
     async def _retry_tombstone(self, session_id: str) -> None:
         entry = self.live.find(KIND, session_id)
         tomb = self.manager.get(session_id) if session_id in self.manager else None

@@ -1,9 +1,17 @@
 // HTTP and WebSocket addresses of the server that served this page.
 
-/** `ws://host/path` (or `wss://` behind TLS) on the page's own host. */
-export function wsUrl(path) {
+/** The URL query key a proxy routes on (protocols/routing.py, deploy/nginx). */
+export const SESSION_ID_PARAM = "session_id";
+
+/**
+ * `ws://host/path?session_id=...` (or `wss://` behind TLS) on the page's own host. The
+ * session id in the query lets a proxy in front of several replicas send every
+ * connection of a session to the same one; the server ignores it.
+ */
+export function wsUrl(path, sessionId) {
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
-  return `${proto}//${location.host}${path}`;
+  const query = sessionId ? `?${SESSION_ID_PARAM}=${encodeURIComponent(sessionId)}` : "";
+  return `${proto}//${location.host}${path}${query}`;
 }
 
 /** The model list of `GET /v1/models`: [{name, kind, available, reason?, ...}]. */

@@ -8,7 +8,7 @@
 // Everything the tests look at lives in `state` (window.demo.tts).
 
 import { $, describeError, showError } from "./dom.js";
-import { wsUrl } from "./net.js";
+import { randomId, wsUrl } from "./net.js";
 import { PcmPlayer } from "./pcm_player.js";
 import { TextStreamer } from "./sentences.js";
 
@@ -155,7 +155,8 @@ export class SpeechPanel {
     this.el.reconnect.hidden = true;
     this.el.status.textContent = "connecting";
     this.cancelling = false;
-    const ws = new WebSocket(wsUrl(PATH));
+    // tts.v1 has no session id; a fresh routing id per socket keeps it on one replica.
+    const ws = new WebSocket(wsUrl(PATH, randomId("tts")));
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => {

@@ -21,6 +21,7 @@ export class WorldPanel {
     this.ws = null;
     this.assembling = null; // {header, payloads} while a chunk's binary frames arrive
     this.pendingCreate = null; // options of a session.create waiting for session.closed
+    this.socketSessionId = null; // the session id in the socket's URL (its routing key)
     this.closing = false; // session.close sent: no more events or credits for this session
     this.nextEventId = 1; // strictly increasing for every session this page makes
     this.sentAt = new Map(); // event_id -> performance.now() when sent
@@ -125,7 +126,10 @@ export class WorldPanel {
     };
     const prompt = this.el.prompt.value.trim();
     if (prompt) options.prompt = prompt;
-    if (this.ws && this.ws.readyState === WebSocket.OPEN) {
+    // A socket's URL carries the session id a proxy routes on (net.js wsUrl): another
+    // id gets a socket of its own, which may land on another replica.
+    const sameRoute = options.session_id === this.socketSessionId;
+    if (sameRoute && this.ws && this.ws.readyState === WebSocket.OPEN) {
       if (this.state.sessionId) {
         this.pendingCreate = options;
         this.closeSession();
@@ -170,8 +174,15 @@ export class WorldPanel {
     this.state.closeCode = null;
     this.el.reconnect.hidden = true;
     this.#setStatus("connecting");
-    const ws = new WebSocket(wsUrl(PATH));
+    const ws = new WebSocket(wsUrl(PATH, createOptions.session_id));
+    this.socketSessionId = createOptions.session_id;
     ws.binaryType = "arraybuffer";
+    // The old socket's session (if any) ends with it: the server closes it on disconnect.
+    this.state.sessionId = null;
+    this.closing = false;
+    this.pendingCreate = null;
+    this.player.stop();
+    this.player.clear();
     // A socket still connecting (a second click) is dropped; its handlers see it is stale.
     const old = this.ws;
     this.ws = ws;

@@ -9,6 +9,7 @@ Screenshots of each panel go to test-artifacts/web/.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -336,10 +337,11 @@ def test_server_errors_are_shown_on_the_page(tiny_page: Page):
     finally:
         other.close()
 
-    # A new id works again on the same socket.
+    # A new id works again (on a socket of its own: the URL carries the routing id).
     p.page.fill("#world-session", "web-second")
     p.page.click("#world-connect")
     p.wait("demo.world.sessionId === 'web-second' && demo.world.chunkIndex >= 2")
+    assert p.js("demo.panels.world.ws.url").endswith("/v1/realtime/world?session_id=web-second")
     assert error.is_hidden()
     assert p.console_errors == []
 
@@ -442,6 +444,8 @@ def test_speech_panel_streams_audio_and_stop_cuts_it(browser, full_server):
         p.wait("demo.tts.connected && demo.tts.voice !== null")
         assert p.js("demo.tts.available") is True
         assert p.js("demo.tts.sampleRate") in (22050, 24000)
+        # The socket's URL carries a routing id for a proxy (docs/deploy.md).
+        assert re.search(r"/v1/realtime/tts\?session_id=tts-[0-9a-f]{6}$", p.js("demo.panels.speech.ws.url"))
         # One sentence typed: it goes out when it ends, and audio comes back.
         p.page.click("#speech-text")
         p.page.keyboard.type("Hello from the browser. ", delay=5)

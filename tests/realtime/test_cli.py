@@ -85,7 +85,7 @@ def test_a_signal_drains_and_exits_quietly_with_status_0(sig):
     assert "Traceback" not in out and "Error" not in out and " ERROR " not in out, out
     assert "serving on http://127.0.0.1:" in out
     assert out.rstrip().endswith(f"Finished server process [{proc.pid}]"), out
-    assert close_code == 1012  # uvicorn's "service restart" to the client
+    assert close_code == 1001  # drained: going away, after the running tick (realtime/server.py)
 
 
 def test_serve_help_shows_every_option_with_help_and_defaults(capsys):

@@ -1,0 +1,1 @@
+"""Running several replicas behind nginx on one machine (docs/deploy.md)."""
