@@ -3,6 +3,7 @@
 ``build_policy(spec)`` turns a command-line spec into an adapter:
 
 * ``"flow"`` (or ``"default"``): the built-in flow-matching action model;
+* ``"maze"`` or ``"maze:WEIGHTS"``: the trained maze navigation policy (``models/policy/maze``);
 * ``"dummy"`` or ``"dummy:50"``: zeros after 50 ms per forward (benchmarks);
 * ``"package.module:factory"``: a user policy (``docs/policies.md``).
 """
@@ -38,6 +39,10 @@ def build_policy(spec: str = "default", *, device: str = "cpu", max_batch: int |
         if max_batch is not None:
             cfg = FlowPolicyConfig(**{**kwargs, "max_batch": max_batch})
         return FlowMatchingPolicy(cfg, device=device)
+    if spec == "maze" or spec.startswith("maze:"):
+        from models.policy.maze.adapter import MazePolicy
+
+        return MazePolicy(spec.partition(":")[2] or None, device=device, max_batch=max_batch or 64, **kwargs)
     if spec == "dummy" or spec.startswith("dummy:"):
         infer_ms = float(spec.partition(":")[2] or 0.0)
         return DummyPolicy(infer_ms=infer_ms, max_batch=max_batch or 32, **kwargs)
