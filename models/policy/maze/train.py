@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
     torch.manual_seed(args.seed)
+    torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
     cfg = config(d_model=32, num_heads=2, num_layers=1) if args.tiny else config()
     model = MazeFlowModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
