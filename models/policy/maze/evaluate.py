@@ -33,7 +33,7 @@ from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import BUDGET, Episodes
 from models.policy.maze.model import EXECUTE, IMAGE_KEY
 from models.world.maze.goals import GOAL_KINDS
-from models.world.maze.planner import Planner
+from models.world.maze.planner import Planner, goal_seeds
 from models.world.maze.policy import ScriptedPolicy
 from protocols.openpi import Observation, SamplingParams
 
@@ -86,7 +86,7 @@ def summarise(ep: Episodes) -> dict:
 
 def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED0, budget: int = BUDGET,
              log: Callable[[str], None] = print) -> dict:
-    seeds = list(range(seed0, seed0 + mazes))
+    seeds = goal_seeds(seed0, mazes)
     results: dict = {}
     for kind in GOAL_KINDS:
         row: dict = {}
@@ -109,7 +109,7 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
         results[kind] = row
     both = [results[k]["policy_vs_planner"] for k in GOAL_KINDS]
     return {"per_kind": results, "policy_vs_planner_mean": round(float(np.mean(both)), 4), "goal": 0.8,
-            "mazes_per_kind": mazes, "seeds": [seed0, seed0 + mazes - 1], "budget_frames": budget,
+            "mazes_per_kind": mazes, "seeds": [seeds[0], seeds[-1]], "budget_frames": budget,
             "execute_horizon": EXECUTE, "num_inference_steps": policy.cfg.num_inference_steps}
 
 

@@ -43,7 +43,7 @@ from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.model import EXECUTE, HORIZON, STATE_DIM, MazeFlowModel, config, save_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
-from models.world.maze.planner import Planner
+from models.world.maze.planner import Planner, goal_seeds
 
 log = logging.getLogger("models.policy.maze.train")
 
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         beta = beta_at(progress, args.expert_share, args.beta_min)
         rng = random.Random(f"{args.seed}:{rounds}")
-        seeds = [TRAIN_SEED0 + rounds * args.envs + i for i in range(args.envs)]
+        seeds = goal_seeds(TRAIN_SEED0 + rounds * args.envs, args.envs)
         kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(args.envs)]
         ep = Episodes(seeds, kinds, dev)
         planner = Planner(ep.sim)

@@ -127,14 +127,26 @@ def make_goals(seed: int, kind: str, grid: list[list[int]], start: tuple[float, 
                       if grid[y][x] and approach_cells(grid, kind, (x, y))]
         path = {c: 1 + min(from_start.get(a, 10**6) for a in approach_cells(grid, kind, c)) for c in candidates}
     near = [c for c in candidates if MIN_PATH <= path[c] <= MAX_PATH]
-    if not near:  # a tiny maze: take the farthest
-        near = [max(candidates, key=lambda c: path[c])]
+    if not near or len(candidates) < len(COLOUR_NAMES):
+        # A few seeds start in a walled-in cell (an opening knocked into a pillar):
+        # nothing to reach. ``goal_seeds`` skips them.
+        raise ValueError(f"maze {seed} has no {kind} goal {MIN_PATH}-{MAX_PATH} cells from its start")
     target_colour = COLOUR_NAMES.index(colour) if colour is not None else rng.randrange(len(COLOUR_NAMES))
     target_cell = near[rng.randrange(len(near))]
     rest = [c for c in candidates if c != target_cell]
     others = rng.sample(rest, len(COLOUR_NAMES) - 1)
     cells = others[:target_colour] + [target_cell] + others[target_colour:]
     return GoalEpisode(seed, kind, tuple(cells), target_colour)
+
+
+def has_goals(seed: int, grid: list[list[int]], start: tuple[float, float]) -> bool:
+    """Whether both goal kinds can be placed in this maze (false for a walled-in start)."""
+    try:
+        for kind in GOAL_KINDS:
+            make_goals(seed, kind, grid, start)
+    except ValueError:
+        return False
+    return True
 
 
 def reached(kind: str, cell: Cell, x: float, y: float) -> bool:

@@ -82,6 +82,21 @@ class Planner:
         return keys
 
 
+def goal_seeds(seed0: int, count: int) -> list[int]:
+    """The first ``count`` seeds from ``seed0`` whose mazes take goals of every kind."""
+    from models.world.maze.goals import has_goals
+    from models.world.maze.sim import make_maze
+
+    seeds: list[int] = []
+    s = seed0
+    while len(seeds) < count:
+        grid, start, _ = make_maze(s)
+        if has_goals(s, grid, start):
+            seeds.append(s)
+        s += 1
+    return seeds
+
+
 def goal_sim(seeds: list[int], kind: str | list[str], device: str | torch.device = "cpu") -> MazeSim:
     """A ``MazeSim`` of ``seeds`` with a goal episode of ``kind`` (one, or one per seed) each."""
     from models.world.maze.goals import make_goals
