@@ -17,6 +17,11 @@ from models.world.maze.planner import goal_sim
 BUDGET = 300   # frames; the planner needs at most ~170 (MODEL_CARD.md)
 
 
+def call_seed(episode_seed: int, call: int) -> int:
+    """The noise seed of policy call ``call`` in the episode of maze ``episode_seed`` (evaluation and robot)."""
+    return (episode_seed * 1_000_003 + call) % 2**63
+
+
 class Episodes:
     """``len(seeds)`` goal episodes of ``kind`` (one kind, or one per seed) on one device."""
 

@@ -8,7 +8,7 @@ uses ``TRAIN_SEED0`` upwards) are run with three drivers from the same starts:
                combinations, forward-biased), for the floor;
 * ``policy``:  the served adapter (``MazePolicy.infer_batch``, the code a robot
                reaches over OpenPI), observed every ``execute_horizon`` frames,
-               each call seeded by (maze, call number).
+               each call seeded by (maze, call number) as the robot does.
 
 Success: the target reached (``goals.py``) within ``BUDGET`` frames. The
 headline is ``policy_vs_planner``: the share of the episodes the planner
@@ -30,7 +30,7 @@ import torch
 
 from models.policy.base import PolicyWork
 from models.policy.maze.adapter import MazePolicy
-from models.policy.maze.episodes import BUDGET, Episodes
+from models.policy.maze.episodes import BUDGET, Episodes, call_seed
 from models.policy.maze.model import EXECUTE, IMAGE_KEY
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import Planner, goal_seeds
@@ -54,8 +54,12 @@ def drive_random(ep: Episodes, seed: int = 0) -> None:
         ep.step(pol.next())
 
 
-def drive_policy(ep: Episodes, policy: MazePolicy, execute: int = EXECUTE, seed0: int = 0) -> int:
-    """Run ``ep`` with ``policy``; returns the number of policy calls (observations) made."""
+def drive_policy(ep: Episodes, policy: MazePolicy, execute: int = EXECUTE, fixed_noise: bool = False) -> int:
+    """Run ``ep`` with ``policy``; returns the number of policy calls (observations) made.
+
+    ``fixed_noise``: every call of an episode uses the episode's first seed (the
+    same noise each time), instead of a new seed per call.
+    """
     prompts = ep.prompts()
     calls = 0
     call_no = 0
@@ -67,7 +71,8 @@ def drive_policy(ep: Episodes, policy: MazePolicy, execute: int = EXECUTE, seed0
         for lo in range(0, len(live), policy.max_batch):
             rows = live[lo:lo + policy.max_batch]
             works = [PolicyWork(f"eval-{i}", f"r{call_no}", Observation({IMAGE_KEY: images[i]}, state[i], prompts[i]),
-                                SamplingParams(seed=seed0 + 100_003 * int(i) + call_no)) for i in rows]
+                                SamplingParams(seed=call_seed(ep.sim.seeds[i], 0 if fixed_noise else call_no)))
+                     for i in rows]
             for i, out in zip(rows, policy.run_batch(works)):
                 chunk[i] = out.actions
             calls += len(rows)
@@ -85,7 +90,7 @@ def summarise(ep: Episodes) -> dict:
 
 
 def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED0, budget: int = BUDGET,
-             log: Callable[[str], None] = print) -> dict:
+             log: Callable[[str], None] = print, execute: int = EXECUTE, fixed_noise: bool = False) -> dict:
     seeds = goal_seeds(seed0, mazes)
     results: dict = {}
     for kind in GOAL_KINDS:
@@ -98,7 +103,7 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
             elif name == "random":
                 drive_random(ep)
             else:
-                row["policy_calls"] = drive_policy(ep, policy)
+                row["policy_calls"] = drive_policy(ep, policy, execute, fixed_noise)
             row[name] = summarise(ep)
             row[name]["seconds"] = round(time.perf_counter() - started, 1)
             log(f"{kind:6s} {name:8s} success {row[name]['success']:.3f} ({row[name]['seconds']} s)")
@@ -110,7 +115,24 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
     both = [results[k]["policy_vs_planner"] for k in GOAL_KINDS]
     return {"per_kind": results, "policy_vs_planner_mean": round(float(np.mean(both)), 4), "goal": 0.8,
             "mazes_per_kind": mazes, "seeds": [seeds[0], seeds[-1]], "budget_frames": budget,
-            "execute_horizon": EXECUTE, "num_inference_steps": policy.cfg.num_inference_steps}
+            "execute_horizon": execute, "fixed_noise": fixed_noise, "num_inference_steps": policy.cfg.num_inference_steps}
+
+
+VALIDATION_SEED0 = 10_000
+
+
+def sweep(policy: MazePolicy, mazes: int, device: str, budget: int) -> tuple[list[dict], dict]:
+    """Execute horizons x noise modes on validation mazes; returns the table and the best setting."""
+    table = []
+    for execute in (2, 4, 8):
+        for fixed in (False, True):
+            r = evaluate(policy, mazes, device, VALIDATION_SEED0, budget, log=lambda _: None, execute=execute,
+                         fixed_noise=fixed)
+            table.append({"execute_horizon": execute, "fixed_noise": fixed,
+                          "policy_vs_planner_mean": r["policy_vs_planner_mean"]})
+            print(table[-1], flush=True)
+    best = max(table, key=lambda row: row["policy_vs_planner_mean"])
+    return table, best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,11 +141,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mazes", type=int, default=200)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--budget", type=int, default=BUDGET)
+    ap.add_argument("--seed0", type=int, default=EVAL_SEED0, help="first maze seed (validation: another range)")
+    ap.add_argument("--execute", type=int, default=EXECUTE, help="frames of each chunk executed")
+    ap.add_argument("--fixed-noise", action="store_true", help="one noise seed per episode")
+    ap.add_argument("--steps", type=int, default=None, help="Euler steps (default: the trained 10)")
+    ap.add_argument("--sweep", type=int, default=0, metavar="MAZES",
+                    help="first pick --execute / --fixed-noise on MAZES validation mazes (seeds from 10000)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    policy = MazePolicy(args.weights, device=args.device, max_batch=256)
+    policy = MazePolicy(args.weights, device=args.device, max_batch=256, num_inference_steps=args.steps)
     t0 = time.perf_counter()
-    res = evaluate(policy, args.mazes, args.device, budget=args.budget)
+    table: list[dict] = []
+    if args.sweep:
+        table, best = sweep(policy, args.sweep, args.device, args.budget)
+        args.execute, args.fixed_noise = best["execute_horizon"], best["fixed_noise"]
+    res = evaluate(policy, args.mazes, args.device, args.seed0, args.budget, execute=args.execute,
+                   fixed_noise=args.fixed_noise)
+    if table:
+        res["validation_sweep"] = {"mazes_per_kind": args.sweep, "seed0": VALIDATION_SEED0, "rows": table}
     res.update({
         "weights": str(policy.weights.name), "device": args.device, "seconds": round(time.perf_counter() - t0, 1),
         "command": "python -m models.policy.maze.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
