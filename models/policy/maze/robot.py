@@ -49,6 +49,7 @@ class EpisodeReport:
     frames: int
     policy_calls: int
     seconds: float
+    pose: tuple[float, float, float]  # final x, y, yaw
 
 
 class _Counting:
@@ -90,8 +91,9 @@ def run_episode(policy: WebsocketClientPolicy, seed: int, kind: str, budget: int
         obs = {IMAGE_KEY: image[0].numpy(), "state": state[0].numpy(), "prompt": prompt}
         keys = np.asarray(broker.infer(obs)["actions"], np.float32)
         ep.step(_keys_tensor(keys))
+    pose = (float(ep.sim.pos[0, 0]), float(ep.sim.pos[0, 1]), float(ep.sim.yaw[0]))
     report = EpisodeReport(seed, kind, prompt, bool(ep.success[0]), int(ep.frames[0]), counting.calls,
-                           round(time.perf_counter() - started, 3))
+                           round(time.perf_counter() - started, 3), pose)
     log.info("episode seed=%d kind=%s %s in %d frames (%d calls)", seed, kind,
              "reached" if report.success else "missed", report.frames, report.policy_calls)
     return report
