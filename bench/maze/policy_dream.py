@@ -46,6 +46,7 @@ from models.policy.maze.model import IMAGE_KEY
 from models.policy.maze.robot import check_metadata
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
+from models.world.maze.sim import MazeSim
 
 
 async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, kind: str, budget: int,
@@ -58,7 +59,8 @@ async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, ki
     async with WorldClient.connect(f"{server}/v1/realtime/world") as world:
         await world.create(session, model="maze", seed=seed, credits=1, format="rgb8")
         frame = (await world.next_chunk(credit=False)).frames()[0]
-        first_equal = bool(np.array_equal(frame, shadow.sim.render()[0].numpy()))
+        # The world starts from the goal-less simulator's first frame of this maze.
+        first_equal = bool(np.array_equal(frame, MazeSim([seed]).render()[0].numpy()))
         while not shadow.all_done:
             _, state = shadow.observe()
             obs = {IMAGE_KEY: np.ascontiguousarray(frame), "state": state[0].numpy(), "prompt": prompt,
