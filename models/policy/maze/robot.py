@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from openpi_client.action_chunk_broker import ActionChunkBroker
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -99,9 +100,7 @@ def run_episode(policy: WebsocketClientPolicy, seed: int, kind: str, budget: int
     return report
 
 
-def _keys_tensor(keys: np.ndarray):
-    import torch
-
+def _keys_tensor(keys: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((keys > 0.5).astype(np.float32))[None]
 
 
