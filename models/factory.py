@@ -37,6 +37,8 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "tiny": ("world", "models.world.tiny:build"),
     "flow": ("policy", "models.policy.flow:build"),
     "dummy": ("policy", "models.policy.dummy:build"),
+    "maze-policy": ("policy", "models.policy.maze:build"),
+    "pi0": ("policy", "models.policy.pi0:build"),
     "piper-joe-medium": ("tts", "models.tts.adapter:build"),
 }
 
@@ -44,7 +46,7 @@ FACTORIES: dict[str, tuple[str, str]] = {
 DEFAULT_WORLDS: tuple[str, ...] = ("maze", "tiny")
 # What a kind gets when the command line does not name one of its models
 # (``--policy default``; the voice unless ``--no-tts``).
-DEFAULTS: dict[str, str] = {"policy": "flow", "tts": "piper-joe-medium"}
+DEFAULTS: dict[str, str] = {"policy": "maze-policy", "tts": "piper-joe-medium"}
 # The world served when none of the requested ones loads (it needs no weights).
 FALLBACK_WORLD = "tiny"
 
@@ -115,6 +117,9 @@ def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, ki
     except (ImportError, FileNotFoundError) as exc:
         # A missing optional dependency or weights file: serve without this model.
         raise ModelUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        # A checkpoint or option the model refuses (each says which file or field): one line.
+        raise FactoryError(f"{entry}: {exc}") from exc
     if adapter.kind != model_kind:
         raise FactoryError(f"factory of {entry.name!r} built a {adapter.kind} model, the table says {model_kind}")
     log.info("built %s model %s as %r", model_kind, entry, adapter.name)

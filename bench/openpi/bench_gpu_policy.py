@@ -181,13 +181,22 @@ def main() -> None:
     ap.add_argument("--batch-wait-ms", type=float, default=20.0,
                     help="the engine's returner wait (the server's config.policy.batch_wait_ms)")
     ap.add_argument("--steps", type=int, default=10, help="flow-matching Euler steps per call")
+    ap.add_argument("--policy", choices=["flow", "maze"], default="flow",
+                    help="flow: the random-weight default; maze: the trained maze policy")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     started = time.perf_counter()
     device = torch.device(args.device)
-    cfg = FlowPolicyConfig(num_inference_steps=args.steps, max_batch=args.max_batch)
-    policy = FlowMatchingPolicy(cfg, device=args.device)
+    if args.policy == "maze":
+        from models.policy.maze.adapter import MazePolicy
+
+        policy: FlowMatchingPolicy = MazePolicy(device=args.device, max_batch=args.max_batch,
+                                                num_inference_steps=args.steps)
+        cfg = policy.cfg
+    else:
+        cfg = FlowPolicyConfig(num_inference_steps=args.steps, max_batch=args.max_batch)
+        policy = FlowMatchingPolicy(cfg, device=args.device)
     requests = [packed_obs(policy.metadata, i) for i in range(8)]
     report: dict[str, Any] = {
         "benchmark": "openpi_gpu_policy",

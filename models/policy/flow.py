@@ -192,18 +192,24 @@ class FlowActionModel(nn.Module):
 
 
 class FlowMatchingPolicy(PolicyAdapter):
-    """The default policy: ``FlowActionModel`` with seeded random weights, batched across robots."""
+    """The default policy: ``FlowActionModel`` with seeded random weights, batched across robots.
 
-    def __init__(self, cfg: FlowPolicyConfig = FlowPolicyConfig(), *, device: str = "cpu", name: str = "flow-policy") -> None:
+    ``model`` (a trained ``FlowActionModel`` or subclass, e.g. the maze policy) replaces
+    the random weights; ``metadata`` then says what that model advertises.
+    """
+
+    def __init__(self, cfg: FlowPolicyConfig = FlowPolicyConfig(), *, device: str = "cpu", name: str = "flow-policy",
+                 model: FlowActionModel | None = None, metadata: PolicyMetadata | None = None) -> None:
         self.cfg = cfg
         self.name = name
         self.max_batch = cfg.max_batch
-        self.metadata = cfg.metadata()
+        self.metadata = metadata or cfg.metadata()
         self.device = torch.device(device)
-        # Weights from a private CPU generator: identical on every machine and device.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            model = FlowActionModel(cfg)
+        if model is None:
+            # Weights from a private CPU generator: identical on every machine and device.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.seed)
+                model = FlowActionModel(cfg)
         self.model = model.to(self.device).eval()
         # session -> committed call count; _pending holds this call's count until end_tick.
         self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()

@@ -207,5 +207,7 @@ def test_build_policy_specs():
     assert build_policy("dummy").infer_ms == 0.0
     user = build_policy("models.policy.example:make_policy", device="cpu", max_batch=4)
     assert isinstance(user, UserPolicyAdapter) and user.max_batch == 4
-    flow = build_policy("default", device="cpu", max_batch=8)
+    default = build_policy("default", device="cpu", max_batch=8)  # the trained maze navigation policy
+    assert default.name == "maze-policy" and default.max_batch == 8 and default.metadata.action_shape == (8, 8)
+    flow = build_policy("flow", device="cpu", max_batch=8)
     assert flow.name == "flow-policy" and flow.max_batch == 8 and flow.metadata.action_shape == (50, 32)

@@ -26,6 +26,11 @@ walls carry four vertical stripes per cell face and are darker on y-faces;
 floor and ceiling are cast per pixel, the floor as a 2x2-per-cell checkerboard
 so that strafing shows parallax. Everything dims with distance.
 
+Goals (``goals.py``): ``MazeSim(seeds, goals=[GoalEpisode, ...])`` paints goal
+walls or floor markers and their sky beacons over the same render; without
+``goals`` nothing of that runs and every frame is bit-identical to the goal-less
+simulator the world model was trained on.
+
 Determinism: a maze, start pose and yaw depend only on the maze seed (Python's
 ``random.Random``), so the same seed gives the same world on any device. Frames
 are bit-identical for the same seed and actions on the same device; CPU and CUDA
@@ -39,6 +44,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+from models.world.maze.goals import COLOUR_NAMES, GOAL_COLOURS, WALL_REACH, GoalEpisode
 
 H = W = 64
 FOV = math.radians(66.0)
@@ -108,7 +115,8 @@ class SimState:
 class MazeSim:
     """``B`` mazes and cameras on one device. ``step`` moves, ``render`` draws."""
 
-    def __init__(self, seeds: list[int], device: str | torch.device = "cpu", n: int = MAZE_CELLS) -> None:
+    def __init__(self, seeds: list[int], device: str | torch.device = "cpu", n: int = MAZE_CELLS,
+                 goals: list[GoalEpisode] | None = None) -> None:
         self.device = torch.device(device)
         self.n = n
         self.seeds = list(seeds)
@@ -128,6 +136,37 @@ class MazeSim:
         cam = (torch.arange(W, dtype=torch.float32, device=self.device) + 0.5) / W * 2 - 1
         self._ray_offset = torch.atan(cam * math.tan(FOV / 2))  # [W] angle of each column
         self._rows = torch.arange(H, dtype=torch.float32, device=self.device) + 0.5
+        self.goals = None if goals is None else list(goals)
+        if self.goals is not None:
+            self._init_goals()
+
+    def _init_goals(self) -> None:
+        goals = self.goals
+        assert goals is not None
+        if len(goals) != self.batch or any(g.seed != s for g, s in zip(goals, self.seeds)):
+            raise ValueError("goals must be one GoalEpisode per maze, for the same seeds in the same order")
+        dev, n, B = self.device, self.n, self.batch
+        self.goal_cells = torch.tensor([g.cells for g in goals], dtype=torch.int64, device=dev)   # [B, 3, 2]
+        self.goal_target = torch.tensor([g.target for g in goals], dtype=torch.int64, device=dev)
+        self.goal_is_wall = torch.tensor([g.kind == "wall" for g in goals], device=dev)
+        self._goal_rgb = torch.tensor([GOAL_COLOURS[c] for c in COLOUR_NAMES], dtype=torch.float32, device=dev)
+        # Per cell: 0, or 1 + the colour index of the goal wall / marker there.
+        paint = torch.zeros(B, n, n, dtype=torch.int64, device=dev)
+        b = self._b[:, None].expand(B, len(COLOUR_NAMES))
+        colour = torch.arange(1, len(COLOUR_NAMES) + 1, device=dev)[None].expand(B, -1)
+        paint[b, self.goal_cells[..., 1], self.goal_cells[..., 0]] = colour
+        self._goal_wall = torch.where(self.goal_is_wall[:, None, None], paint, 0)
+        self._goal_floor = torch.where(self.goal_is_wall[:, None, None], 0, paint)
+
+    def reached(self) -> torch.Tensor:
+        """[B] bool: each camera has reached its target goal (``goals.py``'s rule)."""
+        if self.goals is None:
+            raise ValueError("this MazeSim has no goals")
+        cell = self.goal_cells[self._b, self.goal_target].float()           # [B, 2]
+        on_cell = (self.pos.floor() == cell).all(1)
+        gap = torch.maximum(cell - self.pos, self.pos - (cell + 1)).clamp_min(0)
+        near = gap.square().sum(1).sqrt() <= WALL_REACH
+        return torch.where(self.goal_is_wall, near, on_cell)
 
     @property
     def batch(self) -> int:
@@ -223,5 +262,38 @@ class MazeSim:
         ceil_rgb = ceil_base / att
         below = (self._rows[None, :] >= horizon)[:, :, None, None]           # [B, H, 1, 1]
         bg = torch.where(below, floor_rgb, ceil_rgb)
+        if self.goals is not None:
+            gw = self._goal_wall[bi, my.clamp(0, n - 1), mx.clamp(0, n - 1)]  # [B, W] hit cell's paint
+            flat = self._goal_rgb[(gw - 1).clamp_min(0)] * torch.where(side, 0.85, 1.0)[..., None]
+            wall_rgb = torch.where((gw > 0)[..., None], flat, wall_rgb)
+            fxi = fx.floor().long().clamp(0, n - 1)
+            fyi = fy.floor().long().clamp(0, n - 1)
+            gf = self._goal_floor[self._b[:, None, None], fyi, fxi]          # [B, H, W]
+            tile = self._goal_rgb[(gf - 1).clamp_min(0)] / att
+            floor_rgb = torch.where((gf > 0)[..., None], tile, floor_rgb)
+            bg = torch.where(below, floor_rgb, ceil_rgb)
+            bg = self._beacons(bg, below, is_wall)
         img = torch.where(is_wall[..., None], wall_rgb[:, None, :, :], bg)
         return img.clamp(0, 255).round().to(torch.uint8)
+
+    def _beacons(self, bg: torch.Tensor, below: torch.Tensor, is_wall: torch.Tensor) -> torch.Tensor:
+        """Paint each goal's beacon: a band of its colour on the ceiling pixels in its direction.
+
+        The goal's centre in camera space gives its depth and its screen column
+        (the inverse of the per-column ray angle); the band is wider when nearer.
+        """
+        centre = self.goal_cells.float() + 0.5                              # [B, 3, 2]
+        rel = centre - self.pos[:, None]
+        c, s = torch.cos(self.yaw)[:, None], torch.sin(self.yaw)[:, None]
+        depth = rel[..., 0] * c + rel[..., 1] * s                            # [B, 3]
+        lateral = -rel[..., 0] * s + rel[..., 1] * c
+        cam = lateral / depth.clamp_min(1e-3) / math.tan(FOV / 2)
+        column = (cam + 1) / 2 * W                                           # [B, 3]
+        half = (1.5 * H / 64 / depth.clamp_min(0.3) * 4).clamp(1.0, 6.0)
+        cols = torch.arange(W, dtype=torch.float32, device=self.device) + 0.5
+        sky = ~below[..., 0] & ~is_wall                                      # [B, H, W]
+        for j in range(len(COLOUR_NAMES)):
+            band = (depth[:, j, None] > 0.05) & ((cols[None] - column[:, j, None]).abs() < half[:, j, None])
+            paint = sky & band[:, None, :]
+            bg = torch.where(paint[..., None], self._goal_rgb[j], bg)
+        return bg

@@ -1,0 +1,64 @@
+"""``MazePolicy``: the trained maze policy served through the policy seam (OpenPI).
+
+It is ``FlowMatchingPolicy`` (batching across robots, per-robot seeded noise,
+observation K/V computed once per call) with the trained ``MazeFlowModel`` in
+place of random weights; the sampled chunk is thresholded at 0, so a robot gets
+key bits (1.0 = held) in ``ACTION_KEYS`` order, ``HORIZON`` frames a chunk.
+
+Metadata ``extra`` tells a robot what it needs beyond the OpenPI fields: the key
+order, how many frames of each chunk to execute before observing again
+(``execute_horizon``), how to build the state, and the prompts it understands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from models.base import ACTION_KEYS
+from models.policy.base import PolicyWork
+from models.policy.flow import FlowMatchingPolicy
+from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, load_policy
+from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from protocols.openpi import PolicyMetadata
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "maze_policy.safetensors"
+
+
+class MazePolicy(FlowMatchingPolicy):
+    """The maze navigation policy (see the module docstring)."""
+
+    def __init__(self, weights: str | Path | None = None, *, device: str = "cpu", max_batch: int = 64,
+                 num_inference_steps: int | None = None, name: str = "maze-policy") -> None:
+        path = Path(weights) if weights else DEFAULT_WEIGHTS
+        if not path.is_file():
+            raise FileNotFoundError(f"maze policy weights not found: {path}")
+        over: dict[str, Any] = {"max_batch": max_batch}
+        if num_inference_steps is not None:
+            over["num_inference_steps"] = num_inference_steps
+        model = load_policy(path, device, **over)
+        cfg = model.cfg
+        metadata = PolicyMetadata(
+            action_horizon=cfg.action_horizon, action_dim=cfg.action_dim, image_keys=(IMAGE_KEY,),
+            image_resolution=cfg.image_resolution, state_dim=cfg.state_dim,
+            extra={
+                "policy": "maze-flow-matching",
+                "num_inference_steps": cfg.num_inference_steps,
+                "action_keys": "".join(ACTION_KEYS),
+                "execute_horizon": EXECUTE,
+                "state": f"cos yaw, sin yaw, pitch / 12, keys of the last {HISTORY} frames (oldest first)",
+                "prompts": [PROMPTS[k][0].format(c=c) for k in GOAL_KINDS for c in COLOUR_NAMES],
+            },
+        )
+        super().__init__(cfg, device=device, name=name, model=model, metadata=metadata)
+        self.weights = path
+
+    def describe(self) -> Mapping[str, Any]:
+        return {**super().describe(), "weights": self.weights.name}
+
+    def infer_batch(self, works: Sequence[PolicyWork]) -> list[Mapping[str, Any]]:
+        outs = super().infer_batch(works)
+        return [{"actions": (o["actions"] > 0).astype(np.float32)} for o in outs]
+

@@ -1,0 +1,271 @@
+"""Train the maze policy: ``python -m models.policy.maze.train --minutes N --out DIR [--resume CKPT]``.
+
+Imitation of the planner (``models/world/maze/planner.py``) with DAgger-style
+relabelling, all on the training device:
+
+* ``--envs`` goal episodes (half wall, half marker; seeds from ``TRAIN_SEED0``
+  upwards, never the evaluation's) run in one batched ``MazeSim``.
+* Every ``EXECUTE`` frames each running episode is observed (camera, state,
+  prompt in one of four phrasings) and *labelled* with the planner's next
+  ``HORIZON`` frames of keys from that exact pose (the planner is run on a copy
+  of the state and the state restored).
+* The chunk executed is the planner's with probability ``beta``, else the
+  policy's own sample (10 Euler steps). ``beta`` is 1 for the first
+  ``--expert-share`` of the run and then falls linearly to ``--beta-min``: the
+  policy's own mistakes (the states it drifts into) are labelled with the way
+  back, which is what keeps errors from compounding.
+* Samples go into a ring buffer on the device; each collection step is
+  followed by ``--updates`` gradient steps on random batches.
+
+Loss: flow matching, pi0's convention: x_t = t * noise + (1 - t) * a with a the
+key bits scaled to -1 / +1, the model predicts the velocity noise - a, t drawn
+from a logit-normal. Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step,
+elapsed) every ``--ckpt-every`` seconds and at the end; ``--resume`` continues
+one (same ``--minutes`` budget: elapsed time counts). ``DIR/maze_policy.safetensors``
+is the fp16 export and ``DIR/train_log.json`` the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.policy.flow import prompt_buckets
+from models.policy.maze.episodes import Episodes
+from models.policy.maze.model import EXECUTE, HORIZON, STATE_DIM, MazeFlowModel, config, save_policy
+from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from models.world.maze.planner import Planner, goal_seeds
+
+log = logging.getLogger("models.policy.maze.train")
+
+TRAIN_SEED0 = 2_000_000   # training mazes; evaluation uses EVAL_SEED0 (evaluate.py)
+
+
+class PromptTable:
+    """Every prompt phrasing, its hashed bucket ids kept padded on the device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.texts = [form.format(c=c) for k in GOAL_KINDS for form in PROMPTS[k] for c in COLOUR_NAMES]
+        self.index = {t: i for i, t in enumerate(self.texts)}
+        ids = [prompt_buckets(t) for t in self.texts]
+        width = max(len(i) for i in ids)
+        pad = np.zeros((len(ids), width), np.int64)
+        for i, row in enumerate(ids):
+            pad[i, :len(row)] = row
+        self.ids = torch.from_numpy(pad).to(device)
+        self.lengths = torch.tensor([len(i) for i in ids], device=device)
+        self._cols = torch.arange(width, device=device)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``EmbeddingBag`` inputs (flat ids, offsets) for prompt indices [B]."""
+        lengths = self.lengths[idx]
+        mask = self._cols[None] < lengths[:, None]
+        flat = self.ids[idx][mask]
+        offsets = torch.cumsum(lengths, 0) - lengths
+        return flat, offsets
+
+
+class Buffer:
+    """A ring of (camera, state, prompt, expert chunk) on the device."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.size, self.n, self.head = size, 0, 0
+        self.images = torch.zeros(size, 64, 64, 3, dtype=torch.uint8, device=device)
+        self.state = torch.zeros(size, STATE_DIM, device=device)
+        self.prompt = torch.zeros(size, dtype=torch.int64, device=device)
+        self.actions = torch.zeros(size, HORIZON, 8, dtype=torch.bool, device=device)
+
+    def add(self, images: torch.Tensor, state: torch.Tensor, prompt: torch.Tensor, actions: torch.Tensor) -> None:
+        k = images.shape[0]
+        idx = (self.head + torch.arange(k, device=images.device)) % self.size
+        self.images[idx], self.state[idx], self.prompt[idx] = images, state, prompt
+        self.actions[idx] = actions > 0.5
+        self.head = (self.head + k) % self.size
+        self.n = min(self.size, self.n + k)
+
+    def sample(self, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+        idx = torch.randint(0, self.n, (batch,), device=self.images.device, generator=gen)
+        return self.images[idx], self.state[idx], self.prompt[idx], self.actions[idx].float() * 2 - 1
+
+
+def expert_chunk(ep: Episodes, planner: Planner) -> torch.Tensor:
+    """[B, HORIZON, 8]: the planner's next frames of keys from the current poses (state restored)."""
+    saved = ep.sim.state()
+    keys = []
+    for _ in range(HORIZON):
+        k = planner.keys()
+        keys.append(k)
+        ep.sim.step(k)
+    ep.sim.set_state(saved)
+    return torch.stack(keys, 1)
+
+
+@torch.no_grad()
+def sample_chunk(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor, ids: torch.Tensor,
+                 offsets: torch.Tensor, steps: int, gen: torch.Generator | None = None) -> torch.Tensor:
+    """The policy's key bits [B, HORIZON, 8] (0/1) for a batch of observations."""
+    kvs = model.encode(images[:, None], state, ids, offsets)
+    noise = torch.randn(images.shape[0], model.cfg.action_horizon, model.cfg.action_dim, device=images.device,
+                        generator=gen)
+    return (model.sample(noise, kvs, steps) > 0).float()
+
+
+def flow_loss(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor, ids: torch.Tensor,
+              offsets: torch.Tensor, actions: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    kvs = model.encode(images[:, None], state, ids, offsets)
+    b, dev = actions.shape[0], actions.device
+    t = torch.sigmoid(torch.randn(b, device=dev, generator=gen))
+    noise = torch.randn(actions.shape, device=dev, generator=gen)
+    x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
+    v = model.velocity(x_t, t, kvs)
+    return (v - (noise - actions)).square().mean()
+
+
+def beta_at(progress: float, expert_share: float, beta_min: float) -> float:
+    """Share of chunks the planner drives: 1 until ``expert_share``, then linear to ``beta_min`` at 0.8."""
+    if progress <= expert_share:
+        return 1.0
+    return max(beta_min, 1.0 - (1.0 - beta_min) * (progress - expert_share) / max(0.8 - expert_share, 1e-6))
+
+
+def bar(progress: float, width: int = 30) -> str:
+    k = int(round(progress * width))
+    return "[" + "#" * k + "." * (width - k) + f"] {100 * progress:5.1f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, required=True, help="training wall-clock budget")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", default=None, help="DIR/ckpt.pt to continue")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--envs", type=int, default=2048)
+    ap.add_argument("--buffer", type=int, default=400_000)
+    ap.add_argument("--bs", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--updates", type=int, default=4, help="gradient steps per collection step")
+    ap.add_argument("--expert-share", type=float, default=0.25)
+    ap.add_argument("--beta-min", type=float, default=0.2)
+    ap.add_argument("--max-steps", type=int, default=10**9)
+    ap.add_argument("--ckpt-every", type=float, default=60.0)
+    ap.add_argument("--log-every", type=float, default=10.0)
+    ap.add_argument("--tiny", action="store_true", help="a tiny model and data for a CPU smoke run")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
+    cfg = config(d_model=32, num_heads=2, num_layers=1) if args.tiny else config()
+    model = MazeFlowModel(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    step, elapsed, episodes_done, rounds = 0, 0.0, 0, 0
+    history: list[dict] = []
+    if args.resume:
+        ck = torch.load(args.resume, map_location=dev, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, elapsed, rounds, history = ck["step"], ck["elapsed"], ck["rounds"], ck["log"]
+        log.info("resumed %s at step %d, %.0f s", args.resume, step, elapsed)
+    params = sum(p.numel() for p in model.parameters())
+    log.info("maze policy: %.2fM parameters, device %s, %d envs", params / 1e6, dev, args.envs)
+
+    gen = torch.Generator(device=dev).manual_seed(args.seed + step)
+    prompts = PromptTable(dev)
+    buf = Buffer(args.buffer, dev)
+    budget_s = args.minutes * 60.0
+    t0 = time.perf_counter() - elapsed
+    last_log = last_ckpt = time.perf_counter()
+    loss_ema = float("nan")
+    samples = 0
+    stats = {"success": 0, "episodes": 0}
+
+    def save_ckpt() -> None:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "elapsed": time.perf_counter() - t0, "rounds": rounds, "log": history}, out / "ckpt.pt")
+
+    while step < args.max_steps:
+        progress = (time.perf_counter() - t0) / budget_s
+        if progress >= 1.0:
+            break
+        beta = beta_at(progress, args.expert_share, args.beta_min)
+        rng = random.Random(f"{args.seed}:{rounds}")
+        seeds = goal_seeds(TRAIN_SEED0 + rounds * args.envs, args.envs)
+        kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(args.envs)]
+        ep = Episodes(seeds, kinds, dev)
+        planner = Planner(ep.sim)
+        assert ep.sim.goals is not None
+        pidx = torch.tensor([prompts.index[g.prompt(rng.randrange(4))] for g in ep.sim.goals], device=dev)
+        rounds += 1
+        model.eval()
+        while not ep.all_done and step < args.max_steps:
+            live = ~ep.done
+            images, state = ep.observe()
+            label = expert_chunk(ep, planner)
+            buf.add(images[live], state[live], pidx[live], label[live])
+            samples += int(live.sum())
+            use_expert = torch.rand(args.envs, device=dev, generator=gen) < beta
+            chunk = label
+            if beta < 1.0:
+                ids, offs = prompts.batch(pidx)
+                mine = sample_chunk(model, images, state, ids, offs, cfg.num_inference_steps, gen)
+                chunk = torch.where(use_expert[:, None, None], label, mine)
+            ep.execute(chunk[:, :EXECUTE])
+            model.train()
+            for _ in range(args.updates):
+                im, st, pi, act = buf.sample(args.bs, gen)
+                ids, offs = prompts.batch(pi)
+                lr = args.lr * min(1.0, (step + 1) / 300) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                loss = flow_loss(model, im, st, ids, offs, act, gen)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                step += 1
+                lv = float(loss.detach())
+                loss_ema = lv if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * lv
+            model.eval()
+            now = time.perf_counter()
+            progress = (now - t0) / budget_s
+            if now - last_log >= args.log_every:
+                last_log = now
+                rate = stats["success"] / max(stats["episodes"], 1)
+                log.info("%s step %d loss %.4f beta %.2f samples %d train-success %.3f", bar(min(progress, 1.0)),
+                         step, loss_ema, beta, samples, rate)
+                history.append({"step": step, "elapsed_s": round(now - t0, 1), "loss": round(loss_ema, 5),
+                                "beta": round(beta, 3), "samples": samples, "train_success": round(rate, 4)})
+            if now - last_ckpt >= args.ckpt_every:
+                last_ckpt = now
+                save_ckpt()
+            if progress >= 1.0:
+                break
+        stats["success"] += int(ep.success.sum())
+        stats["episodes"] += int(ep.done.sum())
+        episodes_done += int(ep.done.sum())
+        if rounds % 4 == 0:
+            stats = {"success": 0, "episodes": 0}
+    save_ckpt()
+    elapsed = time.perf_counter() - t0
+    info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
+            "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
+    save_policy(model, out / "maze_policy.safetensors", info)
+    (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))
+    log.info("done: %d steps in %.0f s, %d samples -> %s", step, elapsed, samples, out / "maze_policy.safetensors")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

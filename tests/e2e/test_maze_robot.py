@@ -1,0 +1,33 @@
+"""The maze simulator as a robot through a real server: openpi-client + ActionChunkBroker, the trained policy."""
+
+from __future__ import annotations
+
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+from models.policy.maze.adapter import MazePolicy
+from models.policy.maze.episodes import Episodes
+from models.policy.maze.evaluate import drive_policy
+from models.policy.maze.robot import check_metadata, main as robot_main, run_episode
+from tests.e2e.test_openpi_ws import PATH, running
+
+BUDGET = 24  # frames: 6 policy calls an episode keeps the test fast on CPU
+
+
+def test_robot_episodes_through_the_server_equal_the_in_process_evaluation(tmp_path):
+    policy = MazePolicy(max_batch=4)
+    reference = MazePolicy(max_batch=4)
+    with running(policy) as addr:
+        robot = WebsocketClientPolicy(host=f"ws://{addr}{PATH}")
+        assert check_metadata(robot.get_server_metadata()) == 4
+        for seed, kind in ((0, "wall"), (1, "marker")):
+            report = run_episode(robot, seed, kind, BUDGET)
+            assert report.policy_calls == BUDGET // 4 or report.success
+            ep = Episodes([seed], kind, budget=BUDGET)
+            calls = drive_policy(ep, reference)
+            # Same pixels, same seeds, same batch of one: the same keys, so the same pose.
+            assert (report.success, report.frames, report.policy_calls) == (bool(ep.success[0]), int(ep.frames[0]), calls)
+            assert report.pose == (float(ep.sim.pos[0, 0]), float(ep.sim.pos[0, 1]), float(ep.sim.yaw[0]))
+            assert report.prompt == ep.prompts()[0]
+        out = tmp_path / "robot.json"
+        assert robot_main(["--url", f"ws://{addr}{PATH}", "--episodes", "1", "--budget", "8", "--out", str(out)]) == 0
+        assert '"episodes": 2' in out.read_text()
