@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from models.world.lingbot.config import LingBotTransformerConfig
+from models.world.lingbot.config import ConfigError, LingBotTransformerConfig
 from models.world.lingbot.transformer import (CausalLingBotWorldTransformer3DModel,
                                               checkpoint_shapes, checkpoint_targets)
 
@@ -41,7 +41,12 @@ def read_config(folder: Path) -> LingBotTransformerConfig:
     path = folder / CONFIG_NAME
     if not path.is_file():
         raise CheckpointError(f"{folder}: missing {CONFIG_NAME} (the transformer config)")
-    return LingBotTransformerConfig.from_config(json.loads(path.read_text()))
+    try:
+        return LingBotTransformerConfig.from_config(json.loads(path.read_text()))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except ValueError as e:  # not JSON
+        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
 
 
 def weight_map(folder: Path) -> dict[str, str]:
