@@ -102,6 +102,7 @@ class LingBotPipeline:
                                     dtype=kv_dtype or self.dtype)
         self.cache = make_cache(self.geometry, max_sessions, self.device)
         self.sessions: dict[str, SessionState] = {}
+        self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
 
     @classmethod
     def from_checkpoint(cls, root: str | Path, *, device: torch.device | str = "cpu",
@@ -146,6 +147,7 @@ class LingBotPipeline:
 
     def reset(self, session_id: str, seed: int | None = None) -> None:
         """Back to the first frame with the same prompt and image (text K/V kept)."""
+        self.end(session_id, committed=False)
         s = self.sessions[session_id]
         self.cache.reset(session_id, keep_cross=True)
         start = s.start_rng if seed is None else torch.Generator().manual_seed(seed).get_state()
@@ -153,6 +155,8 @@ class LingBotPipeline:
                                             rng_state=start, start_rng=start)
 
     def close(self, session_id: str) -> None:
+        """Forget the session and free its kv. Idempotent."""
+        self.end(session_id, committed=False)
         self.sessions.pop(session_id, None)
         if session_id in self.cache:
             self.cache.close(session_id)
@@ -161,10 +165,21 @@ class LingBotPipeline:
 
     @torch.no_grad()
     def generate(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
-        """One block for each request's session (distinct), as uint8 frames ``[N, H, W, 3]``."""
+        """One block for each request's session (distinct), committed: uint8 ``[N, H, W, 3]``."""
+        frames = self.run(requests)
+        for r in requests:
+            self.end(r.session_id, committed=True)
+        return frames
+
+    @torch.no_grad()
+    def run(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
+        """Like ``generate`` but each session's block stays pending until ``end``."""
         if not requests:
             return []
         ids = [r.session_id for r in requests]
+        for sid in ids:
+            if sid in self._pending:
+                raise RuntimeError(f"session {sid!r} already has a block pending")
         states = [self.sessions[i] for i in ids]
         # A changed prompt is rebuilt before the block (the block uses the new text).
         for r, s in zip(requests, states):
@@ -180,10 +195,20 @@ class LingBotPipeline:
         except BaseException:
             self.cache.abort_batch(batch)
             raise
-        self.cache.commit_batch(batch)
-        for sid, s in zip(ids, new_states):
-            self.sessions[sid] = s
+        for sid, st in zip(ids, new_states):
+            self._pending[sid] = st
         return frames
+
+    def end(self, session_id: str, committed: bool) -> None:
+        """Keep (``committed``) or drop the session's pending block. Idempotent."""
+        state = self._pending.pop(session_id, None)
+        if state is None:
+            return
+        if committed:
+            self.cache.commit_chunk(session_id)
+            self.sessions[session_id] = state
+        else:
+            self.cache.abort_chunk(session_id)
 
     def _block(self, requests, states, batch):
         F, (h, w) = self.cfg.num_frames_per_block, self.latent_hw
