@@ -29,7 +29,6 @@ STEP = 0.05
 TURN_DEGREES = 6.0
 REFERENCE_SIZE = (480, 832)                  # (height, width) the default intrinsics are for
 REFERENCE_INTRINSICS = (500.0, 500.0, 416.0, 240.0)
-CAMERA_KEYS = ("w", "a", "s", "d", "i", "j", "k", "l")
 
 
 def scaled_intrinsics(intrinsics: torch.Tensor, height: int, width: int,

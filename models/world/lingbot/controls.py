@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from models.world.lingbot.camera import CAMERA_KEYS
+from models.base import ACTION_KEYS as CAMERA_KEYS
 from models.world.lingbot.trajectory_files import (Trajectory, TrajectoryError, checked,
                                                    load_trajectory)
 from sessions.errors import ErrorCode, SessionError

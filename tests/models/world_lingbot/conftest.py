@@ -24,3 +24,10 @@ def fixture(name: str) -> dict:
 @pytest.fixture
 def tiny_config() -> LingBotTransformerConfig:
     return TINY
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny checkpoint in the real diffusers layout, written once per test session."""
+    from models.world.lingbot.tiny_checkpoint import write_tiny_checkpoint
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("lingbot") / "ckpt")

@@ -10,16 +10,14 @@ import pytest
 from models.base import ModelError, WorldTick
 from models.world.lingbot import build
 from models.world.lingbot.adapter import latent_keys
-from models.world.lingbot.tiny_checkpoint import write_tiny_checkpoint
 
 OPTIONS = dict(device="cpu", max_batch=2, frames_per_chunk=None, steps=None, gpu_memory_fraction=0.5,
                height=16, width=16)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = write_tiny_checkpoint(tmp_path_factory.mktemp("lingbot") / "ckpt")
-    return build(str(root), SimpleNamespace(**OPTIONS)), root
+def world(tiny_checkpoint):
+    return build(str(tiny_checkpoint), SimpleNamespace(**OPTIONS)), tiny_checkpoint
 
 
 def _tick(sid, chunk, keys=("w",), prompt=None, seed=3):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.world.lingbot.camera import key_step
 from models.world.lingbot.controls import (MAX_INLINE_FRAMES, CameraActionsReducer,
                                            CameraTrajectoryReducer, lingbot_reducers)
 from sessions.errors import ErrorCode, SessionError

@@ -11,15 +11,14 @@ import torch
 
 from models.world.lingbot.checkpoint import load_components, validate_checkpoint
 from models.world.lingbot.pipeline import BlockRequest, LingBotPipeline, shifted_sigma
-from models.world.lingbot.tiny_checkpoint import write_tiny_checkpoint
 from models.world.lingbot.weights import CheckpointError
 
 H = W = 16
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("lingbot") / "ckpt")
+def checkpoint(tiny_checkpoint):
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -153,7 +153,9 @@ _PROBE = textwrap.dedent("""
     peaks = []
     model = load_transformer(folder, on_shard=lambda i, n, f: peaks.append(rss()))
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM: this process's own peak RSS (ru_maxrss would carry the parent's over exec).
+    with open("/proc/self/status") as f:
+        peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
     print(json.dumps({"base": base, "peak": peak, "model": model_bytes, "after": peaks}))
 """)
 
