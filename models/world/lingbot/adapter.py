@@ -21,15 +21,26 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+import torch
 
 from models.base import ModelAdapter, ModelError, WorldChunk, WorldGeometry, WorldTick
 from models.world.lingbot.config import VAE_TEMPORAL_STRIDE
-from models.world.lingbot.controls import ACTIONS_SCHEMA, TRAJECTORY_SCHEMA
+from models.world.lingbot.controls import ACTIONS_SCHEMA, TRAJECTORY_SCHEMA, TrajectoryBlock
 from models.world.lingbot.pipeline import DMD_TIMESTEPS, BlockRequest, LingBotPipeline, NoCapacity
 
 log = logging.getLogger(__name__)
 
 FPS = 16.0
+
+
+def block_controls(actions: Sequence[frozenset[str]] | None, trajectory: TrajectoryBlock | None
+                   ) -> tuple[list[frozenset[str]], tuple[torch.Tensor, torch.Tensor, bool] | None]:
+    """The camera_actions / camera_trajectory tick values as ``BlockRequest`` keys and trajectory."""
+    keys = list(actions) if actions else []
+    if trajectory is None:
+        return keys, None
+    poses, intr = trajectory.arrays()
+    return keys, (torch.from_numpy(poses), torch.from_numpy(intr), trajectory.starts)
 
 
 def latent_keys(actions: Sequence[frozenset[str]], frames_per_block: int) -> list[frozenset[str]]:

@@ -62,6 +62,19 @@ def test_bad_ticks_are_model_errors(world):
         w.run_batch([bad])
 
 
+def test_block_controls_turn_tick_values_into_a_block_request():
+    from models.world.lingbot.controls import CameraTrajectoryReducer
+    from sessions.frozen import deep_freeze
+    from models.world.lingbot.adapter import block_controls
+    r = CameraTrajectoryReducer(3)
+    poses = [np.eye(4).tolist()] * 3
+    u = deep_freeze({"mode": "inline", "poses": poses, "intrinsics": [[500, 500, 416, 240]] * 3}, "d")
+    r.validate(u)
+    keys, traj = block_controls((frozenset("w"),) * 3, r.prepare([u]).value)
+    assert keys == [frozenset("w")] * 3 and traj[0].shape == (3, 4, 4) and traj[1].shape == (3, 4)
+    assert traj[2] is True and block_controls(None, None) == ([], None)
+
+
 def test_latent_keys_are_the_union_of_four_frames():
     acts = [frozenset()] * 12
     acts = list(acts)

@@ -112,11 +112,14 @@ def test_blocks_decode_to_uint8_frames_and_the_prompt_is_encoded_only_when_it_ch
 
 
 def test_seeded_sessions_replay_and_the_image_conditions_the_frames(components):
-    pipe = _pipeline(components, sessions=3)
+    pipe = _pipeline(components, sessions=4)
     pipe.open("a", "x", image=_image(0), seed=5)
     pipe.open("b", "x", image=_image(0), seed=5)
     pipe.open("c", "x", image=_image(1), seed=5)
-    out = pipe.generate([BlockRequest(s, keys=[{"d"}] * 3) for s in ("a", "b", "c")])
+    pipe.open("d", "x", image=_image(0), seed=5)
+    out = pipe.generate([BlockRequest(s, keys=[{"d"}] * 3) for s in ("a", "b", "c")]
+                        + [BlockRequest("d", keys=[{"l"}] * 3)])
+    assert not np.array_equal(out[0], out[3])              # the camera reaches the frames
     # Batched rows are independent (up to one level of rounding between batch positions).
     np.testing.assert_allclose(out[0], out[1], atol=1)
     assert not np.array_equal(out[0], out[2])              # the image reaches the frames

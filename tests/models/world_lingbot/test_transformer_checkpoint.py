@@ -161,8 +161,9 @@ _PROBE = textwrap.dedent("""
 
 
 def test_loading_streams_shard_by_shard(tmp_path):
-    # About 48 MB of weights in 6 shards of 8 MB: loading all shards at once would add
-    # ~48 MB of host memory on top of the model; streaming adds about one shard.
+    # About 36 MB of weights in 5 shards of at most 8 MB: loading every shard at once would
+    # add ~36 MB of host memory on top of the model; streaming adds about one shard (6 MB
+    # measured on the dev machine).
     cfg = LingBotTransformerConfig(num_attention_heads=4, attention_head_dim=64, text_dim=64,
                                    freq_dim=16, ffn_dim=1024, num_layers=6, sink_size=3,
                                    sliding_window_num_frames=12)
