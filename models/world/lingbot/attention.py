@@ -49,7 +49,10 @@ class BlockKV:
                        update_cache: bool) -> torch.Tensor:
         """q/k/v ``[R, L, H, D]`` of the block -> ``[R, L, H, D]`` over held pages + block."""
         if update_cache:
-            return paged_attention(q, k, v, self.cache, layer, self.batch)
+            # The pool may hold a narrower dtype than the model computes in (bf16 KV).
+            dt = self.cache.geometry.dtype
+            return paged_attention(q.to(dt), k.to(dt), v.to(dt), self.cache, layer,
+                                   self.batch).to(q.dtype)
         return self._transient(layer, q, k, v)
 
     def _transient(self, layer: int, q: torch.Tensor, k: torch.Tensor,

@@ -182,3 +182,24 @@ def test_loading_streams_shard_by_shard(tmp_path):
     extra = r["peak"] - r["base"] - r["model"]
     # Peak beyond the model: at most ~1.5 shards (the mapped shard plus allocator slack).
     assert extra < 1.5 * shard, (extra / 2**20, r)
+
+
+def test_a_full_geometry_block_runs_on_the_meta_device():
+    # The 14B model at 480x832 (60x104 latents, 1560 tokens per frame) through a kv pool
+    # on the meta device: every shape of the real forward, no memory, no compute.
+    from kv import PagedKVCache
+    from kv.capacity import pool_blocks
+    from models.world.lingbot.attention import BlockKV, write_text
+    from models.world.lingbot.cache import kv_geometry
+
+    model = _meta_model()
+    g = kv_geometry(CHECKPOINT_CONFIG, 60, 104, dtype=torch.bfloat16)
+    assert g.tokens_per_frame == 1560 and (g.sink_frames, g.window_frames, g.frames_per_tick) == (9, 6, 3)
+    cache = PagedKVCache(g, pool_blocks(g, 1), "meta", max_sessions=1, attention_backend="gather_sdpa")
+    cache.open("a")
+    text_kv = model.project_text(torch.empty(1, 512, 4096, device="meta"))
+    write_text(cache, "a", [(k[0], v[0]) for k, v in text_kv])
+    kv = BlockKV(cache, cache.begin_batch(["a"]))
+    out = model(torch.empty(1, 36, 3, 60, 104, device="meta"), torch.zeros(1, device="meta"), kv,
+                torch.empty(1, 384, 3, 60, 104, device="meta"), update_cache=True)
+    assert out.shape == (1, 16, 3, 60, 104)
