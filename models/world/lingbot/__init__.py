@@ -1,0 +1,73 @@
+"""LingBot-World v2 (``robbyant/lingbot-world-v2-14b-causal-fast-diffusers``), served from a
+local checkpoint in the diffusers layout.
+
+    config.py            LingBotTransformerConfig: the checkpoint's transformer config (defaults = 14B)
+    transformer.py       CausalLingBotWorldTransformer3DModel: checkpoint names, fused self-attn q/k/v
+    attention.py         BlockKV: one block's self-attention over kv/ pages, text K/V in cross slots
+    cache.py             the kv/ geometry (sink 9 + 6 rolling + block 3) and a pool for it
+    weights.py           shard-by-shard strict loading, the diffusers-layout transformer writer
+    checkpoint.py        the checkpoint folder: validated at start, components loaded
+    camera.py            key steps, intrinsics, frame-wise relative poses, Plücker rays
+    controls.py          lingbot.camera_actions.v1 / lingbot.camera_trajectory.v1 reducers
+    trajectory_files.py  named trajectories below a trusted root, loaded as untrusted input
+    image.py             the first image: bytes -> uint8 frame (size and bomb guards)
+    vae_io.py            Wan VAE: first-image condition, decode_block (swappable)
+    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps)
+    adapter.py           LingBotWorld: the pipeline behind the world seam; ``build`` below
+    tiny_checkpoint.py   a tiny random checkpoint in the exact layout (tests)
+    MODEL_CARD.md        what the model is, deviations, licences (weights: CC BY-NC-SA 4.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_STEPS = 4
+
+
+def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imported below
+    """The factory entry: ``realtime serve --models lingbot=DIR``.
+
+    ``options`` has ``device``, ``max_batch``, ``frames_per_chunk``, ``steps`` and
+    ``gpu_memory_fraction`` (and optionally ``height``/``width``, default 480x832). The
+    checkpoint is validated before anything loads; on CUDA the resident session count
+    comes from kv capacity planning at ``gpu_memory_fraction`` of free memory.
+    """
+    import torch
+
+    from kv import plan_capacity
+    from models.world.lingbot.adapter import LingBotWorld
+    from models.world.lingbot.cache import kv_geometry
+    from models.world.lingbot.checkpoint import load_components, validate_checkpoint
+    from models.world.lingbot.config import VAE_SPATIAL_STRIDE
+    from models.world.lingbot.pipeline import DEFAULT_SIZE, LingBotPipeline
+
+    if not path:
+        raise ValueError("lingbot needs a checkpoint folder (--models lingbot=DIR, the diffusers "
+                         "layout of robbyant/lingbot-world-v2-14b-causal-fast-diffusers)")
+    steps = getattr(options, "steps", None)
+    if steps not in (None, DEFAULT_STEPS):
+        raise ValueError(f"lingbot is distilled for {DEFAULT_STEPS} denoising steps per block, got steps={steps}")
+    validate_checkpoint(path)
+    device = torch.device(getattr(options, "device", None) or "cpu")
+    cuda = device.type == "cuda"
+    height = getattr(options, "height", None) or DEFAULT_SIZE[0]
+    width = getattr(options, "width", None) or DEFAULT_SIZE[1]
+    max_batch = max(1, int(getattr(options, "max_batch", 1) or 1))
+    components = load_components(path, device, torch.bfloat16 if cuda else torch.float32)
+    cfg = components.transformer.config
+    fpc = getattr(options, "frames_per_chunk", None)
+    if fpc not in (None, 4 * cfg.num_frames_per_block):
+        raise ValueError(f"lingbot makes {4 * cfg.num_frames_per_block} frames per chunk (one block), "
+                         f"got frames_per_chunk={fpc}")
+    sessions = max_batch
+    if cuda:
+        g = kv_geometry(cfg, height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE,
+                        dtype=torch.bfloat16)
+        plan = plan_capacity(g, available_bytes=torch.cuda.mem_get_info(device)[0],
+                             fraction=getattr(options, "gpu_memory_fraction", 0.9) or 0.9,
+                             requested_sessions=max_batch, ticks_in_flight=max_batch)
+        sessions = plan.capacity
+    pipeline = LingBotPipeline(components, height=height, width=width, max_sessions=sessions,
+                               device=device)
+    return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path)

@@ -1,0 +1,61 @@
+"""A session's first image: untrusted bytes to a uint8 frame at the model's resolution.
+
+PNG or JPEG only, at most ``MAX_IMAGE_BYTES``; the declared format must match the
+bytes; the header's pixel count is checked against ``MAX_PIXELS`` before any pixel
+is decoded (a decompression bomb is refused, not expanded); then RGB, resized to
+cover the target and centre-cropped to it.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+
+MAX_IMAGE_BYTES = 8 << 20
+MAX_PIXELS = 64_000_000           # e.g. 8000 x 8000
+FORMATS = {"png": "PNG", "jpeg": "JPEG"}
+
+
+class ImageError(ValueError):
+    """An image that is refused; the message says why."""
+
+
+def decode_image(data: bytes, fmt: str, height: int, width: int) -> np.ndarray:
+    """``data`` in ``fmt`` ("png" | "jpeg") -> uint8 ``[height, width, 3]``."""
+    from PIL import Image
+
+    if fmt not in FORMATS:
+        raise ImageError(f"image format must be one of {sorted(FORMATS)}, got {fmt!r}")
+    if not data:
+        raise ImageError("image is empty")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"image is {len(data)} bytes, at most {MAX_IMAGE_BYTES}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=[FORMATS[fmt]])
+            w, h = im.size
+            if w * h > MAX_PIXELS:
+                raise ImageError(f"image is {w}x{h} pixels, at most {MAX_PIXELS} in all")
+            im.load()
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageError("image refused as a decompression bomb") from None
+    except Exception as e:  # PIL raises many types for bad data
+        raise ImageError(f"image is not a valid {fmt}: {type(e).__name__}") from None
+    return cover_crop(np.asarray(im.convert("RGB")), height, width)
+
+
+def cover_crop(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Resize (bicubic) so the image covers ``height`` x ``width``, then crop the centre."""
+    from PIL import Image
+
+    h, w = rgb.shape[:2]
+    scale = max(height / h, width / w)
+    nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
+    im = Image.fromarray(rgb).resize((nw, nh), Image.BICUBIC)
+    top, left = (nh - height) // 2, (nw - width) // 2
+    return np.asarray(im.crop((left, top, left + width, top + height)), dtype=np.uint8).copy()

@@ -1,0 +1,255 @@
+"""Sessions of the LingBot-World v2 pipeline: prompt, first image, camera, one block per tick.
+
+Per block of ``num_frames_per_block`` latent frames and each row (session)::
+
+    x = noise
+    for t in DMD_TIMESTEPS (1000, 750, 500, 250):         # 4 steps, no CFG
+        s = shift(t / 1000)                               # flow shift 5.0 from the scheduler config
+        flow = transformer([x, cond], s * 1000, camera)   # transient: no cache byte changes
+        x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
+        x = (1 - s') x0 + s' * fresh noise                # s' = the next step's sigma
+    transformer([x0, cond], 0, camera, update_cache=True) # the clean pass keeps the block's K/V
+    frames = decode_block(x0)                             # uint8, 9 frames then 12 per block
+
+The prompt is encoded (UMT5, zero-padded to 512 tokens) and projected to every
+layer's text K/V once, when the session opens, and again only when a block asks
+for a different prompt. A failed block aborts its kv chunk and leaves the
+session's camera, latents and noise generator as they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from models.world.lingbot.attention import BlockKV, write_text
+from models.world.lingbot.cache import TEXT_TOKENS, kv_geometry, make_cache
+from models.world.lingbot.camera import CameraState, advance
+from models.world.lingbot.checkpoint import Components, load_components
+from models.world.lingbot.config import VAE_SPATIAL_STRIDE
+from models.world.lingbot.vae_io import condition_at, decode_block, image_condition
+
+log = logging.getLogger(__name__)
+
+DMD_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)
+DEFAULT_SIZE = (480, 832)
+# Latent frames of the first-image condition encoded per session (117 video frames, as
+# the reference bounds it); later frames reuse its last latent.
+CONDITION_LATENTS = 30
+
+
+class NoCapacity(RuntimeError):
+    """The kv pool has no room for this block now; nothing changed."""
+
+
+def shifted_sigma(t: float, shift: float) -> float:
+    """Flow-matching time shift: ``shift * s / (1 + (shift - 1) * s)`` with ``s = t / 1000``."""
+    s = t / 1000.0
+    return shift * s / (1.0 + (shift - 1.0) * s)
+
+
+@dataclass(frozen=True)
+class SessionState:
+    """What one session carries between blocks (replaced, never mutated, on commit)."""
+
+    prompt: str
+    condition: torch.Tensor = field(repr=False)            # [4 + z, latents, h, w]
+    camera: CameraState = CameraState()
+    context: torch.Tensor | None = field(default=None, repr=False)  # last latent decoded
+    rng_state: torch.Tensor | None = field(default=None, repr=False)
+    start_rng: torch.Tensor | None = field(default=None, repr=False)  # for reset replay
+    blocks: int = 0
+    text_builds: int = 0                                   # times the text K/V were (re)built
+
+
+@dataclass(frozen=True)
+class BlockRequest:
+    """One session's next block: its prompt and camera control."""
+
+    session_id: str
+    prompt: str | None = None
+    keys: Sequence[Iterable[str]] = ()
+    trajectory: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+
+
+class LingBotPipeline:
+    """The model's parts and a kv pool; sessions keyed by id. One owner thread calls it."""
+
+    def __init__(self, components: Components, *, height: int = DEFAULT_SIZE[0],
+                 width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
+                 device: torch.device | str = "cpu", kv_dtype: torch.dtype | None = None,
+                 text_tokens: int = TEXT_TOKENS, condition_latents: int = CONDITION_LATENTS) -> None:
+        step = VAE_SPATIAL_STRIDE * components.transformer.config.patch_size[1]
+        if height % step or width % step:
+            raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
+        self.parts = components
+        self.model = components.transformer
+        self.cfg = self.model.config
+        self.height, self.width = height, width
+        self.latent_hw = (height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE)
+        self.device = torch.device(device)
+        self.dtype = self.model.patch_embedding.weight.dtype
+        self.text_tokens = text_tokens
+        self.condition_latents = condition_latents
+        self.flow_shift = float(components.scheduler.config.flow_shift)
+        self.sigmas = [shifted_sigma(t, self.flow_shift) for t in DMD_TIMESTEPS]
+        self.geometry = kv_geometry(self.cfg, *self.latent_hw, text_tokens=text_tokens,
+                                    dtype=kv_dtype or self.dtype)
+        self.cache = make_cache(self.geometry, max_sessions, self.device)
+        self.sessions: dict[str, SessionState] = {}
+        self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
+
+    @classmethod
+    def from_checkpoint(cls, root: str | Path, *, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32, **kwargs) -> "LingBotPipeline":
+        return cls(load_components(root, device, dtype), device=device, **kwargs)
+
+    # -- text ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """UMT5 states ``[1, text_tokens, text_dim]``, zero past the prompt's own tokens."""
+        tok = self.parts.tokenizer(prompt, padding="max_length", max_length=self.text_tokens,
+                                   truncation=True, add_special_tokens=True, return_tensors="pt")
+        ids, mask = tok.input_ids.to(self.device), tok.attention_mask.to(self.device)
+        states = self.parts.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        return states * mask[..., None].to(states.dtype)
+
+    def _build_text(self, session_id: str, prompt: str) -> None:
+        text_kv = self.model.project_text(self.encode_prompt(prompt))
+        write_text(self.cache, session_id, [(k[0], v[0]) for k, v in text_kv])
+        log.debug("lingbot session=%s text K/V built", session_id)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def open(self, session_id: str, prompt: str, image: np.ndarray | None = None, seed: int = 0) -> None:
+        """Start a session: encode its prompt (once) and its first image, if any."""
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        if not self.cache.open(session_id):
+            raise NoCapacity(f"no kv slot for session {session_id!r}")
+        try:
+            self._build_text(session_id, prompt)
+            cond = image_condition(self.parts.vae, image, self.height, self.width,
+                                   self.condition_latents, self.device)
+        except BaseException:
+            self.cache.close(session_id)
+            raise
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.sessions[session_id] = SessionState(prompt=prompt, condition=cond, rng_state=gen.get_state(),
+                                                 start_rng=gen.get_state(), text_builds=1)
+        log.info("lingbot session=%s opened (%s)", session_id, "image" if image is not None else "text only")
+
+    def reset(self, session_id: str, seed: int | None = None) -> None:
+        """Back to the first frame with the same prompt and image (text K/V kept)."""
+        self.end(session_id, committed=False)
+        s = self.sessions[session_id]
+        self.cache.reset(session_id, keep_cross=True)
+        start = s.start_rng if seed is None else torch.Generator().manual_seed(seed).get_state()
+        self.sessions[session_id] = replace(s, camera=CameraState(), context=None, blocks=0,
+                                            rng_state=start, start_rng=start)
+
+    def close(self, session_id: str) -> None:
+        """Forget the session and free its kv. Idempotent."""
+        self.end(session_id, committed=False)
+        self.sessions.pop(session_id, None)
+        if session_id in self.cache:
+            self.cache.close(session_id)
+
+    # -- one block ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
+        """One block for each request's session (distinct), committed: uint8 ``[N, H, W, 3]``."""
+        frames = self.run(requests)
+        for r in requests:
+            self.end(r.session_id, committed=True)
+        return frames
+
+    @torch.no_grad()
+    def run(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
+        """Like ``generate`` but each session's block stays pending until ``end``."""
+        if not requests:
+            return []
+        ids = [r.session_id for r in requests]
+        for sid in ids:
+            if sid in self._pending:
+                raise RuntimeError(f"session {sid!r} already has a block pending")
+        states = [self.sessions[i] for i in ids]
+        # A changed prompt is rebuilt before the block (the block uses the new text).
+        for r, s in zip(requests, states):
+            if r.prompt is not None and r.prompt != s.prompt:
+                self._build_text(r.session_id, r.prompt)
+                self.sessions[r.session_id] = replace(s, prompt=r.prompt, text_builds=s.text_builds + 1)
+        states = [self.sessions[i] for i in ids]
+        batch = self.cache.begin_batch(ids)
+        if batch is None:
+            raise NoCapacity(f"no kv room for a block of {len(ids)} session(s)")
+        try:
+            frames, new_states = self._block(requests, states, batch)
+        except BaseException:
+            self.cache.abort_batch(batch)
+            raise
+        for sid, st in zip(ids, new_states):
+            self._pending[sid] = st
+        return frames
+
+    def end(self, session_id: str, committed: bool) -> None:
+        """Keep (``committed``) or drop the session's pending block. Idempotent."""
+        state = self._pending.pop(session_id, None)
+        if state is None:
+            return
+        if committed:
+            self.cache.commit_chunk(session_id)
+            self.sessions[session_id] = state
+        else:
+            self.cache.abort_chunk(session_id)
+
+    def _block(self, requests, states, batch):
+        F, (h, w) = self.cfg.num_frames_per_block, self.latent_hw
+        kv = BlockKV(self.cache, batch)
+        starts = batch.start_frames
+        gens, cams, conds, cam_states = [], [], [], []
+        for r, s, start in zip(requests, states, starts):
+            g = torch.Generator(device="cpu")
+            g.set_state(s.rng_state)
+            gens.append(g)
+            keys = list(r.keys) if r.keys else [()] * F
+            if len(keys) != F:
+                raise ValueError(f"session {r.session_id}: {len(keys)} key sets for a block of {F}")
+            cam, cs = advance(s.camera, keys, r.trajectory, self.height, self.width)
+            cams.append(cam)
+            cam_states.append(cs)
+            conds.append(condition_at(s.condition, start, F))
+        dev, dt = self.device, self.dtype
+        camera = torch.stack(cams).to(dev, dt)
+        cond = torch.stack(conds).to(dev, dt)
+        z = self.cfg.out_channels
+
+        def noise() -> torch.Tensor:
+            return torch.stack([torch.randn(z, F, h, w, generator=g) for g in gens]).to(dev, dt)
+
+        x = noise()
+        x0 = x
+        R = len(requests)
+        for i, sigma in enumerate(self.sigmas):
+            t = torch.full((R,), sigma * 1000.0, device=dev)
+            flow = self.model(torch.cat([x, cond], 1), t, kv, camera, update_cache=False)
+            x0 = x.float() - sigma * flow
+            if i + 1 < len(self.sigmas):
+                nxt = self.sigmas[i + 1]
+                x = ((1 - nxt) * x0 + nxt * noise().float()).to(dt)
+        x0 = x0.to(dt)
+        self.model(torch.cat([x0, cond], 1), torch.zeros(R, device=dev), kv, camera, update_cache=True)
+        frames, new_states = [], []
+        for row, (s, g, cs) in enumerate(zip(states, gens, cam_states)):
+            block = x0[row].float()
+            frames.append(decode_block(self.parts.vae, block, s.context))
+            new_states.append(replace(s, camera=cs, context=block[:, -1:], rng_state=g.get_state(),
+                                      blocks=s.blocks + 1))
+        return frames, new_states
