@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import uvicorn
 
 from realtime.allocator import tune_malloc
+from realtime.handshake import uvicorn_options
 
 # The largest WebSocket message uvicorn accepts at all; each endpoint enforces its own,
 # smaller limit with a protocol error (OpenPI must read a 64 MiB+ body to answer it).
@@ -35,7 +36,9 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
-                          ws_per_message_deflate=per_message_deflate, lifespan="on")
+                          ws_per_message_deflate=per_message_deflate, lifespan="on",
+                          # h11 and a bounded upgrade: every request head is limited and answered.
+                          **uvicorn_options())
 
 
 def run(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
