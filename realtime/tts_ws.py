@@ -79,6 +79,16 @@ class TTSConnection:
             self._open = False
             log.debug("session %s: send on a closed socket: %r", self.session_id, exc)
 
+    async def send_audio(self, pcm: bytes) -> None:
+        if not self._open:
+            return
+        try:
+            async with self._send_lock:
+                await self.ws.send_bytes(pcm)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            self._open = False  # as in send(): the reader cleans up
+            log.debug("session %s: audio on a closed socket: %r", self.session_id, exc)
+
     async def error(self, code: str, message: str) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
         await self.send(wire.error(code, message))
@@ -114,7 +124,10 @@ class TTSConnection:
                 pass
             log.info("session %s: tts session closed", self.session_id)
             if self.ws.client_state.name == "CONNECTED":
-                await self.ws.close()
+                try:
+                    await self.ws.close()
+                except (WebSocketDisconnect, RuntimeError, OSError):
+                    pass  # the client closed first (e.g. right after session.close)
 
     async def handle(self, msg: wire.ClientMessage) -> None:
         if isinstance(msg, wire.SessionUpdate):
@@ -172,6 +185,12 @@ class TTSConnection:
                 self.current = item.utterance_index
                 try:
                     await self._speak_sentence(item)
+                except Exception as exc:  # noqa: BLE001 - a bug: input is validated on arrival
+                    # The speaker must outlive it: the client hears of this sentence and
+                    # every later one is still spoken.
+                    log.exception("session %s: sentence %d.%d failed", self.session_id, item.utterance_index,
+                                  item.sentence_index)
+                    await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {type(exc).__name__}")
                 finally:
                     self.current = None
 
@@ -192,8 +211,7 @@ class TTSConnection:
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:
-                async with self._send_lock:
-                    await self.ws.send_bytes(chunk.pcm)
+                await self.send_audio(chunk.pcm)
             samples = chunk.sentence_samples
             if chunk.done:
                 break

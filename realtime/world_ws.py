@@ -91,13 +91,13 @@ class WorldConnection:
                     break
                 if msg.get("bytes") is not None:
                     await self.send_error(wire.BAD_REQUEST, "binary frames are not accepted from clients")
-                    await self.ws.close(wire.CLOSE_UNSUPPORTED_DATA)
+                    await _close(self.ws, wire.CLOSE_UNSUPPORTED_DATA)
                     break
                 text = msg.get("text") or ""
                 # UTF-8 never has fewer bytes than characters: encode only when it might fit.
                 if len(text) > wire.MAX_TEXT_BYTES or len(text.encode("utf-8")) > wire.MAX_TEXT_BYTES:
                     await self.send_error(wire.MESSAGE_TOO_LARGE, f"text frame over {wire.MAX_TEXT_BYTES} bytes")
-                    await self.ws.close(wire.CLOSE_TOO_BIG)
+                    await _close(self.ws, wire.CLOSE_TOO_BIG)
                     break
                 await self.handle_text(text)
         except WebSocketDisconnect:
@@ -327,6 +327,15 @@ class WorldConnection:
 
 # What a send raises once the peer has gone (starlette's WebSocketDisconnected is a RuntimeError).
 _SOCKET_GONE = (WebSocketDisconnect, RuntimeError, OSError)
+
+
+async def _close(ws: WebSocket, code: int) -> None:
+    """Close after a protocol violation; a client that already left (it sent a binary or
+    oversized frame and hung up at once) has nothing left to close."""
+    try:
+        await ws.close(code)
+    except _SOCKET_GONE as exc:
+        log.debug("close on a closed socket: %r", exc)
 
 
 async def _finish(task: asyncio.Task | None) -> None:
