@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import uvicorn
 
 from realtime.allocator import tune_malloc
-from realtime.handshake import uvicorn_options
+from realtime.transport import uvicorn_options
 
 # The largest WebSocket message uvicorn accepts at all; each endpoint enforces its own,
 # smaller limit with a protocol error (OpenPI must read a 64 MiB+ body to answer it).

@@ -22,7 +22,7 @@ from realtime.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # What no client input may ever put in the server log.
-PROBLEM = re.compile(r"Traceback|Exception in |exception was never retrieved| ERROR |\bCRITICAL\b")
+PROBLEM = re.compile(r"Traceback|Exception in |exception was never retrieved|\bERROR\b|\bCRITICAL\b")
 
 
 class ServerProcess:

@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from bench.fuzz.process import ServerProcess
-from realtime.handshake import MAX_HEADER_BYTES
+from realtime.transport import MAX_HEADER_BYTES
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 

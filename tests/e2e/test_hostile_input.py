@@ -213,3 +213,28 @@ def test_openpi_hostile_numbers_end_only_that_robot(server):
             assert reply["actions"][b"__ndarray__"] is True
 
     run(main())
+
+
+# ------------------------------------------------------------------ every endpoint
+@pytest.mark.parametrize("path", ["/v1/realtime/world", "/v1/realtime/tts", "/v1/realtime/robot/openpi"])
+def test_a_text_frame_that_is_not_utf8_closes_1007_without_a_traceback(server, path):
+    async def main():
+        async with websockets.connect(f"ws://{server.addr}{path}", max_size=None) as ws:
+            if "tts" in path and not has_tts(server):
+                return
+            await ws.recv()  # session.updated / the OpenPI metadata; world sends nothing first
+            await ws.send(b'{"type":"\xed\xa0\x80"}', text=True)  # a UTF-8-encoded lone surrogate
+            with pytest.raises(ConnectionClosed) as info:
+                while True:
+                    await ws.recv()
+            assert info.value.rcvd.code == 1007
+
+    if path == "/v1/realtime/world":
+        async def main():  # noqa: F811 - world sends nothing before the client speaks
+            async with websockets.connect(f"ws://{server.addr}{path}") as ws:
+                await ws.send(b"\xff\xfe", text=True)
+                with pytest.raises(ConnectionClosed) as info:
+                    await ws.recv()
+                assert info.value.rcvd.code == 1007
+    run(main())
+    assert server.problems() == []

@@ -1,4 +1,4 @@
-"""Bounded HTTP request heads, WebSocket upgrades included (uvicorn settings plus one fix).
+"""What uvicorn does with bytes before an endpoint sees them: bounded request heads and two fixes.
 
 How uvicorn reads a request head here (uvicorn 0.54, websockets 17):
 
@@ -13,10 +13,14 @@ How uvicorn reads a request head here (uvicorn 0.54, websockets 17):
    for frame-parser errors, so that 431 was never written and the socket never closed
    (one fd held per such client, for as long as the client liked).
 
-``BoundedWebSocketProtocol`` writes out what websockets queued and closes whenever the
+``WebSocketProtocol`` writes out what websockets queued and closes whenever the
 handshake failed to parse, and refuses a head over ``MAX_HEADER_BYTES`` in total with
 431 before parsing it at all (h11 lets a head that arrived complete in one read
 through, whatever its size).
+
+3. A text frame that is not UTF-8 is the client's fault (RFC 6455: close 1007), but
+   uvicorn logs it with ``logger.exception``, a traceback per frame any client can
+   send. ``WebSocketProtocol`` closes with 1007 and logs one INFO line instead.
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ log = logging.getLogger(__name__)
 # usual proxy defaults are 8-16 KiB (nginx large_client_header_buffers 4 x 8k).
 MAX_HEADER_BYTES = 16 * 1024
 
+# RFC 6455 section 7.4.1: data inconsistent with the message type (bad UTF-8 in text).
+CLOSE_INVALID_DATA = 1007
+
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
               b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
 _TOO_LARGE_TEXT = b"request head over %d bytes\n" % MAX_HEADER_BYTES
 
 
-class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's websockets protocol with every failed handshake answered and closed."""
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets protocol: every failed handshake answered and closed, bad UTF-8 closed quietly."""
 
     def data_received(self, data: bytes) -> None:
         if self.handshake_initiated:
@@ -58,9 +65,23 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.close()
 
 
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                log.info("%s: a text frame that is not UTF-8: closing with %d", _peer(self.client),
+                         CLOSE_INVALID_DATA)
+                self.conn.send_close(CLOSE_INVALID_DATA, "text frame is not UTF-8")
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
+
+
 def uvicorn_options() -> dict[str, Any]:
     """The uvicorn.Config keywords that bound request heads (see the module docstring)."""
-    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": BoundedWebSocketProtocol}
+    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": WebSocketProtocol}
 
 
 def _peer(client: tuple[str, int] | None) -> str:
