@@ -173,3 +173,15 @@ def test_openpi_state_with_huge_or_non_finite_values_is_a_wire_error():
 def test_openpi_deep_msgpack_nesting_is_a_wire_error():
     frame = b"\x91" * 100_000 + b"\xc0"  # [[[...nil...]]]
     assert "msgpack" in openpi_error(frame)
+
+
+@pytest.mark.parametrize("text", ['"' + '\\"' * 30000 + "[" * 40, '["\\' * 20000, '"a' * 30000 + "[" * 40,
+                                  "[" * 60000])
+def test_the_nesting_scan_is_linear_on_hostile_64_kib_frames(text):
+    import time
+
+    started = time.perf_counter()
+    assert world_code(text) == "bad_request"
+    tts_code(text)
+    # Quadratic scanning took seconds for 10 KB; linear is milliseconds (generous for loaded CI).
+    assert time.perf_counter() - started < 1.0
