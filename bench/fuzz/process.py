@@ -71,6 +71,8 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
+        # What mattered is checked (problems()) before the server stops; keep /tmp clean.
+        self.log_path.unlink(missing_ok=True)
 
     @property
     def alive(self) -> bool:
