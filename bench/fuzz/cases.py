@@ -73,9 +73,9 @@ def mutated_text(draw: st.DrawFn, text: str) -> str:
     if how == "number":
         return text[:i] + draw(st.sampled_from(NUMBER_LITERALS)) + text[i:]
     if how == "deep":
-        return text[:i] + _deep(draw(st.sampled_from([33, 200, 1000, 5000]))) + text[i:]
+        return text[:i] + _deep(draw(st.integers(33, 5000))) + text[i:]
     if how == "deep_object":
-        depth = draw(st.sampled_from([33, 1000]))
+        depth = draw(st.integers(33, 2000))
         return '{"type":"session.update","x":' + '{"a":' * depth + "1" + "}" * depth + "}"
     if how == "replace":
         j = draw(st.integers(i, len(text)))
@@ -123,8 +123,11 @@ def json_frames(draw: st.DrawFn, templates: list[dict[str, Any]], max_bytes: int
         return Frame(draw(st.text(max_size=200)), kind)
     if kind == "binary":
         return Frame(draw(st.one_of(st.binary(max_size=64), st.just(json.dumps(templates[0]).encode()))), kind)
-    pad = draw(st.sampled_from([1, 1024, max_bytes]))
-    body = json.dumps({**templates[0], "pad": "a" * (max_bytes + pad)})
+    # Varied sizes and fillers: hypothesis never repeats an identical case, so a fixed
+    # oversized frame would be tried only once per template.
+    pad = draw(st.integers(1, max_bytes))
+    filler = draw(st.sampled_from(["a", "\u00e9", "\U0001f600", " ", "["]))
+    body = json.dumps({**draw(st.sampled_from(templates)), "pad": filler * (max_bytes + pad)}, ensure_ascii=False)
     return Frame(body, kind)
 
 
@@ -238,8 +241,8 @@ def openpi_frames(draw: st.DrawFn, valid: dict[str, Any]) -> Frame:
     if kind == "random_msgpack":
         return Frame(_pack(draw(msgpack_values)), kind)
     if kind == "deep":
-        depth = draw(st.sampled_from([100, 2000, 100_000]))
-        return Frame(b"\x91" * depth + b"\xc0", kind)
+        depth = draw(st.integers(100, 100_000))
+        return Frame(draw(st.sampled_from([b"\x91", b"\x81\xa1k"])) * depth + b"\xc0", kind)
     if kind == "text":
         return Frame(draw(st.one_of(st.text(max_size=50), st.just(json.dumps({"prompt": "x"})))), kind)
     body = _pack(obs)

@@ -10,6 +10,7 @@ everything before it answers the case. Each probe returns outcome labels
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -35,6 +36,13 @@ TTS_CLOSES = frozenset({1000})  # after session.closed
 # A text frame that is not UTF-8 (a lone surrogate cannot be encoded): the WebSocket
 # layer closes with 1007 before any endpoint sees it (RFC 6455 section 8.1).
 CLOSE_INVALID_UTF8 = 1007
+
+
+def _open(url: str) -> tuple[contextlib.ExitStack, ClientConnection]:
+    """A connection as openpi-client opens one (no compression, no size limit), entered
+    as the context manager websockets wants, closed by closing the stack."""
+    stack = contextlib.ExitStack()
+    return stack, stack.enter_context(connect(url, max_size=None, compression=None, open_timeout=10))
 
 
 def _invalid_utf8(data: str | bytes) -> bool:
@@ -66,11 +74,12 @@ class _JSONProbe:
         self.url = f"ws://{addr}{self.path}"
         self.reconnect_every = reconnect_every
         self.ws: ClientConnection | None = None
+        self._stack: contextlib.ExitStack | None = None
         self.on_connection = 0
 
     def _connect(self) -> None:
         self.close()
-        self.ws = connect(self.url, max_size=None, compression=None, open_timeout=10)
+        self._stack, self.ws = _open(self.url)
         self.on_connection = 0
         self.binary_ok = 0
         self._opened()
@@ -79,9 +88,9 @@ class _JSONProbe:
         pass
 
     def close(self) -> None:
-        if self.ws is not None:
-            self.ws.close()
-            self.ws = None
+        if self._stack is not None:
+            self._stack.close()  # also after the server closed: releases the client's thread
+        self._stack, self.ws = None, None
 
     def case(self, frame: Frame) -> list[str]:
         if self.ws is None or self.on_connection >= self.reconnect_every:
@@ -180,18 +189,18 @@ class OpenPIProbe:
     def __init__(self, addr: str) -> None:
         self.url = f"ws://{addr}{self.path}"
         self.ws: ClientConnection | None = None
+        self._stack: contextlib.ExitStack | None = None
         self.metadata: dict[str, Any] = {}
 
     def _connect(self) -> None:
         self.close()
-        # As openpi-client connects: no compression, no size limit.
-        self.ws = connect(self.url, max_size=None, compression=None, open_timeout=10)
+        self._stack, self.ws = _open(self.url)
         self.metadata = msgpack.unpackb(self.ws.recv(timeout=ANSWER_TIMEOUT_S))
 
     def close(self) -> None:
-        if self.ws is not None:
-            self.ws.close()
-            self.ws = None
+        if self._stack is not None:
+            self._stack.close()  # also after the server closed: releases the client's thread
+        self._stack, self.ws = None, None
 
     def case(self, frame: Frame) -> list[str]:
         if self.ws is None:

@@ -215,6 +215,33 @@ def test_openpi_hostile_numbers_end_only_that_robot(server):
     run(main())
 
 
+@pytest.mark.parametrize("last", ["observation", "text", "garbage"])
+def test_openpi_close_races_leave_no_traceback(server, last):
+    url = f"ws://{server.addr}/v1/realtime/robot/openpi"
+
+    async def one(i: int) -> None:
+        ws = await websockets.connect(url, max_size=None, compression=None)
+        meta = msgpack.unpackb(await ws.recv())
+        h, w = meta["image_resolution"]
+        obs = {k: {b"__ndarray__": True, b"data": bytes(h * w * 3), b"dtype": "|u1", b"shape": [h, w, 3]}
+               for k in meta["image_keys"]}
+        obs[meta["state_key"]] = [0.0] * meta["state_dim"]
+        if last == "observation":
+            await ws.send(msgpack.packb(obs))  # and leave mid-inference
+        elif last == "text":
+            await ws.send("not msgpack")
+        else:
+            await ws.send(b"\xc1" * (1024 * 1024))
+        ws.transport.abort() if i % 2 else await ws.close()
+
+    async def main():
+        await asyncio.gather(*(one(i) for i in range(8)))
+
+    run(main())
+    assert server.healthy()
+    assert server.problems() == []
+
+
 # ------------------------------------------------------------------ every endpoint
 @pytest.mark.parametrize("path", ["/v1/realtime/world", "/v1/realtime/tts", "/v1/realtime/robot/openpi"])
 def test_a_text_frame_that_is_not_utf8_closes_1007_without_a_traceback(server, path):
