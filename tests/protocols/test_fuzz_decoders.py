@@ -4,6 +4,8 @@ or a valid message, never another exception."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("hypothesis")  # the dev extra; skipped where it is not installed
@@ -41,7 +43,6 @@ def test_openpi_decoder(frame):
 
 def test_the_valid_templates_decode():
     assert decode_openpi(cases.Frame(openpi.pack(VALID_OBS), "valid"), META) == "ok:InferRequest"
-    import json
     assert [decode_world(cases.Frame(json.dumps(t), "v")) for t in cases.WORLD_TEMPLATES] == [
         "ok:session.create", "ok:event", "ok:event", "ok:credit", "ok:session.reset", "ok:session.close"]
     assert [decode_tts(cases.Frame(json.dumps(t), "v")) for t in cases.TTS_TEMPLATES] == [
