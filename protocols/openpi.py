@@ -51,6 +51,8 @@ CLOSE_ERROR = 1011
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192
 MAX_INFERENCE_STEPS = 1000
+# numpy's own limit (NPY_MAXDIMS of numpy 1.x); numpy raises beyond it, so check first.
+MAX_ARRAY_DIMS = 32
 
 RESET_ENDPOINT = "reset"
 RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"})
@@ -111,10 +113,16 @@ def _decode(obj: dict) -> Any:
         dtype = _dtype(obj.get(b"dtype"))
         if type(shape) is not list:
             raise WireError("array shape must be a list of non-negative ints")
+        if len(shape) > MAX_ARRAY_DIMS:
+            raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
         count = 1
         for d in shape:
             if type(d) is not int or d < 0:
                 raise WireError("array shape must be a list of non-negative ints")
+            # No real array of a bounded body has a longer axis; a zero-size array could
+            # otherwise claim [0, 2**63] and make numpy raise instead of us.
+            if d > MAX_MESSAGE_BYTES:
+                raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
             count *= d
         if count * dtype.itemsize != len(data):
             raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
@@ -122,12 +130,36 @@ def _decode(obj: dict) -> Any:
         # A view of the immutable received bytes: read-only, as with the reference.
         return np.ndarray(buffer=data, dtype=dtype, shape=shape)
     if b"__npgeneric__" in obj:
-        dtype = _dtype(obj.get(b"dtype"))
-        try:
-            return dtype.type(obj.get(b"data"))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise WireError(f"bad numpy scalar of dtype {dtype.str}") from exc
+        return _scalar(_dtype(obj.get(b"dtype")), obj.get(b"data"))
     return obj
+
+
+def _scalar(dtype: np.dtype, data: Any) -> np.generic:
+    """A numpy scalar from what ``scalar.item()`` packed, range-checked before converting
+    (numpy would raise, warn or wrap around on an out-of-range int)."""
+    kind = dtype.kind
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        if type(data) is not int or not info.min <= data <= info.max:
+            raise WireError(f"numpy scalar of dtype {dtype.str} needs an int in [{info.min}, {info.max}]")
+    elif kind == "b":
+        if type(data) is not bool:
+            raise WireError(f"numpy scalar of dtype {dtype.str} needs a bool")
+    elif kind == "f":
+        if type(data) not in (int, float):
+            raise WireError(f"numpy scalar of dtype {dtype.str} needs a number")
+        with np.errstate(over="ignore"):  # a float64 value beyond float16's range is inf there too
+            return dtype.type(data)
+    elif kind in "US":
+        expected = str if kind == "U" else bytes
+        if type(data) is not expected:
+            raise WireError(f"numpy scalar of dtype {dtype.str} needs a {expected.__name__}")
+    else:  # datetimes and the like: item() gives objects msgpack cannot even pack
+        raise WireError(f"numpy scalars of dtype {dtype.str} are not accepted")
+    try:
+        return dtype.type(data)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError(f"bad numpy scalar of dtype {dtype.str}") from exc
 
 
 def make_packer() -> msgpack.Packer:

@@ -10,7 +10,8 @@ Client -> server
                         fields keep their value)
     ``input.text``      {text}: more text of the current utterance; any string of
                         1..MAX_TEXT_CHARS characters (whitespace-only is fine: it
-                        separates streamed words)
+                        separates streamed words; control characters other than
+                        tab/LF/CR and lone surrogates are refused)
     ``input.done``      {}: flush the buffered text; the utterance ends
     ``response.cancel`` {}: barge-in; stop the current utterance's audio
     ``session.close``   {}
@@ -34,9 +35,11 @@ ignored so newer clients still work with this server.
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Collection, Mapping, Union
+
+from protocols import jsonsafe
 
 PROTOCOL = "tts.v1"
 FORMATS = ("pcm16",)
@@ -44,7 +47,9 @@ SAMPLE_RATES = (22050, 24000)
 DEFAULT_SAMPLE_RATE = 22050
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_TEXT_CHARS = 4096  # per input.text message
-# Any one client frame (the largest input.text in JSON escapes fits with room to spare).
+# One client text frame, as UTF-8. Any valid message fits: 4096 characters escaped as
+# JSON take at most 12 bytes each ("\ud83d\ude00" for one astral character, 48 KiB).
+# The transport's own limit (realtime/server.py, 80 MiB) is for OpenPI's bodies.
 MAX_FRAME_BYTES = 64 * 1024
 
 # Codes the protocol module raises.
@@ -56,6 +61,8 @@ UNSUPPORTED_RATE = "unsupported_rate"
 BAD_SPEED = "bad_speed"
 EMPTY_TEXT = "empty_text"
 TEXT_TOO_LONG = "text_too_long"
+INVALID_TEXT = "invalid_text"  # a control character or a lone surrogate in input.text
+MESSAGE_TOO_LARGE = "message_too_large"  # a text frame over MAX_FRAME_BYTES
 # Codes the endpoint sends for server-side conditions.
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
 INTERNAL_ERROR = "internal_error"
@@ -70,6 +77,8 @@ ERROR_CODES = frozenset(
         BAD_SPEED,
         EMPTY_TEXT,
         TEXT_TOO_LONG,
+        INVALID_TEXT,
+        MESSAGE_TOO_LARGE,
         TTS_UNAVAILABLE,
         INTERNAL_ERROR,
     }
@@ -225,14 +234,22 @@ def error(code: str, message: str) -> str:
 
 # --- parsing ----------------------------------------------------------------------------
 
+# What input.text may not carry: C0 controls except tab, LF and CR (line breaks end a
+# sentence), DEL, C1 controls, and UTF-16 surrogates (a JSON "\ud800" escape without
+# its pair). None of them is speech; a NUL breaks espeak, a lone surrogate cannot even
+# be encoded back into the UTF-8 of audio.start.
+_BAD_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
 
 def _load_object(raw: str | bytes | bytearray) -> Mapping[str, Any]:
     if not isinstance(raw, str):
         raise ProtocolError(BAD_REQUEST, "tts.v1 control messages are JSON text frames, not binary")
+    if jsonsafe.over_size(raw, MAX_FRAME_BYTES):
+        raise ProtocolError(MESSAGE_TOO_LARGE, "text frame over %d bytes" % MAX_FRAME_BYTES)
     try:
-        obj = json.loads(raw)
-    except ValueError as exc:
-        raise ProtocolError(BAD_REQUEST, "malformed JSON: %s" % exc) from None
+        obj = jsonsafe.loads(raw)
+    except jsonsafe.JSONRejected as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc)) from None
     if not isinstance(obj, dict):
         raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
     kind = obj.get("type")
@@ -268,7 +285,9 @@ def _session_update(obj: Mapping[str, Any], voices: Collection[str] | None) -> S
     if fmt is not None and fmt not in FORMATS:
         raise ProtocolError(UNSUPPORTED_FORMAT, "format %r is not supported; use %s" % (fmt, ", ".join(FORMATS)))
     if speed is not None:
-        if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+        # Compared as is: Python compares int with float exactly (no float(), which
+        # overflows for a huge int), and NaN fails both comparisons.
+        if not MIN_SPEED <= speed <= MAX_SPEED:
             raise ProtocolError(BAD_SPEED, "speed must be between %s and %s" % (MIN_SPEED, MAX_SPEED))
         speed = float(speed)
     return SessionUpdate(voice=voice, sample_rate=rate, format=fmt, speed=speed)
@@ -281,6 +300,12 @@ def _input_text(obj: Mapping[str, Any]) -> InputText:
     if len(text) > MAX_TEXT_CHARS:
         raise ProtocolError(
             TEXT_TOO_LONG, "input.text carries %d characters; the limit is %d" % (len(text), MAX_TEXT_CHARS)
+        )
+    bad = _BAD_CHARS.search(text)
+    if bad is not None:
+        raise ProtocolError(
+            INVALID_TEXT, "input.text has U+%04X at character %d (control characters other than tab, "
+            "line feed and carriage return, and lone surrogates, are refused)" % (ord(bad.group()), bad.start())
         )
     return InputText(text)
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from protocols import jsonsafe
+
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
@@ -121,12 +123,12 @@ def keys_control(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def parse(text: str) -> dict[str, Any]:
     """Decode one client text frame into a JSON object with a known ``type``."""
-    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
+    if jsonsafe.over_size(text, MAX_TEXT_BYTES):
         raise ProtocolError(MESSAGE_TOO_LARGE, f"text frame over {MAX_TEXT_BYTES} bytes")
     try:
-        msg = json.loads(text)
-    except ValueError as exc:
-        raise ProtocolError(BAD_REQUEST, f"malformed JSON: {exc}") from None
+        msg = jsonsafe.loads(text)
+    except jsonsafe.JSONRejected as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc)) from None
     if not isinstance(msg, dict):
         raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
     kind = msg.get("type")

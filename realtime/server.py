@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import uvicorn
 
 from realtime.allocator import tune_malloc
+from realtime.transport import uvicorn_options
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
-                          ws_per_message_deflate=per_message_deflate, lifespan="on")
+                          ws_per_message_deflate=per_message_deflate, lifespan="on",
+                          # h11 and a bounded upgrade: every request head is limited and answered.
+                          **uvicorn_options())
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -95,7 +95,7 @@ class TTSConnection:
                 try:
                     frame = await self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
                 except TooLarge as exc:
-                    await self.error(wire.BAD_REQUEST, f"message of {exc.size} bytes; the limit is {exc.limit}")
+                    await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
                     continue
                 if frame is None:
                     break
@@ -177,6 +177,12 @@ class TTSConnection:
                 self.current = item.utterance_index
                 try:
                     await self._speak_sentence(item)
+                except Exception as exc:  # noqa: BLE001 - a bug: input is validated on arrival
+                    # The speaker must outlive it: the client hears of this sentence and
+                    # every later one is still spoken.
+                    log.exception("session %s: sentence %d.%d failed", self.session_id, item.utterance_index,
+                                  item.sentence_index)
+                    await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {type(exc).__name__}")
                 finally:
                     self.current = None
 

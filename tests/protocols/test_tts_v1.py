@@ -62,7 +62,7 @@ def test_bad_input_gets_its_code():
     assert _code('{"type":"session.update","format":"opus"}') == "unsupported_format"
     assert _code('{"type":"session.update","speed":2.5}') == "bad_speed"
     assert _code('{"type":"session.update","speed":0.49}') == "bad_speed"
-    assert _code('{"type":"session.update","speed":NaN}') == "bad_speed"
+    assert _code('{"type":"session.update","speed":NaN}') == "bad_request"  # not JSON (protocols/jsonsafe.py)
     assert _code('{"type":"session.update","speed":"fast"}') == "bad_request"
     assert _code('{"type":"input.text"}') == "bad_request"
     assert _code('{"type":"input.text","text":5}') == "bad_request"
@@ -144,6 +144,8 @@ def test_error_codes_are_documented_set():
         "bad_speed",
         "empty_text",
         "text_too_long",
+        "invalid_text",
+        "message_too_large",
         "tts_unavailable",
         "internal_error",
     }

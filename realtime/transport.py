@@ -1,0 +1,88 @@
+"""What uvicorn does with bytes before an endpoint sees them: bounded request heads and two fixes.
+
+How uvicorn reads a request head here (uvicorn 0.54, websockets 17):
+
+1. The HTTP protocol parses it. ``http="h11"``: h11 refuses a head that is still
+   incomplete after ``h11_max_incomplete_event_size`` bytes with 400 and closes, so a
+   client trickling an endless header holds at most that much. (httptools, uvicorn's
+   default when installed, has no such limit.)
+2. An upgrade is re-serialised and handed, in one piece, to the WebSocket protocol
+   (websockets' sans-I/O ``ServerProtocol``), which parses it again with its own limits:
+   8 KiB per line (``MAX_LINE_LENGTH``) and 128 headers. When one is exceeded it queues
+   a 431 response and sets ``handshake_exc``, but uvicorn's ``data_received`` only looks
+   for frame-parser errors, so that 431 was never written and the socket never closed
+   (one fd held per such client, for as long as the client liked).
+
+``WebSocketProtocol`` writes out what websockets queued and closes whenever the
+handshake failed to parse, and refuses a head over ``MAX_HEADER_BYTES`` in total with
+431 before parsing it at all (h11 lets a head that arrived complete in one read
+through, whatever its size).
+
+3. A text frame that is not UTF-8 is the client's fault (RFC 6455: close 1007), but
+   uvicorn logs it with ``logger.exception``, a traceback per frame any client can
+   send. ``WebSocketProtocol`` closes with 1007 and logs one INFO line instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+log = logging.getLogger(__name__)
+
+# Total size of a request head (request line + headers). Browsers send ~1-2 KiB; the
+# usual proxy defaults are 8-16 KiB (nginx large_client_header_buffers 4 x 8k).
+MAX_HEADER_BYTES = 16 * 1024
+
+# RFC 6455 section 7.4.1: data inconsistent with the message type (bad UTF-8 in text).
+CLOSE_INVALID_DATA = 1007
+
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+_TOO_LARGE_TEXT = b"request head over %d bytes\n" % MAX_HEADER_BYTES
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's websockets protocol: every failed handshake answered and closed, bad UTF-8 closed quietly."""
+
+    def data_received(self, data: bytes) -> None:
+        if self.handshake_initiated:
+            super().data_received(data)
+            return
+        # Before the handshake, ``data`` is the head that the HTTP protocol re-serialised.
+        head = data.find(b"\r\n\r\n")
+        if (head if head >= 0 else len(data)) > MAX_HEADER_BYTES:
+            log.info("%s: WebSocket upgrade refused: head over %d bytes", _peer(self.client), MAX_HEADER_BYTES)
+            self.transport.write(_TOO_LARGE % (len(_TOO_LARGE_TEXT), _TOO_LARGE_TEXT))
+            self.transport.close()
+            return
+        super().data_received(data)
+        if not self.handshake_initiated and self.conn.handshake_exc is not None:
+            log.info("%s: WebSocket upgrade refused: %s", _peer(self.client), self.conn.handshake_exc)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.transport.close()
+
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            try:
+                b"".join(self.frames).decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                log.info("%s: a text frame that is not UTF-8: closing with %d", _peer(self.client),
+                         CLOSE_INVALID_DATA)
+                self.conn.send_close(CLOSE_INVALID_DATA, "text frame is not UTF-8")
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """The uvicorn.Config keywords that bound request heads (see the module docstring)."""
+    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": WebSocketProtocol}
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return "%s:%d" % client if client else "-"

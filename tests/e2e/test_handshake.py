@@ -1,0 +1,98 @@
+"""Request heads are bounded and always answered: raw sockets against a real server process."""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Iterator
+
+import pytest
+
+from bench.fuzz.process import ServerProcess
+from realtime.transport import MAX_HEADER_BYTES
+
+KEY = "dGhlIHNhbXBsZSBub25jZQ=="
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    with ServerProcess(policy="") as proc:
+        yield proc
+        assert proc.problems() == []
+
+
+def upgrade(addr: str, *extra: str, path: str = "/v1/realtime/world") -> bytes:
+    lines = [f"GET {path} HTTP/1.1", f"Host: {addr}", "Upgrade: websocket", "Connection: Upgrade",
+             f"Sec-WebSocket-Key: {KEY}", "Sec-WebSocket-Version: 13", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def exchange(addr: str, chunks: list[bytes], pause_s: float = 0.0, timeout_s: float = 5.0) -> tuple[bytes, float]:
+    """Send ``chunks`` and read until the server closes; returns (everything read, seconds)."""
+    host, port = addr.split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
+        try:
+            for chunk in chunks:
+                s.sendall(chunk)
+                if pause_s:
+                    time.sleep(pause_s)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed while we were still sending
+        data = b""
+        while True:
+            try:
+                part = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not part:
+                break
+            data += part
+    return data, time.monotonic() - started
+
+
+def test_a_normal_upgrade_still_switches_protocols(server):
+    host, port = server.addr.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(upgrade(server.addr, "X-Fine: " + "a" * 4000))
+        assert s.recv(4096).startswith(b"HTTP/1.1 101 ")
+
+
+@pytest.mark.parametrize("size", [8193, 9000, 20000, 70000])
+def test_one_header_line_over_8_kib_gets_431_and_a_close(server, size):
+    data, took = exchange(server.addr, [upgrade(server.addr, "X-Big: " + "a" * size)])
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    assert took < 3
+
+
+def test_many_short_headers_over_the_total_limit_get_431(server):
+    headers = [f"X-H{i}: " + "b" * 1000 for i in range(MAX_HEADER_BYTES // 1000 + 1)]
+    data, took = exchange(server.addr, [upgrade(server.addr, *headers)])
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+    assert took < 3
+
+
+def test_more_than_128_headers_get_431(server):
+    data, _ = exchange(server.addr, [upgrade(server.addr, *(f"X-{i}: 1" for i in range(130)))])
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
+
+
+def test_a_trickled_endless_header_is_cut_off(server):
+    head = upgrade(server.addr)[:-2] + b"X-Endless: "
+    chunks = [head] + [b"c" * 1024] * (2 * MAX_HEADER_BYTES // 1024)
+    data, took = exchange(server.addr, chunks, pause_s=0.01)
+    assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert took < 5
+
+
+def test_a_garbage_upgrade_is_answered_or_closed(server):
+    data, took = exchange(server.addr, [b"GET /v1/realtime/world HTTP/1.1\r\nUpgrade: websocket\r\n"
+                                        b"Connection: Upgrade\r\n\r\n"])
+    assert data.startswith(b"HTTP/1.1 4"), data[:80]
+    assert took < 3
+
+
+def test_plain_http_with_a_huge_header_is_refused(server):
+    data, _ = exchange(server.addr, [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"d" * 300_000 + b"\r\n\r\n"])
+    assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert server.healthy()
