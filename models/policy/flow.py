@@ -23,8 +23,6 @@ batch, and after a reset the same observations replay the same actions.
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -36,6 +34,7 @@ from torch import nn
 
 from models.factory import BuildOptions, FactoryError
 from models.policy.base import PolicyAdapter, PolicyWork
+from models.policy.noise import CallSeeds
 from protocols.openpi import PolicyMetadata
 
 # Patch size of the two-stage conv stem (8 then 4).
@@ -43,7 +42,6 @@ PATCH = 32
 PROMPT_BUCKETS = 4096
 MAX_PROMPT_BYTES = 512
 # Sessions whose call counter is kept; the least recently used beyond this are forgotten.
-MAX_TRACKED_SESSIONS = 65536
 
 
 @dataclass(frozen=True)
@@ -211,9 +209,7 @@ class FlowMatchingPolicy(PolicyAdapter):
                 torch.manual_seed(cfg.seed)
                 model = FlowActionModel(cfg)
         self.model = model.to(self.device).eval()
-        # session -> committed call count; _pending holds this call's count until end_tick.
-        self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._pending: dict[str, int] = {}
+        self.seeds = CallSeeds(cfg.seed)
 
     def describe(self) -> Mapping[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
@@ -226,7 +222,7 @@ class FlowMatchingPolicy(PolicyAdapter):
         state = np.stack([w.observation.state for w in works]) if cfg.state_dim else np.zeros((len(works), 1), np.float32)
         buckets = [prompt_buckets(w.observation.prompt) for w in works]
         offsets = np.cumsum([0] + [len(b) for b in buckets[:-1]])
-        noise = torch.stack([torch.randn(cfg.action_horizon, cfg.action_dim, generator=self._generator(w))
+        noise = torch.stack([torch.randn(cfg.action_horizon, cfg.action_dim, generator=self.seeds.generator(w))
                              for w in works])
         dev = self.device
         with torch.inference_mode():
@@ -251,27 +247,11 @@ class FlowMatchingPolicy(PolicyAdapter):
             out = actions.float().cpu().numpy()
         return [{"actions": out[i]} for i in range(len(works))]
 
-    def _generator(self, work: PolicyWork) -> torch.Generator:
-        if work.sampling.seed is not None:
-            seed = work.sampling.seed
-        else:
-            count = self._calls.get(work.session_id, 0)
-            self._pending[work.session_id] = count + 1
-            digest = hashlib.blake2b(f"{self.cfg.seed}:{work.session_id}:{count}".encode(), digest_size=8).digest()
-            seed = int.from_bytes(digest, "little") & (2**63 - 1)
-        return torch.Generator().manual_seed(seed)
-
     def end_tick(self, session_id: str, committed: bool) -> None:
-        count = self._pending.pop(session_id, None)
-        if committed and count is not None:
-            self._calls[session_id] = count
-            self._calls.move_to_end(session_id)
-            while len(self._calls) > MAX_TRACKED_SESSIONS:
-                self._calls.popitem(last=False)
+        self.seeds.end_tick(session_id, committed)
 
     def release(self, session_id: str) -> None:
-        self._calls.pop(session_id, None)
-        self._pending.pop(session_id, None)
+        self.seeds.release(session_id)
 
 
 def build(path: str | None, options: BuildOptions) -> FlowMatchingPolicy:

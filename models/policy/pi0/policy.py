@@ -15,8 +15,6 @@ after a reset the same observations replay the same actions.
 
 from __future__ import annotations
 
-import collections
-import hashlib
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -25,6 +23,7 @@ import torch
 
 from models.base import ModelError
 from models.policy.base import PolicyAdapter, PolicyWork
+from models.policy.noise import CallSeeds
 from models.policy.pi0.config import Pi0Config
 from models.policy.pi0.inputs import PromptTokenizer, PromptTooLong, Stats, pad_to, unpad
 from models.policy.pi0.model import Pi0Model
@@ -33,7 +32,6 @@ from protocols.openpi import PolicyMetadata
 
 log = logging.getLogger(__name__)
 
-MAX_TRACKED_SESSIONS = 65536
 
 
 def resolve_image_key_map(cfg: Pi0Config, image_key_map: Mapping[str, str] | None) -> dict[str, str]:
@@ -82,8 +80,7 @@ class Pi0Policy(PolicyAdapter):
             },
         )
         self.runner = Pi0Runner(model, device, max_batch, use_graphs=use_graphs, graph_prefix=graph_prefix)
-        self._calls: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._pending: dict[str, int] = {}
+        self.seeds = CallSeeds(seed)
 
     def describe(self) -> Mapping[str, Any]:
         params = sum(p.numel() for p in self.model.parameters())
@@ -111,7 +108,7 @@ class Pi0Policy(PolicyAdapter):
             images = np.zeros((len(works), 0, h, wd, 3), np.uint8)
         state = np.stack([self.state_stats.normalize(w.observation.state) for w in works]) if cfg.state_dim \
             else np.zeros((len(works), 0), np.float32)
-        noise = np.stack([torch.randn(cfg.chunk_size, cfg.max_action_dim, generator=self._generator(w)).numpy()
+        noise = np.stack([torch.randn(cfg.chunk_size, cfg.max_action_dim, generator=self.seeds.generator(w)).numpy()
                           for w in works])
         return {"images": images, "tokens": np.stack(tokens), "valid": np.stack(valid),
                 "state": pad_to(state.astype(np.float32), cfg.max_state_dim), "noise": noise}
@@ -151,24 +148,8 @@ class Pi0Policy(PolicyAdapter):
             for wk in works:
                 self.release(wk.session_id)
 
-    def _generator(self, work: PolicyWork) -> torch.Generator:
-        if work.sampling.seed is not None:
-            seed = work.sampling.seed
-        else:
-            count = self._calls.get(work.session_id, 0)
-            self._pending[work.session_id] = count + 1
-            digest = hashlib.blake2b(f"{self.seed}:{work.session_id}:{count}".encode(), digest_size=8).digest()
-            seed = int.from_bytes(digest, "little") & (2**63 - 1)
-        return torch.Generator().manual_seed(seed)
-
     def end_tick(self, session_id: str, committed: bool) -> None:
-        count = self._pending.pop(session_id, None)
-        if committed and count is not None:
-            self._calls[session_id] = count
-            self._calls.move_to_end(session_id)
-            while len(self._calls) > MAX_TRACKED_SESSIONS:
-                self._calls.popitem(last=False)
+        self.seeds.end_tick(session_id, committed)
 
     def release(self, session_id: str) -> None:
-        self._calls.pop(session_id, None)
-        self._pending.pop(session_id, None)
+        self.seeds.release(session_id)
