@@ -66,11 +66,13 @@ MESSAGE_TOO_LARGE = "message_too_large"  # a text frame over MAX_FRAME_BYTES
 # Codes the endpoint sends for server-side conditions.
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
 INTERNAL_ERROR = "internal_error"
+CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
 
 ERROR_CODES = frozenset(
     {
         BAD_REQUEST,
         UNKNOWN_TYPE,
+        CLOSED_BY_ADMIN,
         UNKNOWN_VOICE,
         UNSUPPORTED_FORMAT,
         UNSUPPORTED_RATE,

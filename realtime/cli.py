@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "WebSockets besides the server's own page; 'loopback' allows any "
                             "localhost port, '*' any origin; clients that send no Origin "
                             "(Python, robots) are always allowed")
+    serve.add_argument("--admin-from", default="loopback", metavar="ADDRESSES",
+                       help="comma-separated client addresses that may list and close sessions "
+                            "(GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' (default) "
+                            "or '*' for anyone")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")
     return parser
@@ -99,6 +103,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         allowed_origins=args.allowed_origins,
+        admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps),

@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
 from realtime.connection import (
+    CLOSE_ADMIN,
     CLOSE_INTERNAL,
     ENGINE_ERRORS,
     TTS_CODES,
@@ -84,6 +85,12 @@ class TTSConnection:
     def dropped(self, reason: str) -> None:
         """A voice keeps nothing across sentences worth reporting; the next window is stale."""
         log.info("session %s: voice state dropped: %s", self.session_id, reason)
+
+    async def admin_close(self, session_id: str) -> None:
+        """An operator closed the session: ``closed_by_admin``, then the socket closes
+        with CLOSE_ADMIN (the reader then ends the session as on a disconnect)."""
+        await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
+        await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def run(self) -> None:
         speaker = asyncio.create_task(self._speak())
