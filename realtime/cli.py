@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import sys
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
@@ -129,7 +128,7 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from realtime.server import bind_socket, run
+    from realtime.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.
     try:
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"realtime serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
               file=sys.stderr)
         return 1
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         config = config_from_args(args)
         from realtime.app import build_app
