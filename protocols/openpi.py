@@ -51,6 +51,10 @@ CLOSE_ERROR = 1011
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192
 MAX_INFERENCE_STEPS = 1000
+# The work one request may ask for: explicit num_inference_steps summed over its
+# observations (1000 at batch 1, 15 each at batch 64). Items that name no steps run the
+# model's own default, which the operator chose. 64 x 1000 once held the engine for minutes.
+MAX_REQUEST_STEPS = 1000
 # numpy's own limit (NPY_MAXDIMS of numpy 1.x); numpy raises beyond it, so check first.
 MAX_ARRAY_DIMS = 32
 
@@ -341,6 +345,10 @@ def parse_request(msg: Any, metadata: PolicyMetadata) -> Request:
             if "batch" in item or "endpoint" in item:
                 raise WireError(f"batch[{i}] must be an observation")
             parsed.append(_infer_request(item, metadata, f"batch[{i}]."))
+        steps = sum(p.sampling.num_inference_steps or 0 for p in parsed)
+        if steps > MAX_REQUEST_STEPS:
+            raise WireError(f"the batch asks for {steps} num_inference_steps in all; one request may ask for at "
+                            f"most {MAX_REQUEST_STEPS}")
         return BatchRequest(tuple(parsed))
     return _infer_request(msg, metadata, "")
 

@@ -47,6 +47,11 @@ SAMPLE_RATES = (22050, 24000)
 DEFAULT_SAMPLE_RATE = 22050
 MIN_SPEED, MAX_SPEED = 0.5, 2.0
 MAX_TEXT_CHARS = 4096  # per input.text message
+# Text a session holds not yet spoken: its unfinished sentence plus the sentences queued
+# for the speaker (minutes of speech). More answers BUFFER_FULL and drops that message.
+MAX_PENDING_TEXT_CHARS = 64 * 1024
+# Sentences and utterance ends (input.done) queued for the speaker, however short.
+MAX_PENDING_ITEMS = 1024
 # One client text frame, as UTF-8. Any valid message fits: 4096 characters escaped as
 # JSON take at most 12 bytes each ("\ud83d\ude00" for one astral character, 48 KiB).
 # The transport's own limit (realtime/server.py, 80 MiB) is for OpenPI's bodies.
@@ -63,14 +68,18 @@ EMPTY_TEXT = "empty_text"
 TEXT_TOO_LONG = "text_too_long"
 INVALID_TEXT = "invalid_text"  # a control character or a lone surrogate in input.text
 MESSAGE_TOO_LARGE = "message_too_large"  # a text frame over MAX_FRAME_BYTES
+BUFFER_FULL = "buffer_full"  # past MAX_PENDING_TEXT_CHARS of unspoken text or MAX_PENDING_ITEMS
 # Codes the endpoint sends for server-side conditions.
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
 INTERNAL_ERROR = "internal_error"
+CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
 
 ERROR_CODES = frozenset(
     {
         BAD_REQUEST,
         UNKNOWN_TYPE,
+        CLOSED_BY_ADMIN,
+        BUFFER_FULL,
         UNKNOWN_VOICE,
         UNSUPPORTED_FORMAT,
         UNSUPPORTED_RATE,

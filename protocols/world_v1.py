@@ -40,8 +40,9 @@ SESSION_CLOSED = "session_closed"
 BUSY = "busy"
 MESSAGE_TOO_LARGE = "message_too_large"
 INTERNAL = "internal"
+CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
 ERROR_CODES = (BAD_REQUEST, UNKNOWN_TYPE, STALE_EVENT, QUEUE_FULL, SESSION_EXISTS, NO_SESSION, SESSION_FAILED,
-               SESSION_EVICTED, SESSION_CLOSED, BUSY, MESSAGE_TOO_LARGE, INTERNAL)
+               SESSION_EVICTED, SESSION_CLOSED, BUSY, MESSAGE_TOO_LARGE, INTERNAL, CLOSED_BY_ADMIN)
 
 
 class ProtocolError(Exception):

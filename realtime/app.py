@@ -14,6 +14,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from realtime.admin import ROUTES as ADMIN_ROUTES
 from realtime.config import ServerConfig
 from realtime.connection import LiveSessions
 from realtime.engine import Engine
@@ -59,6 +60,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         Route("/healthz", healthz),
         Route("/v1/models", list_models),
         Route("/metrics", metrics),
+        *ADMIN_ROUTES,
         WebSocketRoute("/v1/realtime/world", world_endpoint),
         WebSocketRoute("/v1/realtime/robot/openpi", openpi_endpoint),
         WebSocketRoute("/v1/realtime/tts", tts_endpoint),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import logging
 import sys
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
@@ -63,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "WebSockets besides the server's own page; 'loopback' allows any "
                             "localhost port, '*' any origin; clients that send no Origin "
                             "(Python, robots) are always allowed")
+    serve.add_argument("--admin-from", default="loopback", metavar="ADDRESSES",
+                       help="comma-separated client addresses that may list and close sessions "
+                            "(GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' (default) "
+                            "or '*' for anyone")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")
     return parser
@@ -99,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         allowed_origins=args.allowed_origins,
+        admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps),
@@ -124,7 +128,7 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from realtime.server import bind_socket, run
+    from realtime.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.
     try:
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"realtime serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}",
               file=sys.stderr)
         return 1
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         config = config_from_args(args)
         from realtime.app import build_app

@@ -55,6 +55,9 @@ class ServerConfig:
     # Browser origins that may open WebSockets besides the server's own (realtime/origins.py):
     # exact origins, "loopback" (any localhost port) or "*". Clients without Origin always may.
     allowed_origins: tuple[str, ...] = (LOOPBACK,)
+    # Client addresses that may list and close sessions (realtime/admin.py): exact
+    # addresses, "loopback" or "*".
+    admin_from: tuple[str, ...] = ("loopback",)
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # RFC 6455 close codes that belong to no one protocol (world.v1's own are in its module).
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL = 1011
+# An operator closed the session (DELETE /v1/sessions/...): RFC 6455 "policy violation".
+CLOSE_ADMIN = 1008
 
 # What a send or close raises once the peer has gone: starlette's WebSocketDisconnect,
 # its "Cannot call send once a close message has been sent" RuntimeError, a socket error.
@@ -175,6 +177,8 @@ class SessionOwner(Protocol):
 
     # Optional: ``async def drain(self) -> None``, called when the server stops (SIGTERM):
     # end the session once its running tick is committed and sent, then close with 1001.
+    # Optional: ``async def admin_close(self, session_id: str) -> None``: tell the client
+    # (its protocol's ``closed_by_admin``), end the session, close with CLOSE_ADMIN.
 
 
 @dataclass

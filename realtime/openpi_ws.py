@@ -45,7 +45,7 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
-from realtime.connection import ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id
+from realtime.connection import (CLOSE_ADMIN, ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id)
 from realtime.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -154,6 +154,14 @@ class OpenPIConnection:
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text)
         await self.conn.close(wire.CLOSE_ERROR, _CLOSE_REASON)
+
+    async def admin_close(self, session_id: str) -> None:
+        """An operator closed one of this connection's sessions: the robot's connection
+        ends with a text frame (the real client raises it) and close CLOSE_ADMIN."""
+        text = f"closed_by_admin: session {session_id} was closed by the server's operator"
+        log.info("session %s: closing: %s", self.conn_id, text)
+        await self.conn.send(text)
+        await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     def dropped(self, reason: str) -> None:
         log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)

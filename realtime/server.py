@@ -41,11 +41,21 @@ WS_PER_MESSAGE_DEFLATE = False
 DRAIN_TIMEOUT_S = 20.0
 
 
+# One line format for the app's loggers and uvicorn's (uvicorn.error, uvicorn.access):
+# uvicorn gets no logging config of its own, so its records reach the root handler.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    """The process's one log format (``realtime serve``)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+
+
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
-                          ws_per_message_deflate=per_message_deflate, lifespan="on",
+                          ws_per_message_deflate=per_message_deflate, lifespan="on", log_config=None,
                           # h11 and a bounded upgrade: every request head is limited and answered.
                           **uvicorn_options())
 

@@ -25,6 +25,7 @@ from starlette.websockets import WebSocket
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
 from realtime.connection import (
+    CLOSE_ADMIN,
     CLOSE_INTERNAL,
     ENGINE_ERRORS,
     TTS_CODES,
@@ -71,7 +72,10 @@ class TTSConnection:
         self.cancelled: set[int] = set()
         self.samples: dict[int, int] = {}  # utterance -> samples sent, for response.done
         self.current: int | None = None  # the utterance the speaker is speaking
+        # Unbounded as a queue, bounded by what feeds it: at most MAX_PENDING_TEXT_CHARS of
+        # sentence text (``queued_chars``) plus one _UtteranceEnd per input.done.
         self.queue: asyncio.Queue[_Sentence | _UtteranceEnd] = asyncio.Queue()
+        self.queued_chars = 0
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
 
     async def send(self, text: str) -> None:
@@ -84,6 +88,12 @@ class TTSConnection:
     def dropped(self, reason: str) -> None:
         """A voice keeps nothing across sentences worth reporting; the next window is stale."""
         log.info("session %s: voice state dropped: %s", self.session_id, reason)
+
+    async def admin_close(self, session_id: str) -> None:
+        """An operator closed the session: ``closed_by_admin``, then the socket closes
+        with CLOSE_ADMIN (the reader then ends the session as on a disconnect)."""
+        await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
+        await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def run(self) -> None:
         speaker = asyncio.create_task(self._speak())
@@ -128,7 +138,15 @@ class TTSConnection:
         if isinstance(msg, wire.SessionUpdate):
             self.config = self.config.apply(msg)
             await self.send(wire.encode(self.config.updated(self.voices)))
+        elif isinstance(msg, (wire.InputText, wire.InputDone)) and self.queue.qsize() >= wire.MAX_PENDING_ITEMS:
+            await self.error(wire.BUFFER_FULL, f"{self.queue.qsize()} sentences and utterance ends wait to be "
+                                               f"spoken; the limit is {wire.MAX_PENDING_ITEMS}")
         elif isinstance(msg, wire.InputText):
+            pending = self.queued_chars + len(self.segmenter.buffered) + len(msg.text)
+            if pending > wire.MAX_PENDING_TEXT_CHARS:
+                await self.error(wire.BUFFER_FULL, f"{pending} characters would wait to be spoken; the limit is "
+                                                   f"{wire.MAX_PENDING_TEXT_CHARS}: send more once audio has come")
+                return
             self._enqueue(self.segmenter.push(msg.text))
         elif isinstance(msg, wire.InputDone):
             self._enqueue(self.segmenter.flush())
@@ -140,12 +158,14 @@ class TTSConnection:
 
     def _enqueue(self, sentences: list[str]) -> None:
         for text in sentences:
+            self.queued_chars += len(text)
             self.queue.put_nowait(_Sentence(self.utterance, self.sentence, text))
             self.sentence += 1
 
     async def _cancel(self, *, notify: bool) -> None:
         """Barge-in: stop the utterance being spoken and everything queued or buffered."""
         cancelled = {item.utterance_index for item in _drain(self.queue)}
+        self.queued_chars = 0
         if self.current is not None:
             cancelled.add(self.current)
         open_utterance = self.sentence > 0 or bool(self.segmenter.buffered.strip())
@@ -167,6 +187,8 @@ class TTSConnection:
     async def _speak(self) -> None:
         while True:
             item = await self.queue.get()
+            if isinstance(item, _Sentence):
+                self.queued_chars -= len(item.text)
             async with self.speaking:
                 if item.utterance_index in self.cancelled:
                     continue

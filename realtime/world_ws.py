@@ -31,7 +31,7 @@ from starlette.websockets import WebSocket
 
 from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
-from realtime.connection import ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
+from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
 from realtime.engine import Engine
 from realtime.media import encode_frame
 from sessions import (
@@ -223,6 +223,13 @@ class WorldConnection:
         await self.close_session(notify=False)
         log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
         await self.conn.close(wire.CLOSE_GOING_AWAY)
+
+    async def admin_close(self, session_id: str) -> None:
+        """An operator closed the session: ``closed_by_admin``, then its running tick
+        finishes, the session ends and the socket closes with CLOSE_ADMIN."""
+        await self.send_error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
+        await self.close_session(notify=False)
+        await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def _retry_tombstone(self, session_id: str) -> None:
         entry = self.live.find(KIND, session_id)

@@ -28,6 +28,7 @@ class ErrorCode(str, enum.Enum):
     SESSION_EVICTED = "session_evicted"
     SESSION_CLOSED = "session_closed"
     BUSY = "busy"
+    CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed it (realtime/admin.py)
 
 
 class SessionError(Exception):

@@ -2,14 +2,13 @@
 on loopback, started once for the module that asks for ``cluster`` (deploy/replicas.py).
 
 Which replica holds a session is told two ways: nginx's ``X-Upstream`` header on the
-WebSocket's 101 response (where this connection went), and each replica's own count of
-live world sessions (``live_sessions``, what the replica itself holds).
+WebSocket's 101 response (where this connection went), and each replica's own list of
+live world sessions (``live_sessions``: its ``GET /v1/sessions``, what the replica itself holds).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -34,17 +33,17 @@ def cluster() -> Iterator[Deployment]:
         yield deployment
 
 
-def live_sessions(replica_addr: str) -> int:
-    """How many world sessions the replica itself holds. When the replicas serve
-    ``GET /v1/sessions`` this becomes ``len(httpx.get(f"http://{replica_addr}/v1/sessions").json()["data"])``."""
-    text = httpx.get(f"http://{replica_addr}/metrics", timeout=5).text
-    return int(re.search(r"^realtime_world_sessions (\d+)$", text, re.M).group(1))
+def live_sessions(replica_addr: str) -> set[str]:
+    """The ids of the world sessions the replica itself holds (its ``GET /v1/sessions``)."""
+    data = httpx.get(f"http://{replica_addr}/v1/sessions", timeout=5).json()["data"]
+    return {s["session_id"] for s in data if s["kind"] == "world"}
 
 
-async def settled(players: "list[Player]", addrs: set[str], timeout_s: float = 10.0) -> dict[str, int]:
-    """Wait until each replica in ``addrs`` holds exactly the ``players`` that nginx sent it
-    (sessions of earlier tests may still be closing); returns those counts."""
-    expected = {addr: sum(p.upstream == addr for p in players) for addr in addrs}
+async def settled(players: "list[Player]", addrs: set[str], timeout_s: float = 10.0) -> dict[str, set[str]]:
+    """Wait until each replica's ``/v1/sessions`` in ``addrs`` shows exactly the ``players``
+    that nginx sent it, and none of the others' (sessions of earlier tests may still be
+    closing); returns those session ids per replica."""
+    expected = {addr: {p.session_id for p in players if p.upstream == addr} for addr in addrs}
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         held = {addr: live_sessions(addr) for addr in addrs}

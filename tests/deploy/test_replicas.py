@@ -72,7 +72,7 @@ def test_fifty_sessions_spread_and_reconnect_to_the_same_replica(cluster: Deploy
             placed = Counter(p.upstream for p in players)
             # Every replica got some of the 50 (hash shares are uneven, but never near zero).
             assert set(placed) == live, placed
-            # Each replica holds exactly the sessions nginx sent it, and none of the others'.
+            # Each replica's /v1/sessions shows exactly the sessions nginx sent it, none of the others'.
             await settled(players, live)
             for p in players:
                 assert (await p.client.next_chunk(credit=False)).chunk_index == 0

@@ -328,6 +328,20 @@ def test_batch_request():
     )
 
 
+def test_one_request_asks_for_bounded_work():
+    def batch(n: int, steps: int) -> dict:
+        return {"batch": [_obs(sampling_params={"num_inference_steps": steps})] * n}
+
+    # The case: 64 observations at 1000 steps each once held the engine for minutes.
+    assert _error(batch(64, 1000)) == ("the batch asks for 64000 num_inference_steps in all; one request may ask "
+                                       f"for at most {op.MAX_REQUEST_STEPS}")
+    assert _error(batch(2, 501)).startswith("the batch asks for 1002")
+    assert len(op.parse_request(batch(2, 500), META).items) == 2  # exactly the bound
+    assert len(op.parse_request(batch(64, 15), META).items) == 64
+    assert len(op.parse_request({"batch": [_obs()] * 64}, META).items) == 64  # the model's default steps
+    assert op.parse_request(_obs(sampling_params={"num_inference_steps": 1000}), META).sampling.num_inference_steps == 1000
+
+
 # ----------------------------------------------------------------------------- replies
 
 

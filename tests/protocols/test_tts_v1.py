@@ -147,6 +147,8 @@ def test_error_codes_are_documented_set():
         "invalid_text",
         "message_too_large",
         "tts_unavailable",
+        "closed_by_admin",
+        "buffer_full",
         "internal_error",
     }
 

@@ -34,6 +34,7 @@ def test_codes_are_wire_strings():
         "session_evicted",
         "session_closed",
         "busy",
+        "closed_by_admin",
     ]
     assert ErrorCode("busy") is ErrorCode.BUSY
 
