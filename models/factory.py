@@ -64,6 +64,7 @@ class BuildOptions:
     # (kv.capacity.kv_budget); kv_budget_bytes replaces that with a fixed budget (any device).
     gpu_memory_fraction: float = 0.9
     kv_budget_bytes: int | None = None
+    host_budget_bytes: int | None = None  # host memory for swapped-out sessions (None: the model's default)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,17 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _gib(value: float | None) -> int | None:
+    return None if value is None else int(value * (1 << 30))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -73,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-budget-gib", type=_positive, default=None,
                        help="a fixed KV budget per world model in GiB instead of the fraction of free memory "
                             "(on any device; on CPU the default is no limit)")
+    serve.add_argument("--kv-host-gib", type=_non_negative, default=None,
+                       help="host memory per world model for idle sessions' KV swapped out of the pool "
+                            "(default: the model's own); when it is full too, new sessions get 'busy'")
     serve.add_argument("--policy", default=None,
                        help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
@@ -123,7 +137,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
-                          kv_budget_bytes=None if args.kv_budget_gib is None else int(args.kv_budget_gib * (1 << 30))),
+                          kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib)),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

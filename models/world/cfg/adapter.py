@@ -164,7 +164,8 @@ def build(path: str | None, options: BuildOptions) -> CFGWorld:
     if path is not None:
         raise FactoryError("cfg-tiny has random weights and takes no path")
     try:
-        return CFGWorld(device=options.device, max_batch=options.max_batch or 4,
+        host = {} if options.host_budget_bytes is None else {"host_budget_bytes": options.host_budget_bytes}
+        return CFGWorld(device=options.device, max_batch=options.max_batch or 4, **host,
                         frames_per_chunk=options.frames_per_chunk or 1, budget_bytes=options.kv_budget_bytes,
                         gpu_memory_fraction=options.gpu_memory_fraction)
     except ValueError as exc:

@@ -399,6 +399,8 @@ def build(path: str | None, options: BuildOptions) -> MazeWorld:
     kwargs: dict[str, Any] = {"device": options.device, "frames_per_chunk": options.frames_per_chunk or 1,
                               "budget_bytes": options.kv_budget_bytes,
                               "gpu_memory_fraction": options.gpu_memory_fraction}
+    if options.host_budget_bytes is not None:
+        kwargs["host_budget_bytes"] = options.host_budget_bytes
     if options.max_batch is not None:
         kwargs["max_batch"] = options.max_batch
     if options.steps is not None:
