@@ -65,6 +65,7 @@ class WorldConnection:
         self.model: str = ""
         self.format = "jpeg"
         self.seed = 0
+        self.options: dict[str, Any] = {}
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
@@ -156,7 +157,7 @@ class WorldConnection:
             release=lambda: engine.post_release(model, sid),
         )
         await self._admit(adapter, model, sid, options)
-        self.session = session
+        self.session, self.options = session, options
         self.adapter, self.model = adapter, model
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
         self.entry = self.live.add(KIND, sid, model, owner=self)
@@ -348,7 +349,7 @@ class WorldConnection:
                 started = time.perf_counter()
                 try:
                     chunk: WorldChunk = await self.engine.submit(
-                        self.model, adapter.tick(request, self.seed), session_id=sid)
+                        self.model, adapter.tick(request, self.seed, self.options), session_id=sid)
                 except ENGINE_ERRORS as exc:
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:

@@ -113,6 +113,8 @@ class WorldTick:
     # One entry per generated frame: the keys held during that frame.
     actions: tuple[frozenset[str], ...]
     seed: int = 0
+    # The session's checked create options (``check_options``), on every tick like the seed.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -179,8 +181,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         """Fresh control reducers for a new session of this model."""
         return default_reducers(self.geometry.frames_per_chunk)
 
-    def tick(self, request: TickRequest, seed: int) -> WorldTick:
-        """The tick the model sees for a session's snapshot ``request``."""
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request`` (``options``: checked ones)."""
         return WorldTick(
             session_id=request.session_id,
             request_id=request.request_id,
@@ -189,6 +191,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             prompt=request.prompt,
             actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
             seed=seed,
+            options=dict(options or {}),
         )
 
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:

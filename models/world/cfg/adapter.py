@@ -11,7 +11,10 @@ build options' budget (``--gpu-memory-fraction`` of free device memory, or
 
 A tick of ``frames_per_chunk`` F makes F core steps; each step commits its KV at
 once, so a tick the engine does not commit (``end_tick(committed=False)``) resets
-the session in the core: it is FAILED then and must reset or close anyway.
+the session in the core: it is FAILED then and must reset or close anyway. Every
+tick carries the session's options (``WorldTick.options``), so a session released
+after a failure, or dropped by LRU, is opened again by its next chunk-0 tick
+(after ``session.reset``); a later tick of such a session is refused.
 Frames: the guided frame ``[tokens, dim]`` as an image, ``(tanh(x) + 1) * 127.5``
 per value, each value a ``SCALE`` x ``SCALE`` grey pixel block.
 """
@@ -76,9 +79,7 @@ class CFGWorld(WorldAdapter):
         self.frames_per_chunk = frames_per_chunk
         self.geometry = WorldGeometry(height=config.tokens_per_frame * SCALE, width=config.dim * SCALE,
                                       frames_per_chunk=frames_per_chunk, fps=FPS)
-        self._options: dict[str, dict[str, Any]] = {}   # admitted sessions' options
-        self._prompts: dict[str, str] = {}
-        self._evicted: set[str] = set()
+        self._prompts: dict[str, str] = {}   # the positive prompt of every session open in the core
         self._drop_listener: Callable[[str, str], None] | None = None
         log.info("cfg world on %s: %d resident sessions in %d KV bytes (budget %d)", device,
                  self.plan.capacity, self.plan.required_bytes, self.plan.budget_bytes)
@@ -91,28 +92,26 @@ class CFGWorld(WorldAdapter):
 
     # ------------------------------------------------------------------ seam
     def admit(self, session_id: str, options: Mapping[str, Any]) -> str | None:
-        if session_id in self._options:
+        # Opened now, so the room it takes is counted from create on.
+        if session_id in self._prompts:
             return f"session {session_id!r} is already open in {self.name}"
         refusal = self.core.residency.refusal()
-        if refusal is not None:
-            return refusal
-        self._options[session_id] = dict(options)
-        self._open(session_id, "")
-        return None
+        if refusal is None:
+            self._open(session_id, "", options)
+        return refusal
 
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         for w in works:
-            if w.session_id not in self._options:
-                raise ModelError(f"session {w.session_id}: not admitted in {self.name}")
-            if w.session_id in self._evicted and w.chunk_index > 0:
-                raise ModelError(f"session {w.session_id}: its KV was evicted; reset or close it")
+            if w.session_id not in self._prompts and w.chunk_index > 0:
+                # Dropped (LRU with the host full) or released after a failure: never restart silently.
+                raise ModelError(f"session {w.session_id}: its KV was evicted or released; reset or close it")
         for w in works:
-            sid = w.session_id
-            if sid in self._evicted:
-                self._open(sid, w.prompt or "")  # a reset after a drop: a fresh world
-            elif (w.prompt or "") != self._prompts[sid]:
-                self.core.set_prompt(sid, w.prompt or "")
-                self._prompts[sid] = w.prompt or ""
+            sid, prompt = w.session_id, w.prompt or ""
+            if sid not in self._prompts:
+                self._open(sid, prompt, self.check_options(w.options))  # chunk 0 after a drop or failure
+            elif prompt != self._prompts[sid]:
+                self.core.set_prompt(sid, prompt)
+                self._prompts[sid] = prompt
         ids = [w.session_id for w in works]
         frames = np.empty((len(works), *self.geometry.frames_shape), dtype=np.uint8)
         for j in range(self.frames_per_chunk):
@@ -125,35 +124,30 @@ class CFGWorld(WorldAdapter):
         return [WorldChunk.answering(w, frames[i]) for i, w in enumerate(works)]
 
     def end_tick(self, session_id: str, committed: bool) -> None:
-        if not committed and session_id in self._options and session_id not in self._evicted:
+        if not committed and session_id in self._prompts:
             log.info("cfg tick not committed session=%s: its world starts over", session_id)
             self.core.reset(session_id)
 
     def reset(self, session_id: str) -> None:
-        if session_id in self._options:
-            self._open(session_id, self._prompts.get(session_id, ""))
+        if session_id in self._prompts:
+            self.core.reset(session_id)
 
     def release(self, session_id: str) -> None:
-        self._options.pop(session_id, None)
         self._prompts.pop(session_id, None)
-        self._evicted.discard(session_id)
         self.core.close(session_id)
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         self._drop_listener = listener
 
     # ------------------------------------------------------------------ internals
-    def _open(self, session_id: str, prompt: str) -> None:
-        """(Re)open the session in the core with its options and ``prompt``: a fresh world."""
-        o = self._options[session_id]
-        self.core.close(session_id)
-        self._evicted.discard(session_id)
-        self.core.open(session_id, prompt, o["negative_prompt"], guidance_scale=o["guidance_scale"])
+    def _open(self, session_id: str, prompt: str, options: Mapping[str, Any]) -> None:
+        """Open the session in the core with its checked ``options``: a fresh world."""
+        self.core.open(session_id, prompt, options["negative_prompt"], guidance_scale=options["guidance_scale"])
         self._prompts[session_id] = prompt
 
     def _dropped(self, session_id: str) -> None:
         self.core._forget(session_id)
-        self._evicted.add(session_id)
+        self._prompts.pop(session_id, None)
         log.warning("cfg kv dropped session=%s: refused until it is reset", session_id)
         if self._drop_listener is not None:
             self._drop_listener(session_id, "KV evicted: device and host memory for sessions are full")

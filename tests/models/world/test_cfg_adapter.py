@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from kv.capacity import kv_budget, managed_pages, required_bytes, scratch_pages, session_bytes
+from models.base import ModelError
 from models.factory import BuildOptions, FactoryError, build
 from models.world.base import WorldTick
 from models.world.cfg import CFGWorldConfig
@@ -86,3 +87,17 @@ def test_a_new_prompt_changes_the_positive_branch_from_that_tick_on():
     assert not np.array_equal(a.run_batch([tick("s", 1)])[0].frames,
                               b.run_batch([tick("s", 1, prompt="a blue door")])[0].frames)
     assert torch.equal(b.core._prompts["s"][1], a.core._prompts["s"][1])  # the negative stays
+
+
+def test_a_released_session_reopens_only_at_chunk_0_with_its_tick_options():
+    w = CFGWorld(max_batch=1)
+    opts = w.check_options({"guidance_scale": 4.0, "negative_prompt": "blurry"})
+    w.admit("s", opts)
+    first = w.run_batch([tick("s", 0)])[0].frames
+    w.end_tick("s", True)
+    w.release("s")                                        # e.g. the session failed
+    with pytest.raises(ModelError, match="evicted or released; reset or close it"):
+        w.run_batch([tick("s", 1)])
+    again = WorldTick("s", "s:0b", 0, (), "a red door", (frozenset(),), options=opts)
+    assert np.array_equal(w.run_batch([again])[0].frames, first)
+    assert w.core.guidance_scale("s") == 4.0
