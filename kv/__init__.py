@@ -14,7 +14,7 @@ stays importable).
 from kv.batch import KVBatch
 from kv.block_pool import NULL_BLOCK, BlockPool
 from kv.cache import HostKV, PagedKVCache
-from kv.capacity import CapacityError, CapacityPlan, plan_capacity, required_bytes
+from kv.capacity import CapacityError, CapacityPlan, kv_budget, plan_capacity, required_bytes, session_bytes
 from kv.geometry import KVGeometry
 from kv.model_state import ModelState, TensorState
 from kv.residency import SESSION_EVICTED, Residency, ResidencyError
@@ -24,5 +24,5 @@ __all__ = [
     "NULL_BLOCK", "SESSION_EVICTED", "BlockPool", "CapacityError", "CapacityPlan", "ChunkSlots",
     "HostKV", "KVBatch", "KVGeometry", "ModelState", "PagedKVCache", "Residency", "ResidencyError",
     "TensorState",
-    "plan_capacity", "required_bytes",
+    "kv_budget", "plan_capacity", "required_bytes", "session_bytes",
 ]

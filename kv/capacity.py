@@ -87,6 +87,32 @@ def required_bytes(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> in
     return pages * g.page_bytes + sessions * (g.cross_bytes + g.model_state_bytes)
 
 
+def session_bytes(g: KVGeometry) -> int:
+    """What one more resident session adds: every branch's retained pages, cross caches, state."""
+    return required_bytes(g, 2) - required_bytes(g, 1)
+
+
+def kv_budget(device: "torch.device | str", *, fraction: float,
+              budget_bytes: int | None = None) -> tuple[int | None, float]:
+    """``(available_bytes, fraction)`` for ``plan_capacity`` on ``device``.
+
+    An explicit ``budget_bytes`` (``--kv-budget-gib``) is the whole budget (fraction 1,
+    on any device: how CPU tests get a limit); otherwise CUDA plans from the device's
+    free memory now (``torch.cuda.mem_get_info``, after the weights are loaded) at
+    ``fraction``, and CPU has no limit (``None``).
+    """
+    if budget_bytes is not None:
+        if budget_bytes <= 0:
+            raise ValueError(f"KV budget must be positive, got {budget_bytes} bytes")
+        return int(budget_bytes), 1.0
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0]), fraction
+    return None, fraction
+
+
 @dataclass(frozen=True)
 class CapacityPlan:
     available_bytes: int | None  # None: no memory limit

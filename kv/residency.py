@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kv.cache import HostKV, PagedKVCache
+from kv.capacity import format_bytes, session_bytes
 from kv.model_state import ModelState
 from kv.session_kv import SlotState
 
@@ -226,6 +227,27 @@ class Residency:
             self.on_drop(session_id)
 
     # -- reading ------------------------------------------------------------------------
+
+    def refusal(self, pending: int = 0) -> str | None:
+        """Why one more session cannot be admitted without dropping another (None: it can).
+
+        A new session fits when a resident slot is free, or when an idle resident
+        session can be swapped to host within the host budget; ``pending`` counts
+        sessions admitted but not opened yet (each takes a slot). A new session
+        never drops an existing one: it is refused instead (``busy`` at create). The
+        check counts a session at its full footprint (``kv.capacity.session_bytes``),
+        so it may refuse slightly early, never late.
+        """
+        need = session_bytes(self.cache.geometry)
+        resident, slots = self.cache.num_resident, self.cache.max_sessions
+        free_slots = slots - resident - pending
+        host_free = max(self.host_budget_bytes - self.host_bytes, 0)
+        if free_slots > 0 or (resident > 0 and host_free // need >= 1 - free_slots):
+            return None
+        return (f"no room for a new session: it needs {format_bytes(need)} of KV memory; free: "
+                f"{format_bytes(max(free_slots, 0) * need)} on the device ({resident} of {slots} resident "
+                f"session slots in use) and {format_bytes(host_free)} of the "
+                f"{format_bytes(self.host_budget_bytes)} host swap budget")
 
     def is_swapped(self, session_id: str) -> bool:
         return session_id in self._host

@@ -35,6 +35,7 @@ KINDS: tuple[str, ...] = ("world", "policy", "tts")
 FACTORIES: dict[str, tuple[str, str]] = {
     "maze": ("world", "models.world.maze.adapter:build"),
     "tiny": ("world", "models.world.tiny:build"),
+    "cfg-tiny": ("world", "models.world.cfg.adapter:build"),
     "flow": ("policy", "models.policy.flow:build"),
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
@@ -59,7 +60,11 @@ class BuildOptions:
     max_batch: int | None = None  # None: the model's own default
     frames_per_chunk: int | None = None  # world models
     steps: int | None = None  # denoising steps (world models that denoise)
+    # World models size their KV pool from gpu_memory_fraction of the device's free memory
+    # (kv.capacity.kv_budget); kv_budget_bytes replaces that with a fixed budget (any device).
     gpu_memory_fraction: float = 0.9
+    kv_budget_bytes: int | None = None
+    host_budget_bytes: int | None = None  # host memory for swapped-out sessions (None: the model's default)
 
 
 @dataclass(frozen=True)

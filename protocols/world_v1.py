@@ -8,7 +8,7 @@ module only parses and builds messages; it knows nothing of sessions or models.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from protocols import jsonsafe
@@ -18,6 +18,8 @@ MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
 DEFAULT_CREDITS = 4
 FORMATS = ("jpeg", "png", "rgb8")
+# session.create "options": model-declared settings (GET /v1/models lists each model's).
+MAX_CREATE_OPTIONS = 16
 
 # WebSocket close codes for protocol violations (RFC 6455).
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
@@ -65,9 +67,12 @@ class CreateRequest:
     seed: int = 0
     format: str = "jpeg"
     credits: int = DEFAULT_CREDITS
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
+        if self.options:
+            msg["options"] = dict(self.options)
         for key, value, default in (("model", self.model, None), ("prompt", self.prompt, None),
                                     ("seed", self.seed, 0), ("format", self.format, "jpeg"),
                                     ("credits", self.credits, DEFAULT_CREDITS)):
@@ -157,7 +162,13 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     if fmt not in FORMATS:
         raise ProtocolError(BAD_REQUEST, f"format must be one of {', '.join(FORMATS)}")
     credits = _credits(msg.get("credits", DEFAULT_CREDITS), "credits")
-    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits)
+    options = msg.get("options", {})
+    # Only the shape is checked here; the model checks names and ranges (WorldAdapter.check_options).
+    if not isinstance(options, dict) or len(options) > MAX_CREATE_OPTIONS or not all(
+            isinstance(v, (str, int, float)) for v in options.values()):
+        raise ProtocolError(BAD_REQUEST, f"options must be an object of at most {MAX_CREATE_OPTIONS} "
+                                         "string or number values")
+    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options)
 
 
 def parse_close(msg: Mapping[str, Any]) -> Close:

@@ -31,6 +31,31 @@ def _origins(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _gib(value: float | None) -> int | None:
+    return None if value is None else int(value * (1 << 30))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -51,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="frames a world session gets per tick (chunk); held keys apply per frame")
     serve.add_argument("--steps", type=int, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
+    serve.add_argument("--gpu-memory-fraction", type=_fraction, default=0.9,
+                       help="world models size their KV pool to this fraction of the device's free memory "
+                            "(measured after the weights load); a session that does not fit is refused "
+                            "at session.create with 'busy'")
+    serve.add_argument("--kv-budget-gib", type=_positive, default=None,
+                       help="a fixed KV budget per world model in GiB instead of the fraction of free memory "
+                            "(on any device; on CPU the default is no limit)")
+    serve.add_argument("--kv-host-gib", type=_non_negative, default=None,
+                       help="host memory per world model for idle sessions' KV swapped out of the pool "
+                            "(default: the model's own); when it is full too, new sessions get 'busy'")
     serve.add_argument("--policy", default=None,
                        help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
@@ -105,7 +140,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
-                          steps=args.steps),
+                          steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
+                          kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib)),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

@@ -26,6 +26,10 @@ class WorldConfig:
     steps: int | None = None
     max_pending_events: int = 64
     max_sessions: int = 256
+    # World KV pools: this fraction of the device's free memory, or a fixed budget (CPU tests).
+    gpu_memory_fraction: float = 0.9
+    kv_budget_bytes: int | None = None
+    host_budget_bytes: int | None = None  # swapped-out sessions' KV on the host (None: the model's default)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class WorldConnection:
         self.model: str = ""
         self.format = "jpeg"
         self.seed = 0
+        self.options: dict[str, Any] = {}
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
@@ -144,13 +145,19 @@ class WorldConnection:
         adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]
         geometry = adapter.geometry
         model, sid, engine = req.model, req.session_id, self.engine
-        self.session = self.manager.create(
+        try:
+            options = adapter.check_options(req.options)
+        except ValueError as exc:
+            raise SessionError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        session = self.manager.create(
             sid,
             reducers=adapter.reducers(),
             prompt=req.prompt,
             max_pending=self.max_pending,
             release=lambda: engine.post_release(model, sid),
         )
+        await self._admit(adapter, model, sid, options)
+        self.session, self.options = session, options
         self.adapter, self.model = adapter, model
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
         self.entry = self.live.add(KIND, sid, model, owner=self)
@@ -161,6 +168,20 @@ class WorldConnection:
                          format=self.format, credits=self.credits)
         )
         self._start_driver()
+
+    async def _admit(self, adapter: WorldAdapter, model: str, sid: str, options: dict[str, Any]) -> None:
+        """The model takes the session in (engine thread), or ``busy`` and the id is freed again."""
+        try:
+            refusal = await self.engine.control(lambda: adapter.admit(sid, options))
+        except Exception as exc:  # noqa: BLE001 - the model's own failure, reported, nothing created
+            refusal, code = f"model could not open the session: {exc}", ErrorCode.INTERNAL
+        else:
+            code = ErrorCode.BUSY
+        if refusal is not None:
+            self.manager.begin_close(sid)
+            self.manager.finish_close(sid, True)
+            self.engine.post_release(model, sid)
+            raise SessionError(code, refusal)
 
     async def event(self, msg: dict[str, Any]) -> None:
         session = self._need_session()
@@ -335,7 +356,7 @@ class WorldConnection:
                 started = time.perf_counter()
                 try:
                     chunk: WorldChunk = await self.engine.submit(
-                        self.model, adapter.tick(request, self.seed), session_id=sid)
+                        self.model, adapter.tick(request, self.seed, self.options), session_id=sid)
                 except ENGINE_ERRORS as exc:
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:

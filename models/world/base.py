@@ -9,7 +9,15 @@ needs and implements one method:
 * ``uses_prompts``: whether a prompt changes what it draws (``/v1/models`` and the
   page say so);
 * ``generate(works)``: one forward for ticks of distinct sessions, one
-  ``WorldChunk`` each, in order.
+  ``WorldChunk`` each, in order;
+* ``create_options`` (optional): the ``session.create`` ``options`` it accepts,
+  each a ``CreateOption`` with its type and range (listed in ``/v1/models``);
+  ``check_options`` validates a request against them generically, so the
+  endpoint answers ``bad_request`` for an unknown or out-of-range option without
+  knowing any model;
+* ``admit(session_id, options)`` (optional, engine thread, at create): take the
+  session in, or return why it cannot fit (the endpoint answers ``busy`` with
+  that message and creates nothing).
 
 ``run_batch`` (called by the engine thread) wraps ``generate`` and enforces the
 tick postconditions for every world model: each chunk echoes its tick's
@@ -26,6 +34,7 @@ model's schemas need: the endpoint never reads controls itself.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -42,6 +51,40 @@ KEYS_SCHEMA = "keys.v1"
 def action_bits(keys: frozenset[str]) -> list[float]:
     """The held keys of one frame as 8 floats in ``KEY_NAMES`` order (w a s d i j k l)."""
     return [1.0 if k in keys else 0.0 for k in KEY_NAMES]
+
+
+@dataclass(frozen=True)
+class CreateOption:
+    """One ``session.create`` option a world model accepts: a number in a range, or a bounded string."""
+
+    name: str
+    type: str  # "number" or "string"
+    default: float | str
+    minimum: float | None = None  # numbers
+    maximum: float | None = None  # numbers
+    max_length: int = 1024        # strings, in characters
+    doc: str = ""
+
+    def check(self, value: Any) -> float | str:
+        """``value`` as this option's type, or ``ValueError`` saying what is allowed."""
+        if self.type == "number":
+            ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if not ok or (self.minimum is not None and value < self.minimum) or (
+                    self.maximum is not None and value > self.maximum):
+                raise ValueError(f"option {self.name} must be a number in [{self.minimum}, {self.maximum}], "
+                                 f"got {value!r}")
+            return float(value)
+        if not isinstance(value, str) or len(value) > self.max_length:
+            raise ValueError(f"option {self.name} must be a string of at most {self.max_length} characters")
+        return value
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "type": self.type, "default": self.default, "doc": self.doc}
+        if self.type == "number":
+            out.update(minimum=self.minimum, maximum=self.maximum)
+        else:
+            out["max_length"] = self.max_length
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,6 +113,8 @@ class WorldTick:
     # One entry per generated frame: the keys held during that frame.
     actions: tuple[frozenset[str], ...]
     seed: int = 0
+    # The session's checked create options (``check_options``), on every tick like the seed.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,6 +140,26 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     geometry: WorldGeometry
     control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
     uses_prompts: bool = False
+    create_options: tuple[CreateOption, ...] = ()
+
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Every declared option, from ``options`` or its default; ``ValueError`` for an
+        option this model does not take or a value out of its range."""
+        declared = {o.name: o for o in self.create_options}
+        unknown = sorted(set(options) - set(declared))
+        if unknown:
+            takes = ", ".join(declared) if declared else "none"
+            raise ValueError(f"world {self.name} does not take option(s) {', '.join(unknown)} (it takes: {takes})")
+        return {name: o.check(options[name]) if name in options else o.default for name, o in declared.items()}
+
+    def admit(self, session_id: str, options: Mapping[str, Any]) -> str | None:
+        """Take a new session with its checked ``options`` (engine thread, at create).
+
+        Returns None when admitted, or why it cannot fit now (what it needs and what
+        is free): the endpoint answers ``busy`` and creates nothing. The default
+        admits everyone. An admitted session is released as usual (``release``).
+        """
+        return None
 
     @abc.abstractmethod
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
@@ -109,14 +174,15 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         return {"kind": self.kind, "name": self.name, "height": g.height, "width": g.width, "fps": g.fps,
                 "frames_per_chunk": g.frames_per_chunk, "max_batch": self.max_batch,
                 "control_schemas": list(self.control_schemas), "action_keys": list(KEY_NAMES),
-                "uses_prompts": self.uses_prompts, **self.details()}
+                "uses_prompts": self.uses_prompts,
+                "create_options": [o.describe() for o in self.create_options], **self.details()}
 
     def reducers(self) -> dict[str, ControlReducer]:
         """Fresh control reducers for a new session of this model."""
         return default_reducers(self.geometry.frames_per_chunk)
 
-    def tick(self, request: TickRequest, seed: int) -> WorldTick:
-        """The tick the model sees for a session's snapshot ``request``."""
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request`` (``options``: checked ones)."""
         return WorldTick(
             session_id=request.session_id,
             request_id=request.request_id,
@@ -125,6 +191,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             prompt=request.prompt,
             actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
             seed=seed,
+            options=dict(options or {}),
         )
 
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:

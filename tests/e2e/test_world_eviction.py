@@ -12,10 +12,17 @@ from realtime.registry import Inventory
 from tests.e2e.conftest import serve
 
 
-def maze_app(host_budget_bytes: int):
+class UnadmittingMaze(MazeWorld):
+    """The maze without admission control (the base ``admit``): a full host then drops sessions."""
+
+    def admit(self, session_id, options):
+        return None
+
+
+def maze_app(host_budget_bytes: int, model_class: type[MazeWorld] = MazeWorld):
     # Room on the "device" for one session only, so a second one must evict the first.
-    model = MazeWorld(device="cpu", steps=1, window=2, max_batch=1, max_sessions=1,
-                      host_budget_bytes=host_budget_bytes)
+    model = model_class(device="cpu", steps=1, window=2, max_batch=1, max_sessions=1,
+                        host_budget_bytes=host_budget_bytes)
     inventory = Inventory()
     inventory.adapters[model.name] = model
     return build_app(ServerConfig(world=WorldConfig(models=("maze",))), inventory), model
@@ -47,8 +54,32 @@ def test_idle_session_is_swapped_to_host_and_back():
         run(main())
 
 
-def test_session_dropped_when_host_is_full_is_told_and_can_reset():
+def test_session_that_does_not_fit_is_refused_busy_and_the_others_keep_going():
     app, model = maze_app(host_budget_bytes=0)
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a, WorldClient.connect(url(addr)) as b:
+                await a.create("a", credits=1, seed=1)
+                assert (await a.next_chunk(credit=False)).chunk_index == 0
+                await b.send({"type": "session.create", "session_id": "b"})
+                err = await b.expect("error")
+                assert err["code"] == "busy"
+                assert err["message"].startswith("no room for a new session: it needs ")
+                assert "free: 0 B on the device (1 of 1 resident session slots in use) and 0 B of the 0 B host" \
+                    in err["message"]
+                await a.credit(1)
+                assert (await a.next_chunk(credit=False)).chunk_index == 1
+                assert a.errors == [] and not model.residency.is_swapped("a")
+                assert [s["session_id"] for s in app.state.live_sessions.sessions()] == ["a"]
+                await a.close()
+                await b.create("b", credits=1, seed=2)  # the id was never taken; room now
+                assert (await b.next_chunk(credit=False)).chunk_index == 0
+
+        run(main())
+
+
+def test_session_dropped_when_host_is_full_is_told_and_can_reset():
+    app, model = maze_app(host_budget_bytes=0, model_class=UnadmittingMaze)
     with serve(app) as addr:
         async def main():
             async with WorldClient.connect(url(addr)) as a, WorldClient.connect(url(addr)) as b:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from models.base import ModelError
-from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from models.world.base import CreateOption, WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from sessions import FrozenDict, TickRequest
 
 
@@ -67,7 +67,39 @@ def test_describe_declares_the_wire_geometry():
     d = Painted().describe()
     assert d == {"kind": "world", "name": "painted", "height": 4, "width": 6, "fps": 10.0, "frames_per_chunk": 2,
                  "max_batch": 1, "control_schemas": ["keys.v1"], "action_keys": list("wasdijkl"),
-                 "uses_prompts": False}
+                 "uses_prompts": False, "create_options": []}
+
+
+class Optioned(Painted):
+    create_options = (CreateOption("guidance_scale", "number", 1.0, minimum=0.0, maximum=20.0),
+                      CreateOption("negative_prompt", "string", "", max_length=8))
+
+
+def test_check_options_fills_defaults_and_converts():
+    assert Optioned().check_options({}) == {"guidance_scale": 1.0, "negative_prompt": ""}
+    assert Optioned().check_options({"guidance_scale": 3, "negative_prompt": "blurry"}) == {
+        "guidance_scale": 3.0, "negative_prompt": "blurry"}
+    assert Optioned().describe()["create_options"][0] == {
+        "name": "guidance_scale", "type": "number", "default": 1.0, "doc": "", "minimum": 0.0, "maximum": 20.0}
+
+
+@pytest.mark.parametrize("options, text", [
+    ({"guidance_scale": 20.5}, "option guidance_scale must be a number in [0.0, 20.0], got 20.5"),
+    ({"guidance_scale": -1}, "option guidance_scale must be a number in [0.0, 20.0], got -1"),
+    ({"guidance_scale": True}, "option guidance_scale must be a number"),
+    ({"guidance_scale": "2"}, "option guidance_scale must be a number"),
+    ({"negative_prompt": "x" * 9}, "option negative_prompt must be a string of at most 8 characters"),
+    ({"steps": 3}, "world painted does not take option(s) steps (it takes: guidance_scale, negative_prompt)"),
+])
+def test_check_options_refuses_unknown_and_out_of_range(options, text):
+    with pytest.raises(ValueError) as info:
+        Optioned().check_options(options)
+    assert text in str(info.value)
+
+
+def test_a_model_without_options_refuses_any():
+    with pytest.raises(ValueError, match=r"takes: none"):
+        Painted().check_options({"guidance_scale": 1.0})
 
 
 def test_tick_from_a_snapshot_and_action_bits():

@@ -21,6 +21,20 @@ def test_create_builds_and_parses_back():
         wire.CreateRequest("w2", model="maze")
 
 
+def test_create_options_build_and_parse_back():
+    req = wire.CreateRequest("w1", options={"guidance_scale": 4.0, "negative_prompt": "blurry"})
+    assert req.to_wire()["options"] == {"guidance_scale": 4.0, "negative_prompt": "blurry"}
+    assert wire.parse_create(roundtrip(req.to_wire()), default_model="maze") == \
+        wire.CreateRequest("w1", model="maze", options={"guidance_scale": 4.0, "negative_prompt": "blurry"})
+
+
+@pytest.mark.parametrize("options", [[1], "s", {"a": [1]}, {"a": {"b": 1}}, {"a": None},
+                                     {f"o{i}": 1 for i in range(17)}])
+def test_create_options_must_be_a_small_flat_object(options):
+    with pytest.raises(wire.ProtocolError, match="options must be an object of at most 16 string or number values"):
+        wire.parse_create({"type": "session.create", "session_id": "w", "options": options}, default_model="maze")
+
+
 def test_credit_reset_close():
     assert wire.parse_credit(roundtrip(wire.Credit(5).to_wire())) == wire.Credit(5)
     assert roundtrip(wire.Reset().to_wire()) == {"type": "session.reset"}

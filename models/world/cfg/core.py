@@ -115,13 +115,14 @@ class CFGWorldCore:
     """Sessions of the two-branch CFG world on one device (the engine thread is the only caller)."""
 
     def __init__(self, config: CFGWorldConfig = CFGWorldConfig(), *, max_sessions: int = 4,
-                 host_budget_bytes: int = 1 << 26, device: torch.device | str = "cpu", seed: int = 0) -> None:
+                 ticks_in_flight: int | None = None, host_budget_bytes: int = 1 << 26,
+                 device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.config = config
         self.device = torch.device(device)
         torch.manual_seed(seed)
         self.net = _Net(config).to(self.device).eval()
         self.geometry = config.geometry()
-        self.cache = PagedKVCache(self.geometry, pool_blocks(self.geometry, max_sessions, max_sessions),
+        self.cache = PagedKVCache(self.geometry, pool_blocks(self.geometry, max_sessions, ticks_in_flight or max_sessions),
                                   self.device, max_sessions=max_sessions, attention_backend="gather_sdpa")
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._forget)
         self._prompts: dict[str, torch.Tensor] = {}   # [2, prompt_dim]: positive, negative
@@ -139,6 +140,10 @@ class CFGWorldCore:
         self._scales[session_id] = scale
         self._attach_first_frame(session_id)
         return dropped
+
+    def set_prompt(self, session_id: str, prompt: str) -> None:
+        """A new positive prompt from the next tick on (the negative and the KV stay)."""
+        self._prompts[session_id][0] = embed_prompt(prompt, self.config.prompt_dim).to(self.device)
 
     def guidance_scale(self, session_id: str) -> float:
         return self._scales[session_id]

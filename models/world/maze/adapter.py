@@ -56,7 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from kv import KVGeometry, PagedKVCache, Residency, ResidencyError, plan_capacity
+from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyError, kv_budget, plan_capacity
 from kv.paged_attention import paged_attention
 from models.base import ModelError
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
@@ -104,7 +104,8 @@ class MazeWorld(WorldAdapter):
                  frames_per_chunk: int = 1, window: int | None = None, max_batch: int = 32,
                  max_sessions: int = 64, host_budget_bytes: int = 1 << 30,
                  attention_backend: str | None = None, seed: int = 0,
-                 cuda_graphs: bool | None = None, warm_up: bool | None = None) -> None:
+                 cuda_graphs: bool | None = None, warm_up: bool | None = None,
+                 budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -113,7 +114,6 @@ class MazeWorld(WorldAdapter):
         self.steps = steps if steps is not None else (4 if cuda else 2)
         self.window = window if window is not None else (14 if cuda else 4)
         self.frames_per_chunk = frames_per_chunk
-        self.max_batch = max_batch
         self.weights = Path(weights)
         self.model: MazeDiT = load_model(self.weights, self.device, self.dtype)
         self.meta = read_metadata(self.weights)
@@ -124,8 +124,16 @@ class MazeWorld(WorldAdapter):
             block_size=cfg.tokens, sink_frames=1, window_frames=self.window, frames_per_tick=1,
             dtype=self.dtype)
         g = self.kv_geometry
-        plan = plan_capacity(g, available_bytes=1 << 62, fraction=1.0, requested_sessions=max_sessions,
-                             ticks_in_flight=max_batch)
+        # The pool from the device's free memory after the weights loaded (kv.capacity.kv_budget);
+        # CPU without budget_bytes has no limit, and max_sessions caps it everywhere.
+        available, fraction = kv_budget(self.device, fraction=gpu_memory_fraction, budget_bytes=budget_bytes)
+        try:
+            plan = plan_capacity(g, available, fraction=fraction, requested_sessions=max_sessions,
+                                 ticks_in_flight=max_batch)
+        except CapacityError as exc:
+            raise ValueError(str(exc)) from exc
+        self.plan = plan
+        self.max_batch = min(max_batch, plan.capacity)  # a batch's sessions are resident together
         self.cache = PagedKVCache.from_plan(
             g, plan, self.device, attention_backend=attention_backend or "gather_sdpa")
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
@@ -134,12 +142,13 @@ class MazeWorld(WorldAdapter):
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
+        self._admitted: set[str] = set()  # admitted at create, not opened by a tick yet
         # end_tick(committed=True) queues the kv commit; the last end_tick of the batch
         # (or anything else that touches kv first) commits them all in one vectorised call.
         self._unended: set[str] = set()
         self._to_commit: list[str] = []
         self.cuda_graphs = cuda if cuda_graphs is None else bool(cuda_graphs)
-        self.graph_buckets = graph_buckets(max_batch) if self.cuda_graphs else ()
+        self.graph_buckets = graph_buckets(self.max_batch) if self.cuda_graphs else ()
         self._runners: dict[int, FrameRunner] = {}
         self._graph_pool: Any = None
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
@@ -187,6 +196,15 @@ class MazeWorld(WorldAdapter):
             "start": "frame 0 of a session is the simulator's first frame of maze `seed`; "
                      "every later frame is generated",
         }
+
+    def admit(self, session_id: str, options: Mapping[str, Any]) -> str | None:
+        # Counted against the pool now, opened by its first tick: refused rather than drop anyone.
+        if session_id in self._sessions or session_id in self._admitted:
+            return None
+        refusal = self.residency.refusal(pending=len(self._admitted))
+        if refusal is None:
+            self._admitted.add(session_id)
+        return refusal
 
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         if not works:
@@ -249,6 +267,7 @@ class MazeWorld(WorldAdapter):
     def release(self, session_id: str) -> None:
         self._commit_queued()
         self._evicted.discard(session_id)
+        self._admitted.discard(session_id)
         s = self._sessions.pop(session_id, None)
         if s is None:
             return
@@ -292,6 +311,7 @@ class MazeWorld(WorldAdapter):
                 raise ModelError(f"session {w.session_id}: previous tick not ended")
             return old
         s = _Session(seed=int(w.seed))
+        self._admitted.discard(w.session_id)
         self.residency.open(w.session_id)
         self._sessions[w.session_id] = s
         log.info("maze session=%s starts maze seed %d", w.session_id, s.seed)
@@ -376,7 +396,11 @@ class MazeWorld(WorldAdapter):
 
 def build(path: str | None, options: BuildOptions) -> MazeWorld:
     """Factory-table entry ``maze``; ``path``: a weights file (default: the shipped one)."""
-    kwargs: dict[str, Any] = {"device": options.device, "frames_per_chunk": options.frames_per_chunk or 1}
+    kwargs: dict[str, Any] = {"device": options.device, "frames_per_chunk": options.frames_per_chunk or 1,
+                              "budget_bytes": options.kv_budget_bytes,
+                              "gpu_memory_fraction": options.gpu_memory_fraction}
+    if options.host_budget_bytes is not None:
+        kwargs["host_budget_bytes"] = options.host_budget_bytes
     if options.max_batch is not None:
         kwargs["max_batch"] = options.max_batch
     if options.steps is not None:
