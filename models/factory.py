@@ -35,6 +35,7 @@ KINDS: tuple[str, ...] = ("world", "policy", "tts")
 FACTORIES: dict[str, tuple[str, str]] = {
     "maze": ("world", "models.world.maze.adapter:build"),
     "tiny": ("world", "models.world.tiny:build"),
+    "lingbot": ("world", "models.world.lingbot:build"),
     "flow": ("policy", "models.policy.flow:build"),
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
@@ -57,9 +58,14 @@ class BuildOptions:
 
     device: str = "cpu"
     max_batch: int | None = None  # None: the model's own default
-    frames_per_chunk: int | None = None  # world models
+    frames_per_chunk: int | None = None  # world models; None: the model's own
     steps: int | None = None  # denoising steps (world models that denoise)
     gpu_memory_fraction: float = 0.9
+    # World models with named camera trajectories: the trusted folder they are read from.
+    trajectory_root: str | None = None
+    # World frame size (models with a choice of resolution); None: the model's default.
+    height: int | None = None
+    width: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
 DEFAULT_CREDITS = 4
 FORMATS = ("jpeg", "png", "rgb8")
+# A first image (``session.create`` with ``image``): its formats and most bytes.
+IMAGE_FORMATS = ("png", "jpeg")
+MAX_IMAGE_BYTES = 8 << 20
 
 # WebSocket close codes for protocol violations (RFC 6455).
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
@@ -53,6 +56,17 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """``session.create``'s ``image``: the binary message of ``bytes`` bytes that follows."""
+
+    format: str
+    bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"format": self.format, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
 class CreateRequest:
     """``session.create``; ``to_wire`` leaves out what equals the default."""
 
@@ -62,6 +76,7 @@ class CreateRequest:
     seed: int = 0
     format: str = "jpeg"
     credits: int = DEFAULT_CREDITS
+    image: ImageSpec | None = None
 
     def to_wire(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
@@ -70,6 +85,8 @@ class CreateRequest:
                                     ("credits", self.credits, DEFAULT_CREDITS)):
             if value != default:
                 msg[key] = value
+        if self.image is not None:
+            msg["image"] = self.image.to_wire()
         return msg
 
 
@@ -154,7 +171,20 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     if fmt not in FORMATS:
         raise ProtocolError(BAD_REQUEST, f"format must be one of {', '.join(FORMATS)}")
     credits = _credits(msg.get("credits", DEFAULT_CREDITS), "credits")
-    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits)
+    image = parse_image(msg["image"]) if msg.get("image") is not None else None
+    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, image)
+
+
+def parse_image(spec: Any) -> ImageSpec:
+    """``{"format": "png"|"jpeg", "bytes": N}`` with 1 <= N <= ``MAX_IMAGE_BYTES``."""
+    if not isinstance(spec, dict) or set(spec) != {"format", "bytes"}:
+        raise ProtocolError(BAD_REQUEST, 'image must be an object {"format": ..., "bytes": N}')
+    fmt, size = spec["format"], spec["bytes"]
+    if fmt not in IMAGE_FORMATS:
+        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {fmt!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_BYTES:
+        raise ProtocolError(BAD_REQUEST, f"image bytes must be an integer in [1, {MAX_IMAGE_BYTES}]")
+    return ImageSpec(fmt, size)
 
 
 def parse_close(msg: Mapping[str, Any]) -> Close:

@@ -48,10 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
-    serve.add_argument("--frames-per-chunk", type=int, default=1,
-                       help="frames a world session gets per tick (chunk); held keys apply per frame")
+    serve.add_argument("--frames-per-chunk", type=int, default=None,
+                       help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
+                            "tiny make 1, lingbot one 12-frame block (default: the model's own)")
     serve.add_argument("--steps", type=int, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
+    serve.add_argument("--trajectory-root", default=None, metavar="DIR",
+                       help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
+                            "intrinsics.npy) for world models that play them")
     serve.add_argument("--policy", default=None,
                        help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
@@ -101,7 +105,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allowed_origins=args.allowed_origins,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
-                          steps=args.steps),
+                          steps=args.steps, trajectory_root=args.trajectory_root),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

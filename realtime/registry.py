@@ -43,7 +43,7 @@ def build_inventory(config: ServerConfig) -> Inventory:
     device = config.engine.device
     world = config.world
     world_options = BuildOptions(device=device, max_batch=world.max_batch, frames_per_chunk=world.frames_per_chunk,
-                                 steps=world.steps)
+                                 steps=world.steps, trajectory_root=world.trajectory_root)
     for text in world.models:
         _try(inv, factory.parse_entry(text), world_options, "world")
     if not inv.names("world"):

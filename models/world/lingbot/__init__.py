@@ -10,7 +10,6 @@ local checkpoint in the diffusers layout.
     camera.py            key steps, intrinsics, frame-wise relative poses, Plücker rays
     controls.py          lingbot.camera_actions.v1 / lingbot.camera_trajectory.v1 reducers
     trajectory_files.py  named trajectories below a trusted root, loaded as untrusted input
-    image.py             the first image: bytes -> uint8 frame (size and bomb guards)
     vae_io.py            Wan VAE: first-image condition, decode_block (swappable)
     pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps)
     adapter.py           LingBotWorld: the pipeline behind the world seam; ``build`` below
@@ -20,6 +19,7 @@ local checkpoint in the diffusers layout.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 DEFAULT_STEPS = 4
@@ -28,8 +28,9 @@ DEFAULT_STEPS = 4
 def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imported below
     """The factory entry: ``realtime serve --models lingbot=DIR``.
 
-    ``options`` has ``device``, ``max_batch``, ``frames_per_chunk``, ``steps`` and
-    ``gpu_memory_fraction`` (and optionally ``height``/``width``, default 480x832). The
+    ``options`` (``models.factory.BuildOptions``) has ``device``, ``max_batch``,
+    ``frames_per_chunk``, ``steps``, ``gpu_memory_fraction``, ``trajectory_root`` and
+    ``height``/``width`` (None: 480x832). The
     checkpoint is validated before anything loads; on CUDA the resident session count
     comes from kv capacity planning at ``gpu_memory_fraction`` of free memory.
     """
@@ -49,6 +50,9 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     if steps not in (None, DEFAULT_STEPS):
         raise ValueError(f"lingbot is distilled for {DEFAULT_STEPS} denoising steps per block, got steps={steps}")
     validate_checkpoint(path)
+    root = getattr(options, "trajectory_root", None)
+    if root is not None and not Path(root).is_dir():
+        raise ValueError(f"trajectory root {root}: not a folder")
     device = torch.device(getattr(options, "device", None) or "cpu")
     cuda = device.type == "cuda"
     height = getattr(options, "height", None) or DEFAULT_SIZE[0]
@@ -70,4 +74,5 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
         sessions = plan.capacity
     pipeline = LingBotPipeline(components, height=height, width=width, max_sessions=sessions,
                                device=device)
-    return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path)
+    return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path,
+                        trajectory_root=getattr(options, "trajectory_root", None))

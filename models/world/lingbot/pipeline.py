@@ -145,6 +145,11 @@ class LingBotPipeline:
                                                  start_rng=gen.get_state(), text_builds=1)
         log.info("lingbot session=%s opened (%s)", session_id, "image" if image is not None else "text only")
 
+    def at_start(self, session_id: str) -> bool:
+        """Whether the session is open with no block made (just opened or reset)."""
+        s = self.sessions.get(session_id)
+        return s is not None and s.blocks == 0 and session_id not in self._pending
+
     def reset(self, session_id: str, seed: int | None = None) -> None:
         """Back to the first frame with the same prompt and image (text K/V kept)."""
         self.end(session_id, committed=False)

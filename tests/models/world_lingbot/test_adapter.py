@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from models.base import ModelError, WorldTick
+from models.base import ModelError
+from models.world.base import WorldTick
 from models.world.lingbot import build
 from models.world.lingbot.adapter import latent_keys
 
@@ -30,8 +31,10 @@ def test_describe_and_geometry(world):
     d = w.describe()
     assert d["checkpoint"] == str(root) and d["frames_per_chunk"] == 12 and (d["height"], d["width"]) == (16, 16)
     assert d["dtype"] == "float32" and d["device"] == "cpu" and d["denoising_steps"] == 4
-    g = w.geometry
-    assert (g.sink_frames, g.window_frames, g.tokens_per_frame) == (3, 6, 1)
+    assert (d["sink_frames"], d["rolling_frames"], d["tokens_per_latent_frame"]) == (3, 6, 1)
+    assert d["uses_prompts"] is True and d["takes_image"] is True
+    assert d["control_schemas"] == ["keys.v1", "lingbot.camera_actions.v1", "lingbot.camera_trajectory.v1"]
+    assert set(w.reducers()) == {"keys", "camera_actions", "camera_trajectory"}
 
 
 def test_ticks_commit_abort_and_release(world):
