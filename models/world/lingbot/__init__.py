@@ -10,8 +10,8 @@ local checkpoint in the diffusers layout.
     camera.py            key steps, intrinsics, frame-wise relative poses, Plücker rays
     controls.py          lingbot.camera_actions.v1 / lingbot.camera_trajectory.v1 reducers
     trajectory_files.py  named trajectories below a trusted root, loaded as untrusted input
-    vae_io.py            Wan VAE: first-image condition, decode_block (swappable)
-    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps)
+    vae_io.py            Wan VAE: first-image condition, latent statistics
+    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps), streaming decode
     adapter.py           LingBotWorld: the pipeline behind the world seam; ``build`` below
     tiny_checkpoint.py   a tiny random checkpoint in the exact layout (tests)
     MODEL_CARD.md        what the model is, deviations, licences (weights: CC BY-NC-SA 4.0)
@@ -42,6 +42,7 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     from models.world.lingbot.checkpoint import load_components, validate_checkpoint
     from models.world.lingbot.config import VAE_SPATIAL_STRIDE
     from models.world.lingbot.pipeline import DEFAULT_SIZE, LingBotPipeline
+    from models.world.wan_vae import StreamingWanDecoder
 
     if not path:
         raise ValueError("lingbot needs a checkpoint folder (--models lingbot=DIR, the diffusers "
@@ -66,8 +67,9 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
                          f"got frames_per_chunk={fpc}")
     sessions = max_batch
     if cuda:
-        g = kv_geometry(cfg, height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE,
-                        dtype=torch.bfloat16)
+        lh, lw = height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE
+        g = kv_geometry(cfg, lh, lw, dtype=torch.bfloat16,
+                        model_state_bytes=StreamingWanDecoder(components.vae).state_bytes(1, lh, lw))
         plan = plan_capacity(g, available_bytes=torch.cuda.mem_get_info(device)[0],
                              fraction=getattr(options, "gpu_memory_fraction", 0.9) or 0.9,
                              requested_sessions=max_batch, ticks_in_flight=max_batch)

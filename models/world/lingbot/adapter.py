@@ -20,7 +20,9 @@ releases everything (the session code's release hook) and its next chunk-0 tick
 opens it again from the same prompt, image and seed. The Wan VAE gives 9 frames for a session's first block
 and 12 after; the first chunk holds its first frame for the 3 missing frames so
 that every chunk has 12. ``end_tick`` commits or aborts the block's kv chunk and
-session state (``pipeline.end``).
+session state (``pipeline.end``); a block dropped after it was decoded closes the
+session's world (the streaming decode state cannot be rewound; the session code
+fails and releases such a session anyway).
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ class LingBotWorld(WorldAdapter):
         self.frames_per_block = pipeline.cfg.num_frames_per_block
         self.geometry = WorldGeometry(height=pipeline.height, width=pipeline.width,
                                       frames_per_chunk=VAE_TEMPORAL_STRIDE * self.frames_per_block, fps=FPS)
-        self._listener: Callable[[str, str], None] | None = None
 
     # ------------------------------------------------------------------ seam
     def details(self) -> Mapping[str, Any]:
@@ -158,4 +159,7 @@ class LingBotWorld(WorldAdapter):
         self.pipeline.close(session_id)
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
-        self._listener = listener  # no eviction yet: every session stays resident
+        # kv residency drops a session only when the host budget for swapped sessions is full;
+        # its next tick (chunk > 0) is then refused until it is reset.
+        self.pipeline.on_drop = lambda sid: listener(
+            sid, "KV and decode state dropped: device and host memory for sessions are full")

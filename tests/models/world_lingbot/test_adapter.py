@@ -45,11 +45,17 @@ def test_ticks_commit_abort_and_release(world):
     np.testing.assert_array_equal(c0.frames[0], c0.frames[3])          # first frame held
     w.end_tick("s", committed=True)
     [c1] = w.run_batch([_tick("s", 1)])
-    w.end_tick("s", committed=False)                                   # dropped: nothing kept
-    [again] = w.run_batch([_tick("s", 1)])
-    assert again.frames.shape == (12, 16, 16, 3)
     w.end_tick("s", committed=True)
     assert w.pipeline.cache.committed_frames("s") == 6
+    state = w.pipeline.residency.state("s")
+    assert state.nbytes == w.pipeline.geometry.model_state_bytes > 0 and state.latent_frames == 6
+    [c2] = w.run_batch([_tick("s", 2)])
+    w.end_tick("s", committed=False)          # dropped after decoding: the world is closed
+    assert "s" not in w.pipeline.sessions and "s" not in w.pipeline.cache and state.freed
+    with pytest.raises(ModelError, match="start at chunk 0"):
+        w.run_batch([_tick("s", 3)])
+    w.run_batch([_tick("s", 0)])
+    w.end_tick("s", committed=True)
     w.release("s")
     w.release("s")
     assert "s" not in w.pipeline.sessions
