@@ -116,11 +116,17 @@ class WorldClient:
             raise AssertionError(f"expected {types}, got {msg}")
         return msg
 
-    async def create(self, session_id: str | None = None, **options: Any) -> dict[str, Any]:
+    async def create(self, session_id: str | None = None, *, image: bytes | None = None,
+                     image_format: str = "png", **options: Any) -> dict[str, Any]:
+        """``session.create``; ``image``: the encoded first image (``image_format`` png or
+        jpeg), sent as the binary message that follows the create."""
         session_id = session_id if session_id is not None else self.session_id
         if session_id is None:
             raise ValueError("no session_id: pass one here or to connect()")
-        await self.send(wire.CreateRequest(session_id, **options).to_wire())
+        spec = wire.ImageSpec(image_format, len(image)) if image is not None else None
+        await self.send(wire.CreateRequest(session_id, image=spec, **options).to_wire())
+        if image is not None:
+            await self.ws.send(image)
         return await self.expect("session.created")
 
     async def event(self, *, event_id: int | None = None, prompt: str | None = None,

@@ -36,6 +36,7 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "maze": ("world", "models.world.maze.adapter:build"),
     "tiny": ("world", "models.world.tiny:build"),
     "cfg-tiny": ("world", "models.world.cfg.adapter:build"),
+    "lingbot": ("world", "models.world.lingbot:build"),
     "flow": ("policy", "models.policy.flow:build"),
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
@@ -58,13 +59,18 @@ class BuildOptions:
 
     device: str = "cpu"
     max_batch: int | None = None  # None: the model's own default
-    frames_per_chunk: int | None = None  # world models
+    frames_per_chunk: int | None = None  # world models; None: the model's own
     steps: int | None = None  # denoising steps (world models that denoise)
     # World models size their KV pool from gpu_memory_fraction of the device's free memory
     # (kv.capacity.kv_budget); kv_budget_bytes replaces that with a fixed budget (any device).
     gpu_memory_fraction: float = 0.9
     kv_budget_bytes: int | None = None
     host_budget_bytes: int | None = None  # host memory for swapped-out sessions (None: the model's default)
+    # World models with named camera trajectories: the trusted folder they are read from.
+    trajectory_root: str | None = None
+    # World frame size (models with a choice of resolution); None: the model's default.
+    height: int | None = None
+    width: int | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,9 @@ DEFAULT_CREDITS = 4
 FORMATS = ("jpeg", "png", "rgb8")
 # session.create "options": model-declared settings (GET /v1/models lists each model's).
 MAX_CREATE_OPTIONS = 16
+# A first image (``session.create`` with ``image``): its formats and most bytes.
+IMAGE_FORMATS = ("png", "jpeg")
+MAX_IMAGE_BYTES = 8 << 20
 
 # WebSocket close codes for protocol violations (RFC 6455).
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
@@ -58,6 +61,17 @@ class ProtocolError(Exception):
 
 
 @dataclass(frozen=True)
+class ImageSpec:
+    """``session.create``'s ``image``: the binary message of ``bytes`` bytes that follows."""
+
+    format: str
+    bytes: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"format": self.format, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
 class CreateRequest:
     """``session.create``; ``to_wire`` leaves out what equals the default."""
 
@@ -68,6 +82,7 @@ class CreateRequest:
     format: str = "jpeg"
     credits: int = DEFAULT_CREDITS
     options: Mapping[str, Any] = field(default_factory=dict)
+    image: ImageSpec | None = None
 
     def to_wire(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
@@ -78,6 +93,8 @@ class CreateRequest:
                                     ("credits", self.credits, DEFAULT_CREDITS)):
             if value != default:
                 msg[key] = value
+        if self.image is not None:
+            msg["image"] = self.image.to_wire()
         return msg
 
 
@@ -168,7 +185,20 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
             isinstance(v, (str, int, float)) for v in options.values()):
         raise ProtocolError(BAD_REQUEST, f"options must be an object of at most {MAX_CREATE_OPTIONS} "
                                          "string or number values")
-    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options)
+    image = parse_image(msg["image"]) if msg.get("image") is not None else None
+    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options, image)
+
+
+def parse_image(spec: Any) -> ImageSpec:
+    """``{"format": "png"|"jpeg", "bytes": N}`` with 1 <= N <= ``MAX_IMAGE_BYTES``."""
+    if not isinstance(spec, dict) or set(spec) != {"format", "bytes"}:
+        raise ProtocolError(BAD_REQUEST, 'image must be an object {"format": ..., "bytes": N}')
+    fmt, size = spec["format"], spec["bytes"]
+    if fmt not in IMAGE_FORMATS:
+        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {fmt!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_BYTES:
+        raise ProtocolError(BAD_REQUEST, f"image bytes must be an integer in [1, {MAX_IMAGE_BYTES}]")
+    return ImageSpec(fmt, size)
 
 
 def parse_close(msg: Mapping[str, Any]) -> Close:

@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
-    serve.add_argument("--frames-per-chunk", type=int, default=1,
-                       help="frames a world session gets per tick (chunk); held keys apply per frame")
+    serve.add_argument("--frames-per-chunk", type=int, default=None,
+                       help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
+                            "tiny make 1, lingbot one 12-frame block (default: the model's own)")
     serve.add_argument("--steps", type=int, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
     serve.add_argument("--gpu-memory-fraction", type=_fraction, default=0.9,
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-host-gib", type=_non_negative, default=None,
                        help="host memory per world model for idle sessions' KV swapped out of the pool "
                             "(default: the model's own); when it is full too, new sessions get 'busy'")
+    serve.add_argument("--trajectory-root", default=None, metavar="DIR",
+                       help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
+                            "intrinsics.npy) for world models that play them")
     serve.add_argument("--policy", default=None,
                        help=f"robot policy: 'default' ({DEFAULTS['policy']}), a table policy "
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
@@ -141,7 +145,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
-                          kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib)),
+                          kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib),
+                          trajectory_root=args.trajectory_root),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

@@ -21,9 +21,12 @@ class WorldConfig:
     # World models as factory-table entries ("name" or "name=path"); the first is the default.
     models: tuple[str, ...] = DEFAULT_WORLDS
     max_batch: int = 32
-    frames_per_chunk: int = 1
+    # Frames per tick; None: each model's own (1 for maze and tiny, one block for lingbot).
+    frames_per_chunk: int | None = None
     # Denoising steps per frame for the maze model (None: the model's default).
     steps: int | None = None
+    # The trusted folder of named camera trajectories (world models that play them).
+    trajectory_root: str | None = None
     max_pending_events: int = 64
     max_sessions: int = 256
     # World KV pools: this fraction of the device's free memory, or a fixed budget (CPU tests).

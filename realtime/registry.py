@@ -44,7 +44,8 @@ def build_inventory(config: ServerConfig) -> Inventory:
     world = config.world
     world_options = BuildOptions(device=device, max_batch=world.max_batch, frames_per_chunk=world.frames_per_chunk,
                                  steps=world.steps, gpu_memory_fraction=world.gpu_memory_fraction,
-                                 kv_budget_bytes=world.kv_budget_bytes, host_budget_bytes=world.host_budget_bytes)
+                                 kv_budget_bytes=world.kv_budget_bytes, host_budget_bytes=world.host_budget_bytes,
+                                 trajectory_root=world.trajectory_root)
     for text in world.models:
         _try(inv, factory.parse_entry(text), world_options, "world")
     if not inv.names("world"):

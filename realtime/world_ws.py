@@ -22,6 +22,7 @@ does ``session.close`` with its ``session_id`` from a new connection after a dis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -66,6 +67,7 @@ class WorldConnection:
         self.format = "jpeg"
         self.seed = 0
         self.options: dict[str, Any] = {}
+        self.image: np.ndarray | None = None  # the session's first image, if it has one
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
@@ -138,12 +140,16 @@ class WorldConnection:
                 f"this connection already has session {self.session.session_id!r}; close it first",
             )
         req = wire.parse_create(msg, default_model=self.world_models[0])
+        # The announced image is read before anything can refuse the create, so a
+        # refused create never leaves its binary message behind as a stray frame.
+        data = await self._image_bytes(req.image) if req.image is not None else None
         if req.model not in self.world_models:
             raise SessionError(ErrorCode.BAD_REQUEST, f"unknown world model {req.model!r}; have {self.world_models}")
         if not self.engine.healthy:
             raise SessionError(ErrorCode.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
         adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]
         geometry = adapter.geometry
+        image = await self._first_image(req, adapter, data) if data is not None else None
         model, sid, engine = req.model, req.session_id, self.engine
         try:
             options = adapter.check_options(req.options)
@@ -158,7 +164,7 @@ class WorldConnection:
         )
         await self._admit(adapter, model, sid, options)
         self.session, self.options = session, options
-        self.adapter, self.model = adapter, model
+        self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
         self.entry = self.live.add(KIND, sid, model, owner=self)
         log.info("session %s: created on %s (format %s, credits %d)", sid, model, self.format, self.credits)
@@ -182,6 +188,36 @@ class WorldConnection:
             self.manager.finish_close(sid, True)
             self.engine.post_release(model, sid)
             raise SessionError(code, refusal)
+
+    async def _image_bytes(self, spec: wire.ImageSpec) -> bytes:
+        """The binary message of ``spec.bytes`` bytes that follows ``session.create``;
+        ``SessionError(BAD_REQUEST)`` naming what arrived instead."""
+        try:
+            frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes)
+        except TooLarge as exc:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
+                                                      f"announced {spec.bytes}") from None
+        if frame is None:
+            raise SessionError(ErrorCode.BAD_REQUEST, "image: the connection closed before the image arrived")
+        if frame.data is None:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"image: expected a binary message of {spec.bytes} bytes "
+                                                      "right after session.create, got a text frame")
+        if len(frame.data) != spec.bytes:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {len(frame.data)} bytes, "
+                                                      f"announced {spec.bytes}")
+        return frame.data
+
+    async def _first_image(self, req: wire.CreateRequest, adapter: WorldAdapter, data: bytes) -> np.ndarray:
+        """The model's first frame from the image bytes, or ``SessionError(BAD_REQUEST)``
+        naming the reason (then nothing is created)."""
+        assert req.image is not None
+        if not adapter.takes_image:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"world model {req.model!r} takes no first image")
+        try:
+            # Decoding up to 64 megapixels takes a while: off the event loop.
+            return await asyncio.to_thread(adapter.first_image, data, req.image.format)
+        except ValueError as exc:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"image: {exc}") from None
 
     async def event(self, msg: dict[str, Any]) -> None:
         session = self._need_session()
@@ -284,7 +320,7 @@ class WorldConnection:
     def _forget(self) -> None:
         if self.entry is not None:
             self.live.remove(self.entry)
-        self.session, self.entry, self.adapter = None, None, None
+        self.session, self.entry, self.adapter, self.image = None, None, None, None
 
     def _mark(self, state: str, chunk_index: int | None = None) -> None:
         if self.entry is not None:
@@ -354,9 +390,11 @@ class WorldConnection:
                     continue
                 request = session.begin_tick()
                 started = time.perf_counter()
+                work = adapter.tick(request, self.seed, self.options)
+                if self.image is not None and request.chunk_index == 0:
+                    work = dataclasses.replace(work, image=self.image)
                 try:
-                    chunk: WorldChunk = await self.engine.submit(
-                        self.model, adapter.tick(request, self.seed, self.options), session_id=sid)
+                    chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
                 except ENGINE_ERRORS as exc:
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:

@@ -13,6 +13,7 @@ import { HeldKeys } from "./keys.js";
 import { randomId, wsUrl } from "./net.js";
 
 const PATH = "/v1/realtime/world";
+const TRAJECTORY_SCHEMA = "lingbot.camera_trajectory.v1";
 const SINCE_RESET_KEEP = 100;
 
 export class WorldPanel {
@@ -60,6 +61,10 @@ export class WorldPanel {
       canvas: $("world-canvas"),
       promptForm: $("world-prompt-form"),
       prompt: $("world-prompt"),
+      imageRow: $("world-image-row"),
+      image: $("world-image"),
+      trajectoryForm: $("world-trajectory-form"),
+      trajectory: $("world-trajectory"),
       reset: $("world-reset"),
       close: $("world-close"),
       reconnect: $("world-reconnect"),
@@ -108,6 +113,20 @@ export class WorldPanel {
       e.preventDefault();
       this.sendEvent({ prompt: this.el.prompt.value });
     });
+    // A first image (models with `takes_image`): sent after the next session.create.
+    this.imageBytes = null;
+    this.imageFormat = "png";
+    this.el.image.addEventListener("change", async () => {
+      const file = this.el.image.files[0];
+      this.imageBytes = file ? await file.arrayBuffer() : null;
+      this.imageFormat = file && file.type === "image/jpeg" ? "jpeg" : "png";
+    });
+    // A named trajectory (models with lingbot.camera_trajectory.v1).
+    this.el.trajectoryForm.addEventListener("submit", (e) => {
+      e.preventDefault();
+      const name = this.el.trajectory.value.trim();
+      if (name) this.sendEvent({ controls: [{ track: "camera_trajectory", schema: TRAJECTORY_SCHEMA, data: { mode: "named", name } }] });
+    });
     setInterval(() => this.#renderHud(), 250);
     this.#renderHud();
     if (this.el.model.value) this.newSession();
@@ -126,6 +145,10 @@ export class WorldPanel {
     };
     const prompt = this.el.prompt.value.trim();
     if (prompt) options.prompt = prompt;
+    const model = this.models.find((m) => m.name === options.model);
+    if (this.imageBytes && model?.takes_image) {
+      options.image = { format: this.imageFormat, bytes: this.imageBytes.byteLength };
+    }
     // A socket's URL carries the session id a proxy routes on (net.js wsUrl): another
     // id gets a socket of its own, which may land on another replica.
     const sameRoute = options.session_id === this.socketSessionId;
@@ -145,6 +168,8 @@ export class WorldPanel {
   send(msg) {
     if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
     this.ws.send(JSON.stringify(msg));
+    // world.v1: a create with `image` is followed by exactly one binary message, the image.
+    if (msg.type === "session.create" && msg.image) this.ws.send(this.imageBytes);
     return true;
   }
 
@@ -390,6 +415,8 @@ export class WorldPanel {
       ? "prompt, e.g. a foggy harbour at dawn"
       : `${model.name} ignores prompts: steer it with the keys`;
     this.el.prompt.title = this.state.usesPrompts ? "" : `${model.name} ignores prompts: they are accepted and have no effect`;
+    this.el.imageRow.hidden = !model?.takes_image;
+    this.el.trajectoryForm.hidden = !(model?.control_schemas || []).includes(TRAJECTORY_SCHEMA);
   }
 
   #renderHud() {

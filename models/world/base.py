@@ -8,6 +8,8 @@ needs and implements one method:
 * ``control_schemas``: the control schemas its ticks understand (``keys.v1``);
 * ``uses_prompts``: whether a prompt changes what it draws (``/v1/models`` and the
   page say so);
+* ``takes_image``: whether a session may start from a first image (world.v1's
+  ``session.create`` ``image``); ``first_image`` decodes one to the geometry;
 * ``generate(works)``: one forward for ticks of distinct sessions, one
   ``WorldChunk`` each, in order;
 * ``create_options`` (optional): the ``session.create`` ``options`` it accepts,
@@ -28,7 +30,10 @@ identity check of the tick transaction lives here, once.
 
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
-model's schemas need: the endpoint never reads controls itself.
+model's schemas need: the endpoint never reads controls itself. A model with
+controls of its own overrides both (its ``tick`` may return a subclass of
+``WorldTick`` carrying them). The endpoint adds the session's first image, if
+any, to every chunk-0 tick (``WorldTick.image``): a reset starts from it again.
 """
 
 from __future__ import annotations
@@ -115,6 +120,8 @@ class WorldTick:
     seed: int = 0
     # The session's checked create options (``check_options``), on every tick like the seed.
     options: Mapping[str, Any] = field(default_factory=dict)
+    # The session's first image (uint8 [height, width, 3]) on chunk-0 ticks, else None.
+    image: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         admits everyone. An admitted session is released as usual (``release``).
         """
         return None
+    takes_image: bool = False
 
     @abc.abstractmethod
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
@@ -174,8 +182,20 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         return {"kind": self.kind, "name": self.name, "height": g.height, "width": g.width, "fps": g.fps,
                 "frames_per_chunk": g.frames_per_chunk, "max_batch": self.max_batch,
                 "control_schemas": list(self.control_schemas), "action_keys": list(KEY_NAMES),
-                "uses_prompts": self.uses_prompts,
+                "uses_prompts": self.uses_prompts, "takes_image": self.takes_image,
                 "create_options": [o.describe() for o in self.create_options], **self.details()}
+
+    def first_image(self, data: bytes, fmt: str) -> np.ndarray:
+        """A client's first image -> uint8 ``[height, width, 3]`` (resized, centre-cropped).
+
+        Raises ``ValueError`` saying why it is refused: a model that takes no image,
+        a bad or oversized image, a decompression bomb. Called off the engine thread.
+        """
+        if not self.takes_image:
+            raise ValueError(f"world {self.name} takes no first image")
+        from models.world.image import decode_image
+
+        return decode_image(data, fmt, self.geometry.height, self.geometry.width)
 
     def reducers(self) -> dict[str, ControlReducer]:
         """Fresh control reducers for a new session of this model."""

@@ -511,3 +511,11 @@ def test_full_page_screenshot(browser, full_server):
         assert p.console_errors == []
     finally:
         p.close()
+
+
+def test_image_upload_and_named_trajectories_show_only_for_models_that_take_them(tiny_page: Page):
+    # tiny takes no first image and plays no trajectories (its /v1/models entry says so).
+    p = tiny_page
+    assert p.js("demo.models.find((m) => m.name === 'tiny').takes_image") is False
+    assert p.js("document.getElementById('world-image-row').hidden") is True
+    assert p.js("document.getElementById('world-trajectory-form').hidden") is True

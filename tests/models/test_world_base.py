@@ -67,7 +67,7 @@ def test_describe_declares_the_wire_geometry():
     d = Painted().describe()
     assert d == {"kind": "world", "name": "painted", "height": 4, "width": 6, "fps": 10.0, "frames_per_chunk": 2,
                  "max_batch": 1, "control_schemas": ["keys.v1"], "action_keys": list("wasdijkl"),
-                 "uses_prompts": False, "create_options": []}
+                 "uses_prompts": False, "takes_image": False, "create_options": []}
 
 
 class Optioned(Painted):
@@ -100,6 +100,29 @@ def test_check_options_refuses_unknown_and_out_of_range(options, text):
 def test_a_model_without_options_refuses_any():
     with pytest.raises(ValueError, match=r"takes: none"):
         Painted().check_options({"guidance_scale": 1.0})
+
+
+def _png(w: int, h: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (9, 8, 7)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_first_image_is_refused_by_a_model_that_takes_none_and_decoded_by_one_that_does():
+    with pytest.raises(ValueError, match="world painted takes no first image"):
+        Painted().first_image(_png(8, 8), "png")
+
+    class Imaged(Painted):
+        takes_image = True
+
+    frame = Imaged().first_image(_png(30, 10), "png")
+    assert frame.shape == (4, 6, 3) and frame.dtype == np.uint8 and (frame == [9, 8, 7]).all()
+    with pytest.raises(ValueError, match="not a valid jpeg"):
+        Imaged().first_image(_png(8, 8), "jpeg")
 
 
 def test_tick_from_a_snapshot_and_action_bits():

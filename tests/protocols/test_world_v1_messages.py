@@ -35,6 +35,30 @@ def test_create_options_must_be_a_small_flat_object(options):
         wire.parse_create({"type": "session.create", "session_id": "w", "options": options}, default_model="maze")
 
 
+def test_create_with_a_first_image():
+    req = wire.CreateRequest("w1", image=wire.ImageSpec("png", 1234))
+    assert req.to_wire()["image"] == {"format": "png", "bytes": 1234}
+    assert wire.parse_create(roundtrip(req.to_wire()), default_model="lingbot") == \
+        wire.CreateRequest("w1", model="lingbot", image=wire.ImageSpec("png", 1234))
+    assert wire.parse_image({"format": "jpeg", "bytes": wire.MAX_IMAGE_BYTES}) == \
+        wire.ImageSpec("jpeg", 8 << 20)
+
+
+@pytest.mark.parametrize("spec,text", [
+    ({"format": "gif", "bytes": 3}, "png, jpeg"),
+    ({"format": "png", "bytes": 0}, "[1, 8388608]"),
+    ({"format": "png", "bytes": (8 << 20) + 1}, "[1, 8388608]"),
+    ({"format": "png", "bytes": True}, "[1, 8388608]"),
+    ({"format": "png"}, "must be an object"),
+    ({"format": "png", "bytes": 3, "name": "x"}, "must be an object"),
+    ("png", "must be an object"),
+])
+def test_a_bad_image_spec_is_a_bad_request(spec, text):
+    with pytest.raises(wire.ProtocolError) as info:
+        wire.parse_create({"type": "session.create", "session_id": "w", "image": spec}, default_model="m")
+    assert info.value.code == wire.BAD_REQUEST and text in info.value.message
+
+
 def test_credit_reset_close():
     assert wire.parse_credit(roundtrip(wire.Credit(5).to_wire())) == wire.Credit(5)
     assert roundtrip(wire.Reset().to_wire()) == {"type": "session.reset"}

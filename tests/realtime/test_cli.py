@@ -98,8 +98,16 @@ def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
     assert "``" not in text
     listed = " ".join(text.split("options:", 1)[1].split())
     for option, default in [("--host HOST", "127.0.0.1"), ("--port PORT", "8000"),
-                            ("--frames-per-chunk FRAMES_PER_CHUNK", "1"), ("--log-level", "info"),
+                            ("--frames-per-chunk FRAMES_PER_CHUNK", "the model's own"), ("--log-level", "info"),
                             ("--allowed-origins ORIGINS", "loopback"), ("--models MODELS", "maze,tiny")]:
         after = listed.split(option, 1)[1].split(" --", 1)[0]
         assert f"(default: {default})" in after, (option, after)
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
+    from realtime.cli import config_from_args
+
+    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", "/srv/paths"]))
+    assert config.world.trajectory_root == "/srv/paths" and config.world.frames_per_chunk is None
+    assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None

@@ -10,9 +10,8 @@ local checkpoint in the diffusers layout.
     camera.py            key steps, intrinsics, frame-wise relative poses, Plücker rays
     controls.py          lingbot.camera_actions.v1 / lingbot.camera_trajectory.v1 reducers
     trajectory_files.py  named trajectories below a trusted root, loaded as untrusted input
-    image.py             the first image: bytes -> uint8 frame (size and bomb guards)
-    vae_io.py            Wan VAE: first-image condition, decode_block (swappable)
-    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps)
+    vae_io.py            Wan VAE: first-image condition, latent statistics
+    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps), streaming decode
     adapter.py           LingBotWorld: the pipeline behind the world seam; ``build`` below
     tiny_checkpoint.py   a tiny random checkpoint in the exact layout (tests)
     MODEL_CARD.md        what the model is, deviations, licences (weights: CC BY-NC-SA 4.0)
@@ -20,6 +19,7 @@ local checkpoint in the diffusers layout.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 DEFAULT_STEPS = 4
@@ -28,8 +28,9 @@ DEFAULT_STEPS = 4
 def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imported below
     """The factory entry: ``realtime serve --models lingbot=DIR``.
 
-    ``options`` has ``device``, ``max_batch``, ``frames_per_chunk``, ``steps`` and
-    ``gpu_memory_fraction`` (and optionally ``height``/``width``, default 480x832). The
+    ``options`` (``models.factory.BuildOptions``) has ``device``, ``max_batch``,
+    ``frames_per_chunk``, ``steps``, ``gpu_memory_fraction``, ``trajectory_root`` and
+    ``height``/``width`` (None: 480x832). The
     checkpoint is validated before anything loads; on CUDA the resident session count
     comes from kv capacity planning at ``gpu_memory_fraction`` of free memory.
     """
@@ -41,6 +42,7 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     from models.world.lingbot.checkpoint import load_components, validate_checkpoint
     from models.world.lingbot.config import VAE_SPATIAL_STRIDE
     from models.world.lingbot.pipeline import DEFAULT_SIZE, LingBotPipeline
+    from models.world.wan_vae import StreamingWanDecoder
 
     if not path:
         raise ValueError("lingbot needs a checkpoint folder (--models lingbot=DIR, the diffusers "
@@ -49,6 +51,9 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     if steps not in (None, DEFAULT_STEPS):
         raise ValueError(f"lingbot is distilled for {DEFAULT_STEPS} denoising steps per block, got steps={steps}")
     validate_checkpoint(path)
+    root = getattr(options, "trajectory_root", None)
+    if root is not None and not Path(root).is_dir():
+        raise ValueError(f"trajectory root {root}: not a folder")
     device = torch.device(getattr(options, "device", None) or "cpu")
     cuda = device.type == "cuda"
     height = getattr(options, "height", None) or DEFAULT_SIZE[0]
@@ -62,12 +67,14 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
                          f"got frames_per_chunk={fpc}")
     sessions = max_batch
     if cuda:
-        g = kv_geometry(cfg, height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE,
-                        dtype=torch.bfloat16)
+        lh, lw = height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE
+        g = kv_geometry(cfg, lh, lw, dtype=torch.bfloat16,
+                        model_state_bytes=StreamingWanDecoder(components.vae).state_bytes(1, lh, lw))
         plan = plan_capacity(g, available_bytes=torch.cuda.mem_get_info(device)[0],
                              fraction=getattr(options, "gpu_memory_fraction", 0.9) or 0.9,
                              requested_sessions=max_batch, ticks_in_flight=max_batch)
         sessions = plan.capacity
     pipeline = LingBotPipeline(components, height=height, width=width, max_sessions=sessions,
                                device=device)
-    return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path)
+    return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path,
+                        trajectory_root=getattr(options, "trajectory_root", None))

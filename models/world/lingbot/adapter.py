@@ -1,36 +1,60 @@
-"""``LingBotWorld``: the LingBot pipeline behind today's world seam (``models.base``).
+"""``LingBotWorld``: the LingBot pipeline behind the world seam (``models/world/base.py``).
 
-One tick is one block: 3 latent frames, 12 video frames at 16 fps. Today's
-``WorldTick`` carries the keys.v1 key sets, one per video frame; a latent frame
-moves with the union of its 4 frames' keys (a tap inside the 4 frames counts).
-The camera_actions / camera_trajectory reducers (``controls.py``) and the first
-image (``image.py``) plug in where the seam carries controls and an image (the
-kind-seams work); the pipeline already takes both (``BlockRequest``, ``open``).
+One tick is one block: 3 latent frames, 12 video frames at 16 fps. A session's
+controls come from three reducers (``reducers()``), all reduced by the generic
+session code and read here only (``tick``)::
 
-A session starts at chunk 0 (its prompt encoded, text K/V built once); a prompt
-change in a later tick rebuilds the text K/V before that block. The Wan VAE gives
-9 frames for a session's first block and 12 after; the first chunk holds its
-first frame for the 3 missing frames so that every chunk has 12. ``end_tick``
-commits or aborts the block's kv chunk and session state (``pipeline.end``).
+    keys               keys.v1, one key set per video frame (the page, generic clients);
+                       a latent frame moves with the union of its 4 frames' keys
+    camera_actions     lingbot.camera_actions.v1, one key set per latent frame
+    camera_trajectory  lingbot.camera_trajectory.v1, explicit poses (inline or named
+                       from the server's --trajectory-root)
+
+The two key tracks are unioned per latent frame; a playing trajectory takes
+precedence over both (``camera.advance``).
+
+A session starts at chunk 0: its prompt encoded, text K/V built once, its first
+image (``WorldTick.image``, when it has one) encoded as the condition. A prompt
+change in a later tick rebuilds the text K/V before that block. A session reset
+releases everything (the session code's release hook) and its next chunk-0 tick
+opens it again from the same prompt, image and seed. The Wan VAE gives 9 frames for a session's first block
+and 12 after; the first chunk holds its first frame for the 3 missing frames so
+that every chunk has 12. ``end_tick`` commits or aborts the block's kv chunk and
+session state (``pipeline.end``); a block dropped after it was decoded closes the
+session's world (the streaming decode state cannot be rewound; the session code
+fails and releases such a session anyway).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from models.base import ModelAdapter, ModelError, WorldChunk, WorldGeometry, WorldTick
+from models.base import ModelError
+from models.world.base import KEYS_SCHEMA, WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 from models.world.lingbot.config import VAE_TEMPORAL_STRIDE
-from models.world.lingbot.controls import ACTIONS_SCHEMA, TRAJECTORY_SCHEMA, TrajectoryBlock
+from models.world.lingbot.controls import (ACTIONS_SCHEMA, ACTIONS_TRACK, TRAJECTORY_SCHEMA,
+                                           TRAJECTORY_TRACK, TrajectoryBlock, lingbot_reducers)
 from models.world.lingbot.pipeline import DMD_TIMESTEPS, BlockRequest, LingBotPipeline, NoCapacity
+from sessions import TickRequest, default_reducers
+from sessions.reducers import ControlReducer
 
 log = logging.getLogger(__name__)
 
 FPS = 16.0
+
+
+@dataclass(frozen=True)
+class LingBotTick(WorldTick):
+    """A world tick with LingBot's own control values (``None``: the track is absent)."""
+
+    camera_keys: tuple[frozenset[str], ...] | None = None   # one per latent frame
+    trajectory: TrajectoryBlock | None = None
 
 
 def block_controls(actions: Sequence[frozenset[str]] | None, trajectory: TrajectoryBlock | None
@@ -49,43 +73,51 @@ def latent_keys(actions: Sequence[frozenset[str]], frames_per_block: int) -> lis
     return [frozenset().union(*actions[i * s:(i + 1) * s]) for i in range(frames_per_block)]
 
 
-class LingBotWorld(ModelAdapter[WorldTick, WorldChunk]):
-    kind = "world"
+class LingBotWorld(WorldAdapter):
+    """LingBot-World v2 from a local checkpoint: one 12-frame block per tick."""
+
+    control_schemas = (KEYS_SCHEMA, ACTIONS_SCHEMA, TRAJECTORY_SCHEMA)
+    uses_prompts = True
+    takes_image = True
 
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
-                 checkpoint: str | Path | None = None) -> None:
+                 checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
         self.pipeline = pipeline
         self.name = name
         self.max_batch = max_batch
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
-        cfg, g = pipeline.cfg, pipeline.geometry
-        self.frames_per_block = cfg.num_frames_per_block
-        self.geometry = WorldGeometry(
-            height=pipeline.height, width=pipeline.width,
-            frames_per_chunk=VAE_TEMPORAL_STRIDE * cfg.num_frames_per_block, fps=FPS,
-            num_layers=g.num_layers, kv_heads=g.kv_heads, head_dim=g.head_dim,
-            tokens_per_frame=g.tokens_per_frame, sink_frames=g.sink_frames,
-            window_frames=g.window_frames, dtype_bytes=g.itemsize)
-        self._listener: Callable[[str, str], None] | None = None
+        self.trajectory_root = None if trajectory_root is None else Path(trajectory_root)
+        self.frames_per_block = pipeline.cfg.num_frames_per_block
+        self.geometry = WorldGeometry(height=pipeline.height, width=pipeline.width,
+                                      frames_per_chunk=VAE_TEMPORAL_STRIDE * self.frames_per_block, fps=FPS)
 
-    def describe(self) -> Mapping[str, Any]:
-        g, cfg, p = self.geometry, self.pipeline.cfg, self.pipeline
+    # ------------------------------------------------------------------ seam
+    def details(self) -> Mapping[str, Any]:
+        cfg, p, g = self.pipeline.cfg, self.pipeline, self.pipeline.geometry
         return {
-            "kind": self.kind, "name": self.name,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
-            "height": g.height, "width": g.width, "fps": g.fps, "frames_per_chunk": g.frames_per_chunk,
-            "latent_frames_per_chunk": self.frames_per_block, "max_batch": self.max_batch,
+            "latent_frames_per_chunk": self.frames_per_block,
             "device": str(p.device), "dtype": str(p.dtype).replace("torch.", ""),
             "denoising_steps": len(DMD_TIMESTEPS), "flow_shift": p.flow_shift,
             "sink_frames": cfg.sink_size, "rolling_frames": cfg.rolling_frames,
             "attention_window_frames": cfg.sliding_window_num_frames,
+            "tokens_per_latent_frame": g.tokens_per_frame,
             "max_sessions": p.cache.max_sessions,
-            "controls": ["keys.v1"], "model_controls": [ACTIONS_SCHEMA, TRAJECTORY_SCHEMA],
-            "takes_image": False,
+            "named_trajectories": self.trajectory_root is not None,
             "weights_licence": "CC BY-NC-SA 4.0 (non-commercial)",
         }
 
-    def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+    def reducers(self) -> dict[str, ControlReducer]:
+        return {**default_reducers(self.geometry.frames_per_chunk),
+                **lingbot_reducers(self.frames_per_block, self.trajectory_root)}
+
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> LingBotTick:
+        base = super().tick(request, seed, options)
+        controls = request.controls
+        return LingBotTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
+                           camera_keys=controls.get(ACTIONS_TRACK), trajectory=controls.get(TRAJECTORY_TRACK))
+
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         if not works:
             return []
         if len({w.session_id for w in works}) != len(works):
@@ -97,26 +129,28 @@ class LingBotWorld(ModelAdapter[WorldTick, WorldChunk]):
                 raise ModelError(f"session {w.session_id}: {len(w.actions)} key sets for {F} frames")
             if w.chunk_index > 0 and w.session_id not in p.sessions:
                 raise ModelError(f"session {w.session_id}: no world to continue; start at chunk 0")
-        firsts = set()
         try:
             for w in works:
-                if w.chunk_index == 0:
+                if w.chunk_index == 0 and not p.at_start(w.session_id):
                     p.close(w.session_id)
-                    p.open(w.session_id, w.prompt or "", seed=w.seed)
-                    firsts.add(w.session_id)
-            frames = p.run([BlockRequest(w.session_id, prompt=w.prompt,
-                                         keys=latent_keys(w.actions, self.frames_per_block))
-                            for w in works])
+                    p.open(w.session_id, w.prompt or "", image=w.image, seed=w.seed)
+            frames = p.run([self._request(w) for w in works])
         except (NoCapacity, ValueError) as e:
             raise ModelError(str(e)) from e
         out = []
         for w, f in zip(works, frames):
             if len(f) < F:  # a session's first block: hold its first frame
                 f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
-            out.append(WorldChunk(session_id=w.session_id, request_id=w.request_id,
-                                  chunk_index=w.chunk_index, applied_event_ids=w.applied_event_ids,
-                                  frames=f))
+            out.append(WorldChunk.answering(w, f))
         return out
+
+    def _request(self, w: WorldTick) -> BlockRequest:
+        keys = latent_keys(w.actions, self.frames_per_block)
+        camera_keys = getattr(w, "camera_keys", None)
+        if camera_keys:
+            keys = [a | b for a, b in zip(keys, camera_keys)]
+        _, trajectory = block_controls(None, getattr(w, "trajectory", None))
+        return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory)
 
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.pipeline.end(session_id, committed)
@@ -125,4 +159,7 @@ class LingBotWorld(ModelAdapter[WorldTick, WorldChunk]):
         self.pipeline.close(session_id)
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
-        self._listener = listener  # no eviction yet: every session stays resident
+        # kv residency drops a session only when the host budget for swapped sessions is full;
+        # its next tick (chunk > 0) is then refused until it is reset.
+        self.pipeline.on_drop = lambda sid: listener(
+            sid, "KV and decode state dropped: device and host memory for sessions are full")

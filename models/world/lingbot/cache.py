@@ -27,14 +27,16 @@ TEXT_TOKENS = 512
 
 def kv_geometry(cfg: LingBotTransformerConfig, latent_height: int, latent_width: int,
                 text_tokens: int = TEXT_TOKENS, dtype: torch.dtype = torch.bfloat16,
-                block_size: int | None = None) -> KVGeometry:
-    """The geometry kv/ plans and stores for this model at one latent resolution."""
+                block_size: int | None = None, model_state_bytes: int = 0) -> KVGeometry:
+    """The geometry kv/ plans and stores for this model at one latent resolution;
+    ``model_state_bytes``: the per-session Wan VAE decode state (capacity counts it)."""
     tokens = cfg.tokens_per_frame(latent_height, latent_width)
     return KVGeometry(num_layers=cfg.num_layers, kv_heads=cfg.num_attention_heads,
                       head_dim=cfg.attention_head_dim, tokens_per_frame=tokens,
                       block_size=block_size or tokens, sink_frames=cfg.sink_size,
                       window_frames=cfg.rolling_frames, frames_per_tick=cfg.num_frames_per_block,
-                      chunk_frames=cfg.num_frames_per_block, dtype=dtype, cross_tokens=text_tokens)
+                      chunk_frames=cfg.num_frames_per_block, dtype=dtype, cross_tokens=text_tokens,
+                      model_state_bytes=model_state_bytes)
 
 
 def make_cache(geometry: KVGeometry, sessions: int, device: torch.device | str = "cpu",

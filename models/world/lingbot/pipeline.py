@@ -9,12 +9,23 @@ Per block of ``num_frames_per_block`` latent frames and each row (session)::
         x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
         x = (1 - s') x0 + s' * fresh noise                # s' = the next step's sigma
     transformer([x0, cond], 0, camera, update_cache=True) # the clean pass keeps the block's K/V
-    frames = decode_block(x0)                             # uint8, 9 frames then 12 per block
+    frames = decoder.decode(state, x0)                    # uint8, 9 frames then 12 per block
 
 The prompt is encoded (UMT5, zero-padded to 512 tokens) and projected to every
 layer's text K/V once, when the session opens, and again only when a block asks
 for a different prompt. A failed block aborts its kv chunk and leaves the
 session's camera, latents and noise generator as they were.
+
+Decoding is streaming (``models/world/wan_vae.py``): each session owns a Wan VAE
+decode state (the causal convs' past frames), so the video decoded block by block
+equals a one-shot decode of all the session's latents. The state is model-owned
+kv state: ``model_state_bytes`` in the kv geometry (capacity counts it), attached
+to the session in ``Residency`` (swapped to host and back with the session's KV
+when the pool needs room, freed on close), zeroed on reset. The decode advances
+the state in place and cannot be rewound, so a block that is aborted after it was
+decoded (or fails while decoding) closes the session's world: its next tick must
+start again at chunk 0. The session code fails and releases a session whose
+tick was not committed anyway, so nothing is lost that a client could continue.
 """
 
 from __future__ import annotations
@@ -22,17 +33,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
+from kv import Residency, ResidencyError
 from models.world.lingbot.attention import BlockKV, write_text
 from models.world.lingbot.cache import TEXT_TOKENS, kv_geometry, make_cache
 from models.world.lingbot.camera import CameraState, advance
 from models.world.lingbot.checkpoint import Components, load_components
 from models.world.lingbot.config import VAE_SPATIAL_STRIDE
-from models.world.lingbot.vae_io import condition_at, decode_block, image_condition
+from models.world.lingbot.vae_io import condition_at, image_condition, latent_stats
+from models.world.wan_vae import StreamingWanDecoder, WanDecodeState
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +54,8 @@ DEFAULT_SIZE = (480, 832)
 # Latent frames of the first-image condition encoded per session (117 video frames, as
 # the reference bounds it); later frames reuse its last latent.
 CONDITION_LATENTS = 30
+# Host memory for sessions swapped out of the device pool (KV and decode state).
+HOST_BUDGET_BYTES = 64 << 30
 
 
 class NoCapacity(RuntimeError):
@@ -60,7 +75,6 @@ class SessionState:
     prompt: str
     condition: torch.Tensor = field(repr=False)            # [4 + z, latents, h, w]
     camera: CameraState = CameraState()
-    context: torch.Tensor | None = field(default=None, repr=False)  # last latent decoded
     rng_state: torch.Tensor | None = field(default=None, repr=False)
     start_rng: torch.Tensor | None = field(default=None, repr=False)  # for reset replay
     blocks: int = 0
@@ -83,7 +97,8 @@ class LingBotPipeline:
     def __init__(self, components: Components, *, height: int = DEFAULT_SIZE[0],
                  width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
                  device: torch.device | str = "cpu", kv_dtype: torch.dtype | None = None,
-                 text_tokens: int = TEXT_TOKENS, condition_latents: int = CONDITION_LATENTS) -> None:
+                 text_tokens: int = TEXT_TOKENS, condition_latents: int = CONDITION_LATENTS,
+                 host_budget_bytes: int = HOST_BUDGET_BYTES) -> None:
         step = VAE_SPATIAL_STRIDE * components.transformer.config.patch_size[1]
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
@@ -98,11 +113,16 @@ class LingBotPipeline:
         self.condition_latents = condition_latents
         self.flow_shift = float(components.scheduler.config.flow_shift)
         self.sigmas = [shifted_sigma(t, self.flow_shift) for t in DMD_TIMESTEPS]
+        self.decoder = StreamingWanDecoder(components.vae)
         self.geometry = kv_geometry(self.cfg, *self.latent_hw, text_tokens=text_tokens,
-                                    dtype=kv_dtype or self.dtype)
+                                    dtype=kv_dtype or self.dtype,
+                                    model_state_bytes=self.decoder.state_bytes(1, *self.latent_hw))
         self.cache = make_cache(self.geometry, max_sessions, self.device)
+        self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.sessions: dict[str, SessionState] = {}
         self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
+        # Called with a session id whose state the residency dropped (host budget full).
+        self.on_drop: Callable[[str], None] | None = None
 
     @classmethod
     def from_checkpoint(cls, root: str | Path, *, device: torch.device | str = "cpu",
@@ -127,39 +147,65 @@ class LingBotPipeline:
 
     # -- sessions ----------------------------------------------------------------------------
 
+    @torch.no_grad()
     def open(self, session_id: str, prompt: str, image: np.ndarray | None = None, seed: int = 0) -> None:
         """Start a session: encode its prompt (once) and its first image, if any."""
         if session_id in self.sessions:
             raise ValueError(f"session {session_id!r} is already open")
-        if not self.cache.open(session_id):
-            raise NoCapacity(f"no kv slot for session {session_id!r}")
         try:
+            self.residency.open(session_id)   # may swap the least recently ticked idle session out
+        except ResidencyError as e:
+            raise NoCapacity(f"no kv slot for session {session_id!r}: {e}") from None
+        try:
+            self.residency.attach_state(session_id, self.decoder.new_state(1, *self.latent_hw, self.device))
             self._build_text(session_id, prompt)
             cond = image_condition(self.parts.vae, image, self.height, self.width,
                                    self.condition_latents, self.device)
         except BaseException:
-            self.cache.close(session_id)
+            self.residency.close(session_id)
             raise
         gen = torch.Generator(device="cpu").manual_seed(seed)
         self.sessions[session_id] = SessionState(prompt=prompt, condition=cond, rng_state=gen.get_state(),
                                                  start_rng=gen.get_state(), text_builds=1)
         log.info("lingbot session=%s opened (%s)", session_id, "image" if image is not None else "text only")
 
+    def at_start(self, session_id: str) -> bool:
+        """Whether the session is open with no block made (just opened or reset)."""
+        s = self.sessions.get(session_id)
+        return s is not None and s.blocks == 0 and session_id not in self._pending
+
+    @torch.no_grad()
     def reset(self, session_id: str, seed: int | None = None) -> None:
         """Back to the first frame with the same prompt and image (text K/V kept)."""
-        self.end(session_id, committed=False)
+        if self._pending.pop(session_id, None) is not None:
+            self.cache.abort_chunk(session_id)
         s = self.sessions[session_id]
-        self.cache.reset(session_id, keep_cross=True)
+        self.residency.reset(session_id, keep_cross=True)
+        self._decode_state(session_id).reset()
         start = s.start_rng if seed is None else torch.Generator().manual_seed(seed).get_state()
-        self.sessions[session_id] = replace(s, camera=CameraState(), context=None, blocks=0,
+        self.sessions[session_id] = replace(s, camera=CameraState(), blocks=0,
                                             rng_state=start, start_rng=start)
 
+    @torch.no_grad()
     def close(self, session_id: str) -> None:
-        """Forget the session and free its kv. Idempotent."""
-        self.end(session_id, committed=False)
+        """Forget the session and free its kv and decode state. Idempotent."""
+        if self._pending.pop(session_id, None) is not None and session_id in self.cache:
+            self.cache.abort_chunk(session_id)
         self.sessions.pop(session_id, None)
-        if session_id in self.cache:
-            self.cache.close(session_id)
+        self.residency.close(session_id)
+
+    def _dropped(self, session_id: str) -> None:
+        # Residency closed the session's kv and freed its state (host budget full).
+        log.warning("lingbot session=%s dropped by kv residency", session_id)
+        self._pending.pop(session_id, None)
+        self.sessions.pop(session_id, None)
+        if self.on_drop is not None:
+            self.on_drop(session_id)
+
+    def _decode_state(self, session_id: str) -> WanDecodeState:
+        state = self.residency.state(session_id)
+        assert isinstance(state, WanDecodeState)
+        return state
 
     # -- one block ------------------------------------------------------------------------------
 
@@ -187,13 +233,20 @@ class LingBotPipeline:
                 self._build_text(r.session_id, r.prompt)
                 self.sessions[r.session_id] = replace(s, prompt=r.prompt, text_builds=s.text_builds + 1)
         states = [self.sessions[i] for i in ids]
+        try:
+            self.residency.ensure_resident(ids)   # swaps in (and others out) as needed
+        except ResidencyError as e:
+            raise NoCapacity(str(e)) from None
         batch = self.cache.begin_batch(ids)
         if batch is None:
             raise NoCapacity(f"no kv room for a block of {len(ids)} session(s)")
+        decoded: list[str] = []
         try:
-            frames, new_states = self._block(requests, states, batch)
+            frames, new_states = self._block(requests, states, batch, decoded)
         except BaseException:
             self.cache.abort_batch(batch)
+            for sid in decoded:  # a decode state that moved on cannot be rewound
+                self.close(sid)
             raise
         for sid, st in zip(ids, new_states):
             self._pending[sid] = st
@@ -208,9 +261,12 @@ class LingBotPipeline:
             self.cache.commit_chunk(session_id)
             self.sessions[session_id] = state
         else:
+            # The block was decoded: the decode state is past it and cannot go back.
+            log.info("lingbot session=%s block dropped after decoding: its world is closed", session_id)
             self.cache.abort_chunk(session_id)
+            self.close(session_id)
 
-    def _block(self, requests, states, batch):
+    def _block(self, requests, states, batch, decoded: list[str]):
         F, (h, w) = self.cfg.num_frames_per_block, self.latent_hw
         kv = BlockKV(self.cache, batch)
         starts = batch.start_frames
@@ -247,9 +303,13 @@ class LingBotPipeline:
         x0 = x0.to(dt)
         self.model(torch.cat([x0, cond], 1), torch.zeros(R, device=dev), kv, camera, update_cache=True)
         frames, new_states = [], []
-        for row, (s, g, cs) in enumerate(zip(states, gens, cam_states)):
-            block = x0[row].float()
-            frames.append(decode_block(self.parts.vae, block, s.context))
-            new_states.append(replace(s, camera=cs, context=block[:, -1:], rng_state=g.get_state(),
-                                      blocks=s.blocks + 1))
+        mean, std = latent_stats(self.parts.vae, x0.float())
+        vae_dtype = next(self.parts.vae.parameters()).dtype
+        for row, (r, s, g, cs) in enumerate(zip(requests, states, gens, cam_states)):
+            z = (x0[row:row + 1].float() * std + mean).to(vae_dtype)
+            decoded.append(r.session_id)
+            video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
+            pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+            frames.append(pixels.permute(1, 2, 3, 0).cpu().numpy())
+            new_states.append(replace(s, camera=cs, rng_state=g.get_state(), blocks=s.blocks + 1))
         return frames, new_states

@@ -1,15 +1,8 @@
-"""The Wan VAE behind two small functions: the first-frame condition and block decoding.
+"""The Wan VAE's side of the pipeline: the first-frame condition and the latent statistics.
 
 Latents are normalised per channel with the VAE config's ``latents_mean`` /
-``latents_std`` (``(z - mean) / std``), as the Wan pipelines do.
-
-``decode_block`` is the one place frames come from, so a streaming (stateful) Wan
-decoder can replace it. Until then it decodes with diffusers' ``AutoencoderKLWan``
-statelessly: the block's latents after the previous block's last latent (the
-context), keeping only the frames the block adds. The Wan VAE is causal in time, 4
-frames per latent after a first latent of 1 frame, so a session's first block of 3
-latents gives 9 frames and every later block 12. The re-decoded context stands in
-for the causal state a streaming decoder would carry.
+``latents_std`` (``(z - mean) / std``), as the Wan pipelines do. Blocks are decoded
+by the streaming decoder (``models/world/wan_vae.py``, one state per session).
 """
 
 from __future__ import annotations
@@ -20,7 +13,8 @@ import torch
 from models.world.lingbot.config import MASK_CHANNELS, VAE_TEMPORAL_STRIDE
 
 
-def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def latent_stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's per-channel ``latents_mean`` / ``latents_std`` as ``[1, z, 1, 1, 1]`` like ``like``."""
     shape = (1, -1, 1, 1, 1)
     mean = torch.tensor(vae.config.latents_mean, dtype=like.dtype, device=like.device).view(shape)
     std = torch.tensor(vae.config.latents_std, dtype=like.dtype, device=like.device).view(shape)
@@ -32,7 +26,7 @@ def encode_video(vae, video: torch.Tensor) -> torch.Tensor:
     """``[B, 3, T, H, W]`` in [-1, 1] -> normalised latents ``[B, z, 1 + (T-1)/4, H/8, W/8]``."""
     dtype = next(vae.parameters()).dtype
     z = vae.encode(video.to(dtype)).latent_dist.mode().float()
-    mean, std = _stats(vae, z)
+    mean, std = latent_stats(vae, z)
     return (z - mean) / std
 
 
@@ -63,17 +57,3 @@ def condition_at(cond: torch.Tensor, start: int, frames: int) -> torch.Tensor:
     """Latent frames ``start .. start+frames`` of a condition (the last one repeats past its end)."""
     idx = torch.clamp(torch.arange(start, start + frames, device=cond.device), max=cond.shape[1] - 1)
     return cond.index_select(1, idx)
-
-
-@torch.no_grad()
-def decode_block(vae, block: torch.Tensor, context: torch.Tensor | None) -> np.ndarray:
-    """Normalised latents ``[z, F, h, w]`` (after ``context`` ``[z, C, h, w]`` or None) ->
-    uint8 frames ``[N, H, W, 3]``: 1 + 4(F-1) frames without context, else 4F."""
-    z = block if context is None else torch.cat([context, block], 1)
-    mean, std = _stats(vae, z[None])
-    dtype = next(vae.parameters()).dtype
-    video = vae.decode((z[None] * std + mean).to(dtype)).sample[0].float()     # [3, T, H, W]
-    if context is not None:
-        video = video[:, -VAE_TEMPORAL_STRIDE * block.shape[1]:]
-    frames = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return frames.permute(1, 2, 3, 0).cpu().numpy()

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from models.base import ModelError, WorldTick
+from models.base import ModelError
+from models.world.base import WorldTick
 from models.world.lingbot import build
 from models.world.lingbot.adapter import latent_keys
 
@@ -30,8 +31,10 @@ def test_describe_and_geometry(world):
     d = w.describe()
     assert d["checkpoint"] == str(root) and d["frames_per_chunk"] == 12 and (d["height"], d["width"]) == (16, 16)
     assert d["dtype"] == "float32" and d["device"] == "cpu" and d["denoising_steps"] == 4
-    g = w.geometry
-    assert (g.sink_frames, g.window_frames, g.tokens_per_frame) == (3, 6, 1)
+    assert (d["sink_frames"], d["rolling_frames"], d["tokens_per_latent_frame"]) == (3, 6, 1)
+    assert d["uses_prompts"] is True and d["takes_image"] is True
+    assert d["control_schemas"] == ["keys.v1", "lingbot.camera_actions.v1", "lingbot.camera_trajectory.v1"]
+    assert set(w.reducers()) == {"keys", "camera_actions", "camera_trajectory"}
 
 
 def test_ticks_commit_abort_and_release(world):
@@ -42,11 +45,17 @@ def test_ticks_commit_abort_and_release(world):
     np.testing.assert_array_equal(c0.frames[0], c0.frames[3])          # first frame held
     w.end_tick("s", committed=True)
     [c1] = w.run_batch([_tick("s", 1)])
-    w.end_tick("s", committed=False)                                   # dropped: nothing kept
-    [again] = w.run_batch([_tick("s", 1)])
-    assert again.frames.shape == (12, 16, 16, 3)
     w.end_tick("s", committed=True)
     assert w.pipeline.cache.committed_frames("s") == 6
+    state = w.pipeline.residency.state("s")
+    assert state.nbytes == w.pipeline.geometry.model_state_bytes > 0 and state.latent_frames == 6
+    [c2] = w.run_batch([_tick("s", 2)])
+    w.end_tick("s", committed=False)          # dropped after decoding: the world is closed
+    assert "s" not in w.pipeline.sessions and "s" not in w.pipeline.cache and state.freed
+    with pytest.raises(ModelError, match="start at chunk 0"):
+        w.run_batch([_tick("s", 3)])
+    w.run_batch([_tick("s", 0)])
+    w.end_tick("s", committed=True)
     w.release("s")
     w.release("s")
     assert "s" not in w.pipeline.sessions

@@ -141,3 +141,43 @@ def test_a_failed_block_changes_nothing(components):
         pipe.generate([BlockRequest("a", keys=[{"w"}] * 2)])
     assert pipe.sessions["a"] is before and pipe.cache.num_free_blocks == free
     assert not pipe.cache.in_flight("a") and pipe.cache.committed_frames("a") == 3
+
+
+def test_streaming_decode_state_is_counted_swapped_with_the_session_and_freed(components):
+    from models.world.lingbot.vae_io import latent_stats
+
+    # One resident session: a second one swaps the first (KV and decode state) to host.
+    pipe = _pipeline(components, sessions=1)
+    ref = _pipeline(components, sessions=1)
+    declared = pipe.geometry.model_state_bytes
+    assert declared == pipe.decoder.state_bytes(1, H // 8, W // 8) > 0
+    for p in (pipe, ref):
+        p.open("a", "x", seed=4)
+    a0 = pipe.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0]
+    state = pipe.residency.state("a")
+    assert state.nbytes == declared and state.latent_frames == 3
+    pipe.open("b", "y", seed=6)
+    assert pipe.residency.is_swapped("a") and pipe.residency.host_bytes >= declared
+    pipe.generate([BlockRequest("b", keys=[{"d"}] * 3)])
+    a1 = pipe.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0]   # swapped back in, b out
+    assert pipe.residency.is_swapped("b") and not pipe.residency.is_swapped("a")
+    assert pipe.residency.metrics()["swap_ins"] == 1 and state.latent_frames == 6
+    # Bit-equal to the same session that never left the device.
+    r0 = ref.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0]
+    r1 = ref.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0]
+    np.testing.assert_array_equal(a0, r0)
+    np.testing.assert_array_equal(a1, r1)
+    # Block by block equals diffusers' one-shot decode of the same latents.
+    lat = []
+    real = pipe.decoder.decode
+    pipe.decoder.decode = lambda st, z: lat.append(z) or real(st, z)
+    pipe.reset("a")
+    assert state.latent_frames == 0
+    blocks = [pipe.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0] for _ in range(2)]
+    pipe.decoder.decode = real
+    video = components.vae.decode(torch.cat(lat, 2)).sample[0].clamp(-1, 1)
+    oneshot = ((video + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
+    np.testing.assert_array_equal(np.concatenate(blocks), oneshot)
+    pipe.close("a")
+    assert state.freed and pipe.residency.state("a") is None
+    assert latent_stats(components.vae, torch.zeros(1))[0].shape == (1, 16, 1, 1, 1)

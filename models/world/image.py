@@ -1,6 +1,7 @@
-"""A session's first image: untrusted bytes to a uint8 frame at the model's resolution.
+"""A world session's first image: untrusted bytes to a uint8 frame at the model's resolution.
 
-PNG or JPEG only, at most ``MAX_IMAGE_BYTES``; the declared format must match the
+Used by every world model that takes a first image (``WorldAdapter.takes_image``).
+PNG or JPEG only, at most ``MAX_IMAGE_BYTES`` (world.v1's wire bound); the declared format must match the
 bytes; the header's pixel count is checked against ``MAX_PIXELS`` before any pixel
 is decoded (a decompression bomb is refused, not expanded); then RGB, resized to
 cover the target and centre-cropped to it.
@@ -13,9 +14,11 @@ import warnings
 
 import numpy as np
 
-MAX_IMAGE_BYTES = 8 << 20
+from protocols.world_v1 import IMAGE_FORMATS, MAX_IMAGE_BYTES
+
 MAX_PIXELS = 64_000_000           # e.g. 8000 x 8000
-FORMATS = {"png": "PNG", "jpeg": "JPEG"}
+# world.v1's format names -> PIL's ("png" -> "PNG", "jpeg" -> "JPEG").
+FORMATS = {name: name.upper() for name in IMAGE_FORMATS}
 
 
 class ImageError(ValueError):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from models.world.lingbot.image import MAX_IMAGE_BYTES, ImageError, cover_crop, decode_image
+from models.world.image import MAX_IMAGE_BYTES, ImageError, cover_crop, decode_image
 
 
 def _png(w, h, color=(10, 20, 30)) -> bytes:
