@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--switch-interval-ms", type=float, default=None,
                         help="the GIL switch interval the engine sets (realtime.engine.SWITCH_INTERVAL_S; "
                              "0 keeps Python's 5 ms)")
+    parser.add_argument("--encode-workers", type=int, default=None,
+                        help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -220,6 +222,10 @@ def main() -> None:
 
     if args.switch_interval_ms is not None:
         realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
+    import realtime.media
+
+    if args.encode_workers is not None:
+        realtime.media.ENCODE_WORKERS = args.encode_workers
     profile = ServeProfile()
     profile.attach(model)
     inventory = Inventory()
@@ -300,6 +306,7 @@ def main() -> None:
         "per_message_deflate": args.deflate,
         "seconds": args.seconds,
         "format": args.format,
+        "encode_workers": realtime.media.ENCODE_WORKERS,
         "switch_interval_ms": 1000 * realtime.engine.SWITCH_INTERVAL_S,
         "kv_capacity": _kv_capacity(model, args.device),
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
