@@ -18,8 +18,11 @@ import numpy as np
 from PIL import Image
 
 # Encoder threads: enough to keep up with a batch's chunks, few enough to leave cores
-# to the engine and the loop. 0 encodes inline on the loop (bench_served's A/B).
-ENCODE_WORKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
+# to the engine and the loop. 0 encodes inline on the loop (bench_served's A/B). Below
+# 4 cores the pool has no core of its own: on 2 shared cores it halved jpeg throughput
+# at 32 maze sessions (bench/results/world_served_instant_cpu_ab.json), so it is off.
+_CORES = os.cpu_count() or 2
+ENCODE_WORKERS = min(4, _CORES - 2) if _CORES >= 4 else 0
 
 _pool: ThreadPoolExecutor | None = None
 

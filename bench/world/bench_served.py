@@ -146,7 +146,9 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.run_batch(works)
+        step = max(1, model.max_batch)  # past max_batch the engine runs several batches too
+        for j in range(0, n, step):
+            model.run_batch(works[j:j + step])
         for w in works:
             model.end_tick(w.session_id, True)
         if torch.cuda.is_available():
@@ -157,6 +159,24 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
         model.release(f"bare{i}")
     p50 = statistics.median(times)
     return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
+    """(variant, format, encode workers, switch interval s, sessions) for every row, in order."""
+    import realtime.engine
+    import realtime.media
+
+    rows = []
+    for spec in args.variants or [args.format]:
+        head, _, counts = spec.partition("@")
+        fmt, *mods = head.split("/")
+        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - {"inline", "gil5"}:
+            raise SystemExit(f"bad variant {spec!r}")
+        workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
+        switch = 0.005 if "gil5" in mods else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
+        rows += [(head, fmt, workers, switch, n) for n in sessions]
+    return rows
 
 
 def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
@@ -205,6 +225,10 @@ def main() -> None:
                              "0 keeps Python's 5 ms)")
     parser.add_argument("--encode-workers", type=int, default=None,
                         help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="rows to run, each FORMAT[/inline][/gil5][@N,N,...]: inline encodes on the loop, "
+                             "gil5 runs with Python's 5 ms switch interval, @ its own session counts "
+                             "(default: --format at --sessions)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -216,7 +240,7 @@ def main() -> None:
     from realtime.server import serve_in_thread
 
     # Room for every session of the largest run plus the bare-model sessions.
-    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions),
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r[4] for r in _plan(args)),
                          args.instant_ms)
     import realtime.engine
 
@@ -236,14 +260,16 @@ def main() -> None:
     app = build_app(config, inventory)
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
-        for n in args.sessions:
-            log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
+        bares: dict[int, dict[str, float]] = {}
+        for variant, fmt, workers, switch_s, n in _plan(args):
+            realtime.media.ENCODE_WORKERS = workers
+            sys.setswitchinterval(switch_s)
+            log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             ctx = mp.get_context("spawn")
             queue: mp.Queue = ctx.Queue()
             k = max(1, min(args.client_procs, n))
             procs = [ctx.Process(target=_client_process,
-                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue,
-                                       args.format))
+                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue, fmt))
                      for j in range(k)]
             for proc in procs:
                 proc.start()
@@ -265,10 +291,16 @@ def main() -> None:
             per_session = [r["frames"] / args.seconds for r in result.values()]
             ticks = [t for r in result.values() for t in r["ticks"]]
             gaps = [g for r in result.values() for g in r["gaps"]]
-            log(f"{n} sessions: bare model ...")
-            bare = _bare(model, n, repeats=20)
+            if n not in bares:
+                log(f"{n} sessions: bare model ...")
+                bares[n] = _bare(model, n, repeats=20)
+            bare = bares[n]
             total = sum(per_session)
             row = {
+                "variant": variant,
+                "format": fmt,
+                "encode_workers": workers,
+                "switch_interval_ms": 1000 * switch_s,
                 "sessions": n,
                 "frames_per_s_per_session_mean": statistics.mean(per_session),
                 "frames_per_s_per_session_min": min(per_session),
@@ -305,9 +337,6 @@ def main() -> None:
         "client_procs": args.client_procs,
         "per_message_deflate": args.deflate,
         "seconds": args.seconds,
-        "format": args.format,
-        "encode_workers": realtime.media.ENCODE_WORKERS,
-        "switch_interval_ms": 1000 * realtime.engine.SWITCH_INTERVAL_S,
         "kv_capacity": _kv_capacity(model, args.device),
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},

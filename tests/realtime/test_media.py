@@ -17,6 +17,7 @@ def test_encode_chunk_matches_inline(fmt: str, monkeypatch: pytest.MonkeyPatch) 
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 255, (3, 16, 24, 3), dtype=np.uint8)
     inline = media.encode_frames(frames, fmt)
+    monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
     assert asyncio.run(media.encode_chunk(frames, fmt)) == inline
     monkeypatch.setattr(media, "ENCODE_WORKERS", 0)
     assert asyncio.run(media.encode_chunk(frames, fmt)) == inline
@@ -25,6 +26,7 @@ def test_encode_chunk_matches_inline(fmt: str, monkeypatch: pytest.MonkeyPatch) 
             assert np.array_equal(np.asarray(Image.open(io.BytesIO(payload))), frame)
 
 
-def test_unknown_format_raises_through_the_pool() -> None:
+def test_unknown_format_raises_through_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
     with pytest.raises(ValueError, match="unknown frame format"):
         asyncio.run(media.encode_chunk(np.zeros((1, 4, 4, 3), np.uint8), "webp"))
