@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ from models.base import EngineDeadError, ModelAdapter, ModelError, is_fatal
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# The interpreter's GIL switch interval while an engine runs (seconds; 0 keeps Python's
+# 5 ms). The engine thread and the event loop share one GIL: a thread woken by the other
+# (a submit waking the engine, a batch's results waking the loop) waits until the holder
+# drops the GIL, up to one interval, on every hand-off and between the model's Python
+# steps while the loop sends. bench/world/serve_profile.py measures that wait.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class EngineStopped(Exception):
@@ -106,6 +114,8 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        if SWITCH_INTERVAL_S > 0:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
         log.info("engine started with models %s", sorted(self._adapters))

@@ -34,7 +34,7 @@ from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
 from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
 from realtime.engine import Engine
-from realtime.media import encode_frame
+from realtime.media import encode_chunk
 from sessions import (
     ChunkMetadata,
     ErrorCode,
@@ -421,7 +421,9 @@ class WorldConnection:
             await _finish(sending)
 
     async def _send_chunk(self, request: TickRequest, frames: np.ndarray, tick_ms: float) -> None:
-        payloads = [encode_frame(f, self.format) for f in frames]
+        # Encoded off the loop (realtime/media.py); chunk N+1's send starts only after
+        # this one's, so chunks stay in order.
+        payloads = await encode_chunk(frames, self.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import platform
 import statistics
 import sys
@@ -28,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bench.world.serve_profile import ServeProfile
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 
 
@@ -37,12 +39,12 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- client process
 async def _client(url: str, sid: str, keys: list[str], credits: int, warmup: float, seconds: float,
-                  out: dict[str, Any]) -> None:
+                  out: dict[str, Any], fmt: str = "rgb8") -> None:
     import websockets
 
     async with websockets.connect(url, max_size=None) as ws:
         await ws.send(json.dumps({"type": "session.create", "session_id": sid, "credits": credits,
-                                  "format": "rgb8", "seed": hash(sid) % 1000}))
+                                  "format": fmt, "seed": hash(sid) % 1000}))
         created = json.loads(await ws.recv())
         assert created["type"] == "session.created", created
         await ws.send(json.dumps({"type": "event", "event_id": 0, "controls": [
@@ -76,11 +78,11 @@ async def _client(url: str, sid: str, keys: list[str], credits: int, warmup: flo
 
 
 def _client_process(url: str, ids: list[int], credits: int, warmup: float, seconds: float,
-                    queue: mp.Queue) -> None:
+                    queue: mp.Queue, fmt: str = "rgb8") -> None:
     async def main() -> dict[str, Any]:
         out: dict[str, Any] = {}
         keys = [["w"], ["j"], ["l"], ["w", "d"]]
-        await asyncio.gather(*(_client(url, f"s{i}", keys[i % 4], credits, warmup, seconds, out)
+        await asyncio.gather(*(_client(url, f"s{i}", keys[i % 4], credits, warmup, seconds, out, fmt)
                                for i in ids))
         return out
 
@@ -144,7 +146,9 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.run_batch(works)
+        step = max(1, model.max_batch)  # past max_batch the engine runs several batches too
+        for j in range(0, n, step):
+            model.run_batch(works[j:j + step])
         for w in works:
             model.end_tick(w.session_id, True)
         if torch.cuda.is_available():
@@ -155,6 +159,41 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
         model.release(f"bare{i}")
     p50 = statistics.median(times)
     return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
+
+
+def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
+    """(variant, format, encode workers, switch interval s, sessions) for every row, in order."""
+    import realtime.engine
+    import realtime.media
+
+    rows = []
+    for spec in args.variants or [args.format]:
+        head, _, counts = spec.partition("@")
+        fmt, *mods = head.split("/")
+        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - {"inline", "gil5"}:
+            raise SystemExit(f"bad variant {spec!r}")
+        workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
+        switch = 0.005 if "gil5" in mods else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
+        rows += [(head, fmt, workers, switch, n) for n in sessions]
+    return rows
+
+
+def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
+    """The capacity formula (kv.plan_capacity) at the device's free memory: how many sessions fit."""
+    geometry = getattr(model, "kv_geometry", None)
+    if geometry is None:
+        return None
+    import torch
+
+    from kv import plan_capacity
+
+    free = torch.cuda.mem_get_info()[0] if device.startswith("cuda") and torch.cuda.is_available() else None
+    if free is None:
+        return {"available_bytes": None}
+    plan = plan_capacity(geometry, available_bytes=free, fraction=0.9, ticks_in_flight=model.max_batch)
+    return {"available_bytes": free, "fraction": 0.9, "sessions": plan.capacity,
+            "required_one_bytes": plan.required_one_bytes}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -179,6 +218,17 @@ def main() -> None:
                              "the bottleneck: one Python process tops out near 1,000 chunks/s)")
     parser.add_argument("--deflate", action="store_true",
                         help="serve with permessage-deflate on (the server's default is off)")
+    parser.add_argument("--format", choices=["rgb8", "jpeg", "png"], default="rgb8",
+                        help="the frame format every client asks for")
+    parser.add_argument("--switch-interval-ms", type=float, default=None,
+                        help="the GIL switch interval the engine sets (realtime.engine.SWITCH_INTERVAL_S; "
+                             "0 keeps Python's 5 ms)")
+    parser.add_argument("--encode-workers", type=int, default=None,
+                        help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="rows to run, each FORMAT[/inline][/gil5][@N,N,...]: inline encodes on the loop, "
+                             "gil5 runs with Python's 5 ms switch interval, @ its own session counts "
+                             "(default: --format at --sessions)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -190,8 +240,18 @@ def main() -> None:
     from realtime.server import serve_in_thread
 
     # Room for every session of the largest run plus the bare-model sessions.
-    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(args.sessions),
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r[4] for r in _plan(args)),
                          args.instant_ms)
+    import realtime.engine
+
+    if args.switch_interval_ms is not None:
+        realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
+    import realtime.media
+
+    if args.encode_workers is not None:
+        realtime.media.ENCODE_WORKERS = args.encode_workers
+    profile = ServeProfile()
+    profile.attach(model)
     inventory = Inventory()
     inventory.adapters[model.name] = model
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
@@ -200,13 +260,16 @@ def main() -> None:
     app = build_app(config, inventory)
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
-        for n in args.sessions:
-            log(f"{n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
+        bares: dict[int, dict[str, float]] = {}
+        for variant, fmt, workers, switch_s, n in _plan(args):
+            realtime.media.ENCODE_WORKERS = workers
+            sys.setswitchinterval(switch_s)
+            log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             ctx = mp.get_context("spawn")
             queue: mp.Queue = ctx.Queue()
             k = max(1, min(args.client_procs, n))
             procs = [ctx.Process(target=_client_process,
-                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue))
+                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue, fmt))
                      for j in range(k)]
             for proc in procs:
                 proc.start()
@@ -214,7 +277,10 @@ def main() -> None:
             time.sleep(args.warmup)
             stats = app.state.engine.stats
             batches0, works0, busy0 = stats.batches, stats.works, stats.busy_seconds
+            load0 = os.getloadavg()[0]
+            profile.start()
             time.sleep(args.seconds)
+            phases = profile.stop()
             batches, works = stats.batches - batches0, stats.works - works0
             busy = stats.busy_seconds - busy0
             result: dict[str, Any] = {}
@@ -225,10 +291,16 @@ def main() -> None:
             per_session = [r["frames"] / args.seconds for r in result.values()]
             ticks = [t for r in result.values() for t in r["ticks"]]
             gaps = [g for r in result.values() for g in r["gaps"]]
-            log(f"{n} sessions: bare model ...")
-            bare = _bare(model, n, repeats=20)
+            if n not in bares:
+                log(f"{n} sessions: bare model ...")
+                bares[n] = _bare(model, n, repeats=20)
+            bare = bares[n]
             total = sum(per_session)
             row = {
+                "variant": variant,
+                "format": fmt,
+                "encode_workers": workers,
+                "switch_interval_ms": 1000 * switch_s,
                 "sessions": n,
                 "frames_per_s_per_session_mean": statistics.mean(per_session),
                 "frames_per_s_per_session_min": min(per_session),
@@ -244,6 +316,10 @@ def main() -> None:
                 # time inside adapter.run_batch per batch, and the share of wall time spent there
                 "engine_batch_ms_mean": 1000 * busy / max(batches, 1),
                 "engine_busy_share": busy / args.seconds,
+                # one batch's cycle split into model / engine post / hand-off + loop / wake (serve_profile.py)
+                "profile": phases,
+                "load_avg_1m": [load0, os.getloadavg()[0]],
+                "predicted_frames_per_s_per_session": 1000 * model.geometry.frames_per_chunk / bare["tick_ms_p50"],
             }
             log(json.dumps(row))
             rows.append(row)
@@ -261,6 +337,7 @@ def main() -> None:
         "client_procs": args.client_procs,
         "per_message_deflate": args.deflate,
         "seconds": args.seconds,
+        "kv_capacity": _kv_capacity(model, args.device),
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},
         "rows": rows,
