@@ -7,6 +7,7 @@ module only parses and builds messages; it knows nothing of sessions or models.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -27,21 +28,34 @@ CLOSE_GOING_AWAY = 1001
 
 CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
 
-# Error codes: every `error` message carries one of these.
-BAD_REQUEST = "bad_request"
-UNKNOWN_TYPE = "unknown_type"
-STALE_EVENT = "stale_event"
-QUEUE_FULL = "queue_full"
-SESSION_EXISTS = "session_exists"
-NO_SESSION = "no_session"
-SESSION_FAILED = "session_failed"
-SESSION_EVICTED = "session_evicted"
-SESSION_CLOSED = "session_closed"
-BUSY = "busy"
-MESSAGE_TOO_LARGE = "message_too_large"
-INTERNAL = "internal"
-ERROR_CODES = (BAD_REQUEST, UNKNOWN_TYPE, STALE_EVENT, QUEUE_FULL, SESSION_EXISTS, NO_SESSION, SESSION_FAILED,
-               SESSION_EVICTED, SESSION_CLOSED, BUSY, MESSAGE_TOO_LARGE, INTERNAL)
+
+class ErrorCode(str, enum.Enum):
+    """Error codes: every ``error`` message carries one of these (the session layer
+    raises them too, as ``sessions.SessionError``; this is their one definition)."""
+
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_TYPE = "unknown_type"
+    STALE_EVENT = "stale_event"
+    QUEUE_FULL = "queue_full"
+    SESSION_EXISTS = "session_exists"
+    NO_SESSION = "no_session"
+    SESSION_FAILED = "session_failed"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    INTERNAL = "internal"
+    SESSION_EVICTED = "session_evicted"
+    SESSION_CLOSED = "session_closed"
+    BUSY = "busy"
+
+
+ERROR_CODES = tuple(code.value for code in ErrorCode)
+# Plain-string names of the codes the server sends outside the session layer
+# (the strings a ``ProtocolError`` carries).
+BAD_REQUEST = ErrorCode.BAD_REQUEST.value
+UNKNOWN_TYPE = ErrorCode.UNKNOWN_TYPE.value
+SESSION_FAILED = ErrorCode.SESSION_FAILED.value
+SESSION_EVICTED = ErrorCode.SESSION_EVICTED.value
+MESSAGE_TOO_LARGE = ErrorCode.MESSAGE_TOO_LARGE.value
+INTERNAL = ErrorCode.INTERNAL.value
 
 
 class ProtocolError(Exception):
