@@ -124,11 +124,11 @@ class WorldClient:
         return await self.expect("session.created")
 
     async def event(self, *, event_id: int | None = None, prompt: str | None = None,
-                    controls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                    controls: Sequence[wire.Control] = ()) -> dict[str, Any]:
         if event_id is None:
             event_id = self._next_event_id
         self._next_event_id = max(self._next_event_id, event_id + 1)
-        await self.send(wire.event_message(event_id, prompt=prompt, controls=controls))
+        await self.send(wire.Event(event_id, prompt, tuple(controls)).to_wire())
         return await self.expect("event.accepted")
 
     async def hold_keys(self, keys: Sequence[str], **kw: Any) -> dict[str, Any]:

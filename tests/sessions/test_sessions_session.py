@@ -1,5 +1,6 @@
 import pytest
 
+from protocols import world_v1
 from sessions import (
     AcceptResult,
     ChunkMetadata,
@@ -36,7 +37,12 @@ def ev(event_id, prompt=None, held=None, frames=None):
     wire = {"event_id": event_id, "controls": controls}
     if prompt is not None:
         wire["prompt"] = prompt
-    return SessionEvent.from_wire(wire)
+    return parsed(wire)
+
+
+def parsed(msg):
+    """The session's event for a decoded wire ``event``, as the endpoint builds it."""
+    return SessionEvent.from_wire(world_v1.parse_event(msg))
 
 
 class Releases:
@@ -245,13 +251,13 @@ def test_invalid_controls_leave_no_trace():
     s = make()
     cases = [
         (
-            SessionEvent.from_wire(
+            parsed(
                 {"event_id": 1, "controls": [{"track": "mouse", "schema": "m.v1", "data": {}}]}
             ),
             "controls[0]: unknown track 'mouse'; tracks are keys",
         ),
         (
-            SessionEvent.from_wire(
+            parsed(
                 {
                     "event_id": 1,
                     "controls": [{"track": "keys", "schema": "keys.v2", "data": {"mode": "state"}}],
@@ -300,7 +306,7 @@ def test_accepted_event_is_isolated_from_later_mutation():
         "prompt": "p",
         "controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": held}}],
     }
-    s.accept_event(SessionEvent.from_wire(wire))
+    s.accept_event(parsed(wire))
     held.append("s")
     wire["controls"][0]["data"]["mode"] = "script"
     wire["prompt"] = "q"
