@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from protocols import world_v1
@@ -321,7 +323,7 @@ def test_event_accepted_in_flight_waits_and_the_snapshot_never_changes():
     s = make()
     s.accept_event(ev(1, prompt="one", held="w"))
     req = s.begin_tick()
-    frozen_copy = TickRequest.from_dict(req.to_dict())
+    frozen_copy = dataclasses.replace(req)
     assert s.accept_event(ev(2, prompt="two", held="a")) is ACCEPTED
     assert s.in_flight is req
     assert req == frozen_copy
