@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
+from bench.report import emit
 
 
 def log(msg: str) -> None:
@@ -265,11 +266,7 @@ def main() -> None:
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},
         "rows": rows,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":
