@@ -23,7 +23,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import websockets
@@ -130,11 +130,15 @@ class WorldClient:
         return await self.expect("session.created")
 
     async def event(self, *, event_id: int | None = None, prompt: str | None = None,
-                    controls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+                    controls: Sequence[wire.Control | Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """Send an ``event`` (controls as ``wire.Control`` or as their wire objects) and
+        wait for its ``event.accepted``."""
+        controls = [c if isinstance(c, wire.Control) else wire.Control(c["track"], c["schema"], c["data"])
+                    for c in controls]
         if event_id is None:
             event_id = self._next_event_id
         self._next_event_id = max(self._next_event_id, event_id + 1)
-        await self.send(wire.event_message(event_id, prompt=prompt, controls=controls))
+        await self.send(wire.Event(event_id, prompt, tuple(controls)).to_wire())
         return await self.expect("event.accepted")
 
     async def hold_keys(self, keys: Sequence[str], **kw: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ module only parses and builds messages; it knows nothing of sessions or models.
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -32,22 +33,46 @@ CLOSE_GOING_AWAY = 1001
 
 CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
 
-# Error codes: every `error` message carries one of these.
-BAD_REQUEST = "bad_request"
-UNKNOWN_TYPE = "unknown_type"
-STALE_EVENT = "stale_event"
-QUEUE_FULL = "queue_full"
-SESSION_EXISTS = "session_exists"
-NO_SESSION = "no_session"
-SESSION_FAILED = "session_failed"
-SESSION_EVICTED = "session_evicted"
-SESSION_CLOSED = "session_closed"
-BUSY = "busy"
-MESSAGE_TOO_LARGE = "message_too_large"
-INTERNAL = "internal"
-CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
-ERROR_CODES = (BAD_REQUEST, UNKNOWN_TYPE, STALE_EVENT, QUEUE_FULL, SESSION_EXISTS, NO_SESSION, SESSION_FAILED,
-               SESSION_EVICTED, SESSION_CLOSED, BUSY, MESSAGE_TOO_LARGE, INTERNAL, CLOSED_BY_ADMIN)
+# Limits of an ``event``.
+MAX_PROMPT_CHARS = 2000
+# One entry per track, and there are only a few tracks; the cap bounds the work a
+# single event can ask for before the track names are even looked at.
+MAX_CONTROLS = 16
+# Event ids are client-chosen; keep them in a range every consumer can store.
+MAX_EVENT_ID = 2**63 - 1
+_EVENT_FIELDS = frozenset({"type", "event_id", "prompt", "controls"})
+_CONTROL_FIELDS = frozenset({"track", "schema", "data"})
+
+
+class ErrorCode(str, enum.Enum):
+    """Error codes: every ``error`` message carries one of these (the session layer
+    raises them too, as ``sessions.SessionError``; this is their one definition)."""
+
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_TYPE = "unknown_type"
+    STALE_EVENT = "stale_event"
+    QUEUE_FULL = "queue_full"
+    SESSION_EXISTS = "session_exists"
+    NO_SESSION = "no_session"
+    SESSION_FAILED = "session_failed"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    INTERNAL = "internal"
+    SESSION_EVICTED = "session_evicted"
+    SESSION_CLOSED = "session_closed"
+    BUSY = "busy"
+    CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
+
+
+ERROR_CODES = tuple(code.value for code in ErrorCode)
+# Plain-string names of the codes the server sends outside the session layer
+# (the strings a ``ProtocolError`` carries).
+BAD_REQUEST = ErrorCode.BAD_REQUEST.value
+UNKNOWN_TYPE = ErrorCode.UNKNOWN_TYPE.value
+SESSION_FAILED = ErrorCode.SESSION_FAILED.value
+SESSION_EVICTED = ErrorCode.SESSION_EVICTED.value
+MESSAGE_TOO_LARGE = ErrorCode.MESSAGE_TOO_LARGE.value
+INTERNAL = ErrorCode.INTERNAL.value
+CLOSED_BY_ADMIN = ErrorCode.CLOSED_BY_ADMIN.value
 
 
 class ProtocolError(Exception):
@@ -129,19 +154,39 @@ class Close:
         return msg
 
 
-def event_message(event_id: int, *, prompt: str | None = None,
-                  controls: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """An ``event`` message (its contents are checked by the server's session layer,
-    ``sessions/events.py``, which owns the control schemas)."""
-    msg: dict[str, Any] = {"type": "event", "event_id": event_id, "controls": list(controls)}
-    if prompt is not None:
-        msg["prompt"] = prompt
-    return msg
+@dataclass(frozen=True)
+class Control:
+    """One update of one control track in an ``event``. ``data`` is the decoded JSON
+    object as sent; what it means (and its deep freeze) is the session's business,
+    since the session owns the control schemas."""
+
+    track: str
+    schema: str
+    data: Mapping[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"track": self.track, "schema": self.schema, "data": dict(self.data)}
 
 
-def keys_control(data: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Event:
+    """``event``: an optional new prompt and at most one update per control track."""
+
+    event_id: int
+    prompt: str | None = None
+    controls: tuple[Control, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"type": "event", "event_id": self.event_id,
+                               "controls": [control.to_wire() for control in self.controls]}
+        if self.prompt is not None:
+            msg["prompt"] = self.prompt
+        return msg
+
+
+def keys_control(data: Mapping[str, Any]) -> Control:
     """One ``keys.v1`` control of an event (``{"mode": "state", "held": [...]}`` or a script)."""
-    return {"track": "keys", "schema": "keys.v1", "data": dict(data)}
+    return Control("keys", "keys.v1", dict(data))
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -212,6 +257,80 @@ def parse_close(msg: Mapping[str, Any]) -> Close:
 
 def parse_credit(msg: Mapping[str, Any]) -> Credit:
     return Credit(_credits(msg.get("chunks"), "chunks", minimum=1))
+
+
+def parse_event(msg: Mapping[str, Any]) -> Event:
+    """``event``: checks the shape only (a bad field is ``bad_request`` naming it, with
+    ``event_id`` set once that is known); whether a track exists and its data is valid
+    is checked by the session, which owns the control schemas."""
+    if not isinstance(msg, Mapping):
+        raise ProtocolError(BAD_REQUEST, "event must be a JSON object")
+    if "event_id" not in msg:
+        raise ProtocolError(BAD_REQUEST, "event_id is required")
+    eid = msg["event_id"]
+    if type(eid) is not int or not 0 <= eid <= MAX_EVENT_ID:
+        raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {eid!r}")
+    unknown = sorted(str(k) for k in msg if k not in _EVENT_FIELDS)
+    if unknown:
+        raise ProtocolError(BAD_REQUEST, f"unknown event fields: {', '.join(unknown)}", event_id=eid)
+    prompt = msg.get("prompt")
+    problem = prompt_problem(prompt)
+    if problem is not None:
+        raise ProtocolError(BAD_REQUEST, problem, event_id=eid)
+    raw_controls = msg.get("controls", ())
+    if raw_controls is None:
+        raw_controls = ()
+    if not isinstance(raw_controls, (list, tuple)):
+        raise ProtocolError(BAD_REQUEST, "controls must be a list", event_id=eid)
+    if len(raw_controls) > MAX_CONTROLS:
+        raise ProtocolError(BAD_REQUEST, f"controls: {len(raw_controls)} entries, at most {MAX_CONTROLS}",
+                            event_id=eid)
+    controls: list[Control] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_controls):
+        control = _parse_control(raw, f"controls[{i}]", eid)
+        if control.track in seen:
+            raise ProtocolError(
+                BAD_REQUEST,
+                f"controls[{i}]: track {control.track!r} already updated by "
+                f"controls[{seen[control.track]}]; one update per track per event",
+                event_id=eid,
+            )
+        seen[control.track] = i
+        controls.append(control)
+    return Event(eid, prompt, tuple(controls))
+
+
+def _parse_control(raw: Any, where: str, eid: int) -> Control:
+    if not isinstance(raw, Mapping):
+        raise ProtocolError(BAD_REQUEST, f"{where} must be an object", event_id=eid)
+    fields = set(raw)
+    if fields != _CONTROL_FIELDS:
+        missing = sorted(_CONTROL_FIELDS - fields)
+        extra = sorted(str(k) for k in fields - _CONTROL_FIELDS)
+        detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                             f"unknown {', '.join(extra)}" if extra else "") if part)
+        raise ProtocolError(BAD_REQUEST, f"{where} needs exactly track, schema, data ({detail})", event_id=eid)
+    track, schema, data = raw["track"], raw["schema"], raw["data"]
+    if type(track) is not str or not track:
+        raise ProtocolError(BAD_REQUEST, f"{where}.track must be a non-empty string", event_id=eid)
+    if type(schema) is not str or not schema:
+        raise ProtocolError(BAD_REQUEST, f"{where}.schema must be a non-empty string", event_id=eid)
+    if not isinstance(data, Mapping):
+        raise ProtocolError(BAD_REQUEST, f"{where}.data must be an object", event_id=eid)
+    return Control(track, schema, data)
+
+
+def prompt_problem(prompt: Any, where: str = "prompt") -> str | None:
+    """What is wrong with a prompt (None or a str of at most ``MAX_PROMPT_CHARS``
+    characters), or None if nothing is."""
+    if prompt is None:
+        return None
+    if type(prompt) is not str:
+        return f"{where} must be a string or null, got {type(prompt).__name__}"
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return f"{where}: {len(prompt)} characters, at most {MAX_PROMPT_CHARS}"
+    return None
 
 
 def _credits(value: Any, name: str, minimum: int = 0) -> int:

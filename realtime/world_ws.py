@@ -221,7 +221,7 @@ class WorldConnection:
 
     async def event(self, msg: dict[str, Any]) -> None:
         session = self._need_session()
-        event = SessionEvent.from_wire({k: v for k, v in msg.items() if k != "type"})
+        event = SessionEvent.from_wire(wire.parse_event(msg))
         status = session.accept_event(event)
         await self.send(wire.event_accepted(event.event_id, status.value))
         self._wake.set()

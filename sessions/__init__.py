@@ -13,9 +13,7 @@ from sessions.reducers import (
     ControlReducer,
     KeysReducer,
     Prepared,
-    decode_control,
     default_reducers,
-    encode_control,
 )
 from sessions.session import AcceptResult, Session, SessionState, SessionStateError
 from sessions.ticks import ChunkMetadata, TickRequest
@@ -42,9 +40,7 @@ __all__ = [
     "SessionStateError",
     "TickRequest",
     "check_prompt",
-    "decode_control",
     "deep_freeze",
     "default_reducers",
-    "encode_control",
     "thaw",
 ]

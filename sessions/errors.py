@@ -4,31 +4,17 @@ A :class:`SessionError` is recoverable from the server's point of view: it is
 answered to the client as an ``error`` frame and the server keeps serving. Misuse
 of the session API by server code (an illegal state transition, completing a tick
 that was never begun) is a programming error and raises
-:class:`~sessions.session.SessionStateError` instead.
+:class:`~sessions.session.SessionStateError` instead. The codes themselves are the
+world protocol's (``protocols.world_v1.ErrorCode``), defined there once.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
+from protocols.world_v1 import ErrorCode
 
-class ErrorCode(str, enum.Enum):
-    """Wire codes of the ``error`` frame (``code`` field)."""
-
-    BAD_REQUEST = "bad_request"
-    UNKNOWN_TYPE = "unknown_type"
-    STALE_EVENT = "stale_event"
-    QUEUE_FULL = "queue_full"
-    SESSION_EXISTS = "session_exists"
-    NO_SESSION = "no_session"
-    SESSION_FAILED = "session_failed"
-    MESSAGE_TOO_LARGE = "message_too_large"
-    INTERNAL = "internal"
-    SESSION_EVICTED = "session_evicted"
-    SESSION_CLOSED = "session_closed"
-    BUSY = "busy"
-    CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed it (realtime/admin.py)
+__all__ = ["ErrorCode", "SessionError"]
 
 
 class SessionError(Exception):

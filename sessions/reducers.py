@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sessions.errors import ErrorCode, SessionError
-from sessions.frozen import FrozenDict, deep_freeze, thaw
+from sessions.frozen import FrozenDict
 
 
 @dataclass(frozen=True)
@@ -70,15 +70,6 @@ class ControlReducer(abc.ABC):
     def restore(self, saved: Any) -> None:
         vars(self).clear()
         vars(self).update(saved)
-
-    # How this track's tick value crosses a JSON boundary (TickRequest.to_dict).
-    @classmethod
-    def encode_value(cls, value: Any) -> Any:
-        return thaw(value)
-
-    @classmethod
-    def decode_value(cls, wire: Any) -> Any:
-        return deep_freeze(wire, f"controls.{cls.track}")
 
 
 # The keys.v1 key names, in the models' action-bit order (models.base.ACTION_KEYS;
@@ -202,16 +193,6 @@ class KeysReducer(ControlReducer):
     def reset(self) -> None:
         self._held, self._script = frozenset(), ()
 
-    @classmethod
-    def encode_value(cls, value: Sequence[frozenset[str]]) -> list[list[str]]:
-        return [sorted(frame) for frame in value]
-
-    @classmethod
-    def decode_value(cls, wire: Any) -> tuple[frozenset[str], ...]:
-        if not isinstance(wire, (list, tuple)):
-            raise _bad("tick value must be a list of key lists")
-        return tuple(_keyset(frame, f"[{i}]") for i, frame in enumerate(wire))
-
 
 def _bad(message: str) -> SessionError:
     return SessionError(ErrorCode.BAD_REQUEST, f"keys.v1: {message}")
@@ -240,22 +221,6 @@ def _keyset(keys: Any, where: str) -> frozenset[str]:
     return frozenset(out)
 
 
-# Reducer classes by track, for decoding a track's tick value without an instance.
-REDUCER_TYPES: Mapping[str, type[ControlReducer]] = {KeysReducer.track: KeysReducer}
-
-
 def default_reducers(frames_per_chunk: int) -> dict[str, ControlReducer]:
     """Fresh reducers (one set per session) for every known track."""
     return {KeysReducer.track: KeysReducer(frames_per_chunk)}
-
-
-def encode_control(track: str, value: Any) -> Any:
-    """Plain JSON form of a tick value of ``track``."""
-    cls = REDUCER_TYPES.get(track)
-    return cls.encode_value(value) if cls is not None else thaw(value)
-
-
-def decode_control(track: str, wire: Any) -> Any:
-    """Inverse of :func:`encode_control`."""
-    cls = REDUCER_TYPES.get(track)
-    return cls.decode_value(wire) if cls is not None else deep_freeze(wire, f"controls.{track}")

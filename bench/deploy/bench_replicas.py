@@ -34,6 +34,7 @@ import numpy as np
 import websockets
 
 from deploy.nginx import find_nginx
+from bench.report import emit
 from deploy.replicas import Deployment
 from protocols.routing import with_session_id
 
@@ -198,11 +199,7 @@ def main() -> None:
         "rows": rows,
         "latency_one_session_one_replica": latency,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def decode_world(frame: Frame) -> str:
         elif kind == "credit":
             world_v1.parse_credit(msg)
         elif kind == "event":
-            event = SessionEvent.from_wire({k: v for k, v in msg.items() if k != "type"})
+            event = SessionEvent.from_wire(world_v1.parse_event(msg))
             Session("fuzz", reducers=default_reducers(1)).accept_event(event)  # the track checks
         return f"ok:{kind}"
     except world_v1.ProtocolError as exc:

@@ -20,6 +20,7 @@ import time
 import torch
 
 from models.base import WorldTick
+from bench.report import emit
 from models.world.maze.adapter import MazeWorld
 
 
@@ -111,9 +112,7 @@ def main() -> None:
     report = {"check": "MazeWorld CUDA-graph vs eager frames on identical state/inputs/noise",
               "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "torch": torch.__version__,
               "adapter": {k: v for k, v in world.describe().items() if k != "config"}, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(json.dumps(report, indent=2) + "\n")
+    emit(report, args.out, echo=False)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from clients.world import WorldClient
+from bench.report import emit
 from models.base import ACTION_KEYS
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes, call_seed
@@ -112,11 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": {"cpu": platform.processor() or platform.machine()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(report, args.out, indent=1)
     return 0
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sys
@@ -44,6 +43,7 @@ if REPO not in sys.path:
 import torch  # noqa: E402
 
 from models.policy.base import PolicyResult, PolicyWork  # noqa: E402
+from bench.report import emit
 from models.policy.flow import FlowMatchingPolicy, FlowPolicyConfig  # noqa: E402
 from protocols import openpi as wire  # noqa: E402
 from realtime.engine import Engine  # noqa: E402
@@ -227,13 +227,7 @@ def main() -> None:
                    for n in results[mode]}
             for mode in results if mode != "one-at-a-time"
         }
-    text = json.dumps(report, indent=2, default=str)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-        log(f"wrote {args.out}")
-    print(text)
+    emit(report, args.out, log=log)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import multiprocessing as mp
 import os
 import platform
@@ -410,12 +409,10 @@ def main() -> None:
         serve_reference(args.port, args.infer_ms)
         return
     report = run(args)
-    text = json.dumps(report, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-        log(f"wrote {args.out}")
-    print(text)
+    # Imported here: the server children may run this file by path, without the repo on sys.path.
+    from bench.report import emit
+
+    emit(report, args.out, log=log)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import numpy as np
 
 from bench.world.serve_profile import ServeProfile
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
+from bench.report import emit
 
 
 def log(msg: str) -> None:
@@ -342,11 +343,7 @@ def main() -> None:
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},
         "rows": rows,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

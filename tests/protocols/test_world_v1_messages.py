@@ -69,7 +69,7 @@ def test_credit_reset_close():
 
 
 def test_event_message():
-    msg = wire.event_message(4, prompt="fog", controls=[wire.keys_control({"mode": "state", "held": ["w"]})])
+    msg = wire.Event(4, prompt="fog", controls=(wire.keys_control({"mode": "state", "held": ["w"]}),)).to_wire()
     assert json.loads(wire.dumps(msg)) == {"type": "event", "event_id": 4, "prompt": "fog", "controls": [
         {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": ["w"]}}]}
-    assert roundtrip(msg)["type"] == "event"
+    assert wire.parse_event(roundtrip(msg)) == wire.Event(4, "fog", (wire.keys_control({"mode": "state", "held": ["w"]}),))

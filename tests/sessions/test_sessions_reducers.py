@@ -5,10 +5,8 @@ from sessions import (
     KeysReducer,
     Prepared,
     SessionError,
-    decode_control,
     deep_freeze,
     default_reducers,
-    encode_control,
 )
 
 
@@ -165,11 +163,3 @@ def test_default_reducers_are_fresh_per_call():
     assert isinstance(a["keys"], KeysReducer)
     assert a["keys"].frames_per_chunk == 4
     assert a["keys"] is not b["keys"]
-
-
-def test_control_codec():
-    value = (fs("w", "a"), fs())
-    assert encode_control("keys", value) == [["a", "w"], []]
-    assert decode_control("keys", [["a", "w"], []]) == value
-    assert encode_control("other", deep_freeze({"x": [1]})) == {"x": [1]}
-    assert decode_control("other", {"x": [1]}) == {"x": (1,)}

@@ -1,5 +1,8 @@
+import dataclasses
+
 import pytest
 
+from protocols import world_v1
 from sessions import (
     AcceptResult,
     ChunkMetadata,
@@ -36,7 +39,12 @@ def ev(event_id, prompt=None, held=None, frames=None):
     wire = {"event_id": event_id, "controls": controls}
     if prompt is not None:
         wire["prompt"] = prompt
-    return SessionEvent.from_wire(wire)
+    return parsed(wire)
+
+
+def parsed(msg):
+    """The session's event for a decoded wire ``event``, as the endpoint builds it."""
+    return SessionEvent.from_wire(world_v1.parse_event(msg))
 
 
 class Releases:
@@ -245,13 +253,13 @@ def test_invalid_controls_leave_no_trace():
     s = make()
     cases = [
         (
-            SessionEvent.from_wire(
+            parsed(
                 {"event_id": 1, "controls": [{"track": "mouse", "schema": "m.v1", "data": {}}]}
             ),
             "controls[0]: unknown track 'mouse'; tracks are keys",
         ),
         (
-            SessionEvent.from_wire(
+            parsed(
                 {
                     "event_id": 1,
                     "controls": [{"track": "keys", "schema": "keys.v2", "data": {"mode": "state"}}],
@@ -300,7 +308,7 @@ def test_accepted_event_is_isolated_from_later_mutation():
         "prompt": "p",
         "controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": held}}],
     }
-    s.accept_event(SessionEvent.from_wire(wire))
+    s.accept_event(parsed(wire))
     held.append("s")
     wire["controls"][0]["data"]["mode"] = "script"
     wire["prompt"] = "q"
@@ -315,7 +323,7 @@ def test_event_accepted_in_flight_waits_and_the_snapshot_never_changes():
     s = make()
     s.accept_event(ev(1, prompt="one", held="w"))
     req = s.begin_tick()
-    frozen_copy = TickRequest.from_dict(req.to_dict())
+    frozen_copy = dataclasses.replace(req)
     assert s.accept_event(ev(2, prompt="two", held="a")) is ACCEPTED
     assert s.in_flight is req
     assert req == frozen_copy

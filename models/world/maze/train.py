@@ -185,23 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             h.close()
 
 
-def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start: float) -> int:
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = dev.type == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(args.seed)
-    gen = torch.Generator(device=dev).manual_seed(args.seed + 1)
-
-    cfg = MazeDiTConfig(dim=64, depth=2, heads=1) if args.tiny else MazeDiTConfig()
-    if args.tiny:
-        args.envs, args.rounds, args.bs = 16, 1, 2
-    model = MazeDiT(cfg).to(dev)
-    ema = MazeDiT(cfg).to(dev)
-    ema.load_state_dict(model.state_dict())
-    ema.requires_grad_(False).eval()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
+def _resume(args: argparse.Namespace, model: MazeDiT, ema: MazeDiT, opt: torch.optim.Optimizer,
+            dev: torch.device) -> tuple[int, float, list, list]:
+    """Load ``--resume`` (a run's export folder or a full checkpoint) into the model, the EMA
+    and, for a checkpoint, the optimiser; the step, trained seconds, history and evals so far."""
     step, trained_s, history, evals = 0, 0.0, [], []
     if args.resume and Path(args.resume).is_dir():
         # A run's small export (what comes back from a GPU machine): raw and EMA weights in
@@ -221,6 +208,37 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
         step, trained_s = ck["step"], ck["trained_s"]
         history, evals = ck.get("history", []), ck.get("evals", [])
         log.info("resumed %s at step %d (%.0f s trained)", args.resume, step, trained_s)
+    return step, trained_s, history, evals
+
+
+def _eval_clips(cfg: MazeDiTConfig, n: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed held-out clips of ``quick_eval``: ``n`` trajectories past an 8-frame lead-in,
+    the first action zeroed (no action leads into a clip's first frame)."""
+    ev_f, ev_a = render_trajectories(list(range(EVAL_SEED0, EVAL_SEED0 + n)), cfg.clip_frames - 1 + 8,
+                                     policy_seed=EVAL_SEED0, device=dev)
+    ev_f, ev_a = ev_f[:, 8:], ev_a[:, 8:].clone()
+    ev_a[:, 0] = 0
+    return ev_f, ev_a
+
+
+def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start: float) -> int:
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(args.seed)
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 1)
+
+    cfg = MazeDiTConfig(dim=64, depth=2, heads=1) if args.tiny else MazeDiTConfig()
+    if args.tiny:
+        args.envs, args.rounds, args.bs = 16, 1, 2
+    model = MazeDiT(cfg).to(dev)
+    ema = MazeDiT(cfg).to(dev)
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01, fused=cuda)
+    step, trained_s, history, evals = _resume(args, model, ema, opt, dev)
     start_step = step
     log.info("device %s torch %s params %.2fM cfg %s bs %d", torch.cuda.get_device_name(0) if cuda else "cpu",
              torch.__version__, param_count(model) / 1e6, cfg.to_dict(), args.bs)
@@ -230,10 +248,7 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
                         seed0=1_000_000 + 10_000_000 * (start_step > 0) + step * 7,
                         policy_weights=POLICY_WEIGHTS[args.policy], p_still=args.p_still)
     stream.fill()
-    ev_f, ev_a = render_trajectories(list(range(EVAL_SEED0, EVAL_SEED0 + (8 if args.tiny else 128))),
-                                     cfg.clip_frames - 1 + 8, policy_seed=EVAL_SEED0, device=dev)
-    ev_f, ev_a = ev_f[:, 8:], ev_a[:, 8:].clone()
-    ev_a[:, 0] = 0
+    ev_f, ev_a = _eval_clips(cfg, 8 if args.tiny else 128, dev)
     log.info("data ready in %.1fs: %d trajectories x %d frames on %s", time.time() - t0, stream.filled,
              args.traj_len, dev)
 
