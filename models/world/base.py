@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
 from sessions import KEY_NAMES, TickRequest, default_reducers
 from sessions.reducers import ControlReducer
+
+if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
+    from kv.residency import Residency
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
@@ -95,6 +98,9 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     geometry: WorldGeometry
     control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
     uses_prompts: bool = False
+    # A world whose KV lives in kv/'s paged cache sets this; ``kv_usage`` (and so
+    # ``/metrics``) reads its block and residency counters.
+    residency: "Residency | None" = None
 
     @abc.abstractmethod
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
@@ -110,6 +116,12 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
                 "frames_per_chunk": g.frames_per_chunk, "max_batch": self.max_batch,
                 "control_schemas": list(self.control_schemas), "action_keys": list(KEY_NAMES),
                 "uses_prompts": self.uses_prompts, **self.details()}
+
+    def kv_usage(self) -> Mapping[str, float] | None:
+        """The paged KV's counters (``kv.Residency.metrics``), or None for a world
+        without a paged cache. Read from the event loop while the engine thread
+        writes: each value is one int or float, read whole."""
+        return None if self.residency is None else self.residency.metrics()
 
     def reducers(self) -> dict[str, ControlReducer]:
         """Fresh control reducers for a new session of this model."""

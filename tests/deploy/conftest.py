@@ -38,7 +38,7 @@ def live_sessions(replica_addr: str) -> int:
     """How many world sessions the replica itself holds. When the replicas serve
     ``GET /v1/sessions`` this becomes ``len(httpx.get(f"http://{replica_addr}/v1/sessions").json()["data"])``."""
     text = httpx.get(f"http://{replica_addr}/metrics", timeout=5).text
-    return int(re.search(r"^realtime_world_sessions (\d+)$", text, re.M).group(1))
+    return int(float(re.search(r"^realtime_world_sessions ([0-9.e+]+)$", text, re.M).group(1)))
 
 
 async def settled(players: "list[Player]", addrs: set[str], timeout_s: float = 10.0) -> dict[str, int]:
