@@ -20,6 +20,7 @@ import asyncio
 import json
 import platform
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = (result["failed_requests"] == 0 and not result["chunk_gaps"] and not result["lost_events"]
           and result["kv_blocks_used_at_end"] == 0 and result["tick_failures_total"] == 0
           and not result["log_problems"])
-    result = {"command": "python -m bench.soak.run_soak " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": shlex.join(["python", "-m", "bench.soak.run_soak", *(argv if argv is not None else sys.argv[1:])]),
               "ok": ok, "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
                                     "platform": platform.platform()},
               "note": args.note, **result}
