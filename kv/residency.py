@@ -265,6 +265,8 @@ class Residency:
             "swapped_sessions": len(self._host),
             "free_blocks": self.cache.num_free_blocks,
             "total_blocks": self.cache.pool.num_blocks,
+            # Never a session's: the pad block and the worker blocks (the null block aside).
+            "reserved_blocks": 1 + len(self.cache.worker_blocks),
             "host_bytes": self.host_bytes,
             "host_budget_bytes": self.host_budget_bytes,
             "swap_outs": self.swap_outs,
@@ -274,5 +276,7 @@ class Residency:
             "swap_out_seconds": self.swap_out_seconds,
             "swap_in_seconds": self.swap_in_seconds,
             "drops": self.drops,
-            "model_state_bytes": sum(s.nbytes for s in self._states.values()),
+            # list(): one C call, so a reader on another thread never iterates a
+            # dict the engine thread is resizing.
+            "model_state_bytes": sum(s.nbytes for s in list(self._states.values())),
         }

@@ -44,6 +44,22 @@ def is_fatal(exc: BaseException) -> bool:
     return fatal is not None and isinstance(exc, fatal)
 
 
+def failure_code(exc: BaseException) -> str:
+    """A failed tick's cause as one of a few codes, for ``/metrics``: ``engine_dead``
+    (``is_fatal``), ``out_of_memory`` (``torch.OutOfMemoryError``, also when an adapter
+    re-raised it as a ``ModelError`` from it), ``model_error`` otherwise."""
+    if is_fatal(exc):
+        return "engine_dead"
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if oom is not None and isinstance(seen, oom):
+            return "out_of_memory"
+        seen = seen.__cause__
+    return "model_error"
+
+
 W = TypeVar("W")
 R = TypeVar("R")
 

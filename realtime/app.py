@@ -18,7 +18,7 @@ from realtime.admin import ROUTES as ADMIN_ROUTES
 from realtime.config import ServerConfig
 from realtime.connection import LiveSessions
 from realtime.engine import Engine
-from realtime.metrics import render_metrics
+from realtime.metrics import CONTENT_TYPE, ServerMetrics
 from realtime.registry import Inventory, build_inventory
 from realtime.openpi_ws import openpi_endpoint
 from realtime.origins import OriginGuard
@@ -44,6 +44,9 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         loop = asyncio.get_running_loop()
 
         live: LiveSessions = app.state.live_sessions
+        app.state.metrics.bind(engine, live)
+        # A dead engine fails every live session at once, idle ones too (engine thread -> loop).
+        engine.on_dead = lambda reason: loop.call_soon_threadsafe(live.engine_dead, reason)
         for name, adapter in inventory.adapters.items():
             # Called on the engine thread when a model drops a session's state on its own
             # (LRU eviction with a full host budget); the owner, of whatever kind, is looked
@@ -76,6 +79,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     app.state.inventory = inventory
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
     app.state.live_sessions = LiveSessions()
+    app.state.metrics = ServerMetrics()
     return app
 
 
@@ -95,7 +99,7 @@ async def list_models(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return PlainTextResponse(render_metrics(request.app.state), media_type="text/plain; version=0.0.4")
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE)
 
 
 async def index(request: Request) -> Response:

@@ -179,6 +179,8 @@ class SessionOwner(Protocol):
     # end the session once its running tick is committed and sent, then close with 1001.
     # Optional: ``async def admin_close(self, session_id: str) -> None``: tell the client
     # (its protocol's ``closed_by_admin``), end the session, close with CLOSE_ADMIN.
+    # Optional: ``async def engine_dead(self, reason: str) -> None``, called once when the
+    # engine dies: tell the client (an idle session has no queued work that would fail).
 
 
 @dataclass
@@ -231,6 +233,14 @@ class LiveSessions:
             log.info("session %s: %s dropped it (%s); no live owner", session_id, model, reason)
             return
         entry.owner.dropped(reason)
+
+    def engine_dead(self, reason: str) -> None:
+        """The engine died: every owner that can hear it is told (event loop, at once)."""
+        log.error("engine dead (%s): failing %d live sessions", reason, len(self._by_key))
+        for entry in list(self._by_key.values()):
+            hook = getattr(entry.owner, "engine_dead", None)
+            if hook is not None:
+                asyncio.ensure_future(hook(reason))
 
     async def drain(self) -> None:
         """Drain every session whose owner can drain, all at once (server shutdown)."""

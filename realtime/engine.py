@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from models.base import EngineDeadError, ModelAdapter, ModelError, is_fatal
+from models.base import EngineDeadError, ModelAdapter, ModelError, failure_code, is_fatal
+from realtime.stats import ModelStats
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class EngineStats:
     controls: int = 0
     busy_seconds: float = 0.0
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)
+    models: dict[str, ModelStats] = field(default_factory=dict)  # per model, made at engine start
 
 
 class Engine:
@@ -110,7 +112,11 @@ class Engine:
         self._stopping = False
         self._dead: str | None = None
         self._thread: threading.Thread | None = None
-        self.stats = EngineStats()
+        self.stats = EngineStats(models={n: ModelStats() for n in self._adapters})
+        self.started_at = time.perf_counter()
+        # Called once, on the engine thread, when the engine dies (the app tells every
+        # live session at once: an idle one has nothing queued that would fail).
+        self.on_dead: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -356,8 +362,11 @@ class Engine:
         finally:
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
+            self.stats.models[batch[0].model].busy_seconds += elapsed
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1
+        model_stats = self.stats.models[batch[0].model]
+        model_stats.batch_size.observe(len(batch))
         done: list[tuple[_Job, Any]] = []
         for job, result in zip(batch, results):
             try:
@@ -371,6 +380,10 @@ class Engine:
                 continue
             self.stats.works += 1
             done.append((job, result))
+        ended = time.perf_counter()
+        model_stats.ticks += len(done)
+        for job, _ in done:
+            model_stats.tick_seconds.observe(ended - job.enqueued)
         _resolve_all(done)
 
     def _end(self, adapter: ModelAdapter, job: _Job, *, committed: bool) -> bool:
@@ -388,6 +401,7 @@ class Engine:
 
     def _fail(self, job: _Job, exc: BaseException) -> None:
         self.stats.failed_works += 1
+        self.stats.models[job.model].failures[failure_code(exc)] += 1
         log.warning("session %s: tick on %s failed: %r", job.session_id, job.model, exc)
         error = exc if isinstance(exc, (ModelError, EngineDeadError)) else ModelError(f"{type(exc).__name__}: {exc}")
         _reject(job.loop, job.future, error)
@@ -397,8 +411,14 @@ class Engine:
         self._dead = reason
         error = EngineDeadError(reason)
         for job in running:
+            self.stats.models[job.model].failures["engine_dead"] += 1
             _reject(job.loop, job.future, error)
         self._fail_all(error)
+        if self.on_dead is not None:
+            try:
+                self.on_dead(reason)
+            except Exception:  # noqa: BLE001 - the engine is dead either way
+                log.exception("engine death listener failed")
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cv:

@@ -1,38 +1,177 @@
-"""``GET /metrics``: Prometheus text exposition of engine, session and model counters."""
+"""``GET /metrics``: Prometheus exposition (``prometheus-client``) of sessions, ticks and KV.
+
+Two sources, neither on a tick's critical section:
+
+* what the engine thread counts (``realtime/stats.py``: ticks, failures by code,
+  tick latency and batch size histograms, busy time) and what the event loop keeps
+  anyway (``LiveSessions``, queue lengths, a world's ``kv_usage()``) are read at
+  scrape time by ``_ServerCollector``: the engine never takes a lock for metrics;
+* what only an endpoint sees (a sentence's time to first audio, a robot call's
+  latency) goes into ``prometheus_client`` histograms from the event loop, whose
+  per-metric lock is only ever contended by the scrape, on the same thread.
+
+Every family is in the output from the first scrape (histograms and counters with
+no sample yet still show their HELP and TYPE), one registry per app, so two apps
+in one process (tests) do not share counters.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from realtime.stats import LATENCY_BUCKETS_S, Buckets
+
+if TYPE_CHECKING:
+    from realtime.connection import LiveSessions
+    from realtime.engine import Engine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+KINDS = ("world", "policy", "tts")
+# LiveSession.state values (realtime/connection.py and the endpoints).
+STATES = ("active", "failed", "cleanup_failed")
+FAILURE_CODES = ("model_error", "out_of_memory", "engine_dead")  # models.base.failure_code
 
 
-def render_metrics(state: Any) -> str:
-    engine = state.engine
-    stats = engine.stats
-    lines = [
-        "# TYPE realtime_engine_healthy gauge",
-        f"realtime_engine_healthy {int(engine.healthy)}",
-        "# TYPE realtime_engine_batches_total counter",
-        f"realtime_engine_batches_total {stats.batches}",
-        "# TYPE realtime_engine_works_total counter",
-        f"realtime_engine_works_total {stats.works}",
-        "# TYPE realtime_engine_failed_works_total counter",
-        f"realtime_engine_failed_works_total {stats.failed_works}",
-        "# TYPE realtime_engine_controls_total counter",
-        f"realtime_engine_controls_total {stats.controls}",
-        "# TYPE realtime_engine_busy_seconds_total counter",
-        f"realtime_engine_busy_seconds_total {stats.busy_seconds:.6f}",
-        "# TYPE realtime_engine_batch_size_total counter",
-    ]
-    for size, count in sorted(stats.batch_sizes.items()):
-        lines.append(f'realtime_engine_batch_size_total{{size="{size}"}} {count}')
-    lines += ["# TYPE realtime_engine_queued gauge"]
-    for name in engine.adapters:
-        lines.append(f'realtime_engine_queued{{model="{name}"}} {engine.queued(name)}')
-    lines += ["# TYPE realtime_world_sessions gauge", f"realtime_world_sessions {len(state.world_sessions)}"]
-    for name, adapter in engine.adapters.items():
-        # Adapters with a paged KV cache expose its residency counters (kv/ metrics).
-        kv_metrics = getattr(adapter, "kv_metrics", None)
-        if callable(kv_metrics):
-            for key, value in sorted(kv_metrics().items()):
-                lines.append(f'realtime_kv_{key}{{model="{name}"}} {value}')
-    return "\n".join(lines) + "\n"
+class ServerMetrics:
+    """The app's registry and the histograms its endpoints feed (event loop only)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.tts_first_audio = Histogram(
+            "realtime_tts_first_audio_seconds",
+            "Seconds from a sentence being complete (queued for speech) to its first PCM frame sent.",
+            registry=self.registry, buckets=LATENCY_BUCKETS_S)
+        self.policy_call = Histogram(
+            "realtime_policy_call_seconds",
+            "Seconds one robot observation spent in the engine (queue wait and policy forward).",
+            registry=self.registry, buckets=LATENCY_BUCKETS_S)
+        self._collector: _ServerCollector | None = None
+
+    def bind(self, engine: "Engine", live: "LiveSessions") -> None:
+        """Read ``engine`` and ``live`` at every scrape from now on (the app's lifespan)."""
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+        self._collector = _ServerCollector(engine, live)
+        self.registry.register(self._collector)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _histogram(name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, labels=labels)
+
+
+def _add_histogram(family: HistogramMetricFamily, labels: list[str], b: Buckets) -> None:
+    family.add_metric(labels, b.cumulative(), b.sum)
+
+
+class _ServerCollector(Collector):
+    def __init__(self, engine: "Engine", live: "LiveSessions") -> None:
+        self.engine, self.live = engine, live
+        # Busy share is over the time since the previous scrape (or since start).
+        self._last = (engine.started_at, 0.0)
+
+    def collect(self) -> Iterator[Metric]:
+        engine, stats = self.engine, self.engine.stats
+        healthy = GaugeMetricFamily("realtime_engine_healthy", "1 while the engine serves; 0 once it is dead or "
+                                    "stopping (then /healthz answers 503).", value=int(engine.healthy))
+        yield healthy
+
+        sessions = GaugeMetricFamily("realtime_sessions", "Live sessions by kind and state.",
+                                     labels=["kind", "state"])
+        counts = {(k, s): 0 for k in KINDS for s in STATES}
+        for entry in self.live.sessions():
+            key = (entry["kind"], entry["state"])
+            counts[key] = counts.get(key, 0) + 1
+        for (kind, state), n in sorted(counts.items()):
+            sessions.add_metric([kind, state], n)
+        yield sessions
+        # Kept for the deploy tests and scripts that read it (world sessions of any state).
+        yield GaugeMetricFamily("realtime_world_sessions", "Live world sessions (any state).",
+                                value=sum(n for (k, _), n in counts.items() if k == "world"))
+
+        ticks = CounterMetricFamily("realtime_ticks", "Ticks committed (world chunks, TTS decoder windows, "
+                                    "policy calls), by kind and model.", labels=["kind", "model"])
+        failures = CounterMetricFamily("realtime_tick_failures", "Ticks failed, by kind, model and cause "
+                                       "(model_error, out_of_memory, engine_dead).", labels=["kind", "model", "code"])
+        latency = _histogram("realtime_tick_seconds", "Seconds from a tick being queued on the engine to its "
+                             "result (queue wait, batching wait and forward).", ["kind", "model"])
+        batch = _histogram("realtime_batch_size", "Works per model forward.", ["kind", "model"])
+        busy = CounterMetricFamily("realtime_engine_model_busy_seconds", "Seconds the engine thread spent in "
+                                   "each model's forwards.", labels=["kind", "model"])
+        queued = GaugeMetricFamily("realtime_engine_queue_depth", "Ticks queued on the engine, per model.",
+                                   labels=["kind", "model"])
+        for name, adapter in engine.adapters.items():
+            labels = [adapter.kind, name]
+            m = stats.models[name]
+            ticks.add_metric(labels, m.ticks)
+            found = dict(m.failures)
+            for code in sorted(set(FAILURE_CODES) | set(found)):
+                failures.add_metric([*labels, code], found.get(code, 0))
+            _add_histogram(latency, labels, m.tick_seconds)
+            _add_histogram(batch, labels, m.batch_size)
+            busy.add_metric(labels, m.busy_seconds)
+            queued.add_metric(labels, engine.queued(name))
+        yield from (ticks, failures, latency, batch, busy, queued)
+
+        now, busy_now = time.perf_counter(), stats.busy_seconds
+        then, busy_then = self._last
+        self._last = (now, busy_now)
+        share = (busy_now - busy_then) / (now - then) if now > then else 0.0
+        yield GaugeMetricFamily("realtime_engine_busy_share", "Share of wall time the engine thread spent in "
+                                "forwards since the previous scrape (0..1).", value=min(1.0, max(0.0, share)))
+        yield CounterMetricFamily("realtime_engine_busy_seconds", "Seconds the engine thread spent in forwards.",
+                                  value=stats.busy_seconds)
+        yield CounterMetricFamily("realtime_engine_batches", "Model forwards run.", value=stats.batches)
+        yield CounterMetricFamily("realtime_engine_works", "Works committed, all models.", value=stats.works)
+        yield CounterMetricFamily("realtime_engine_failed_works", "Works failed, all models.", value=stats.failed_works)
+        yield CounterMetricFamily("realtime_engine_controls", "Control-lane jobs run (reset, close, cancel).",
+                                  value=stats.controls)
+        sizes = CounterMetricFamily("realtime_engine_batch_size", "Forwards per batch size, all models.",
+                                    labels=["size"])
+        for size, count in sorted(dict(stats.batch_sizes).items()):
+            sizes.add_metric([str(size)], count)
+        yield sizes
+        yield from self._kv()
+
+    def _kv(self) -> Iterator[Metric]:
+        blocks = GaugeMetricFamily("realtime_kv_blocks", "Paged KV blocks by state: free, used (held by "
+                                   "sessions), reserved (pad and worker blocks; the null block is none).",
+                                   labels=["model", "state"])
+        resident = GaugeMetricFamily("realtime_kv_sessions", "Sessions holding KV, by residency (resident on "
+                                     "the device, swapped to host).", labels=["model", "residency"])
+        host = GaugeMetricFamily("realtime_kv_host_bytes", "Host bytes held by swapped sessions.",
+                                 labels=["model"])
+        swap_bytes = CounterMetricFamily("realtime_kv_swap_bytes", "Bytes moved between device and host KV.",
+                                         labels=["model", "direction"])
+        swap_seconds = CounterMetricFamily("realtime_kv_swap_seconds", "Seconds spent swapping KV.",
+                                           labels=["model", "direction"])
+        evictions = CounterMetricFamily("realtime_kv_evictions", "Idle sessions evicted from the device: "
+                                        "swapped to host, or dropped (client told session_evicted).",
+                                        labels=["model", "outcome"])
+        for name, adapter in self.engine.adapters.items():
+            usage_of = getattr(adapter, "kv_usage", None)  # the world seam's; other kinds keep no paged KV
+            usage: dict[str, Any] | None = usage_of() if callable(usage_of) else None
+            if usage is None:
+                continue
+            reserved = usage["reserved_blocks"]
+            total = usage["total_blocks"] - 1 - reserved  # the null block is never handed out
+            blocks.add_metric([name, "free"], usage["free_blocks"])
+            blocks.add_metric([name, "used"], total - usage["free_blocks"])
+            blocks.add_metric([name, "reserved"], reserved)
+            resident.add_metric([name, "resident"], usage["resident_sessions"])
+            resident.add_metric([name, "swapped"], usage["swapped_sessions"])
+            host.add_metric([name], usage["host_bytes"])
+            swap_bytes.add_metric([name, "out"], usage["swap_out_bytes"])
+            swap_bytes.add_metric([name, "in"], usage["swap_in_bytes"])
+            swap_seconds.add_metric([name, "out"], usage["swap_out_seconds"])
+            swap_seconds.add_metric([name, "in"], usage["swap_in_seconds"])
+            evictions.add_metric([name, "swapped"], usage["swap_outs"])
+            evictions.add_metric([name, "dropped"], usage["drops"])
+        yield from (blocks, resident, host, swap_bytes, swap_seconds, evictions)

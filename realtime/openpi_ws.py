@@ -86,6 +86,7 @@ class OpenPIConnection:
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
         self.busy = False  # a request is being handled (a disconnect then cancels it)
+        self.policy_call = state.metrics.policy_call
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -94,6 +95,8 @@ class OpenPIConnection:
         try:
             if self.adapter is None:
                 raise _Refused("no robot policy is loaded on this server")
+            if not self.engine.healthy:
+                raise _Refused(f"engine unavailable: {self.engine.dead_reason or 'stopped'}")
             self.metadata = self.adapter.metadata
             await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
@@ -163,6 +166,11 @@ class OpenPIConnection:
         await self.conn.send(text)
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
+    async def engine_dead(self, reason: str) -> None:
+        """The engine died: an idle robot is told now (a request in flight fails on its own)."""
+        if not self.busy:
+            await self._refuse(f"engine unavailable: {reason}")
+
     def dropped(self, reason: str) -> None:
         log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)
 
@@ -210,6 +218,7 @@ class OpenPIConnection:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
         self.used[sid].ticked(self.used[sid].chunk_index + 1)
         infer_ms = (time.perf_counter() - started) * 1000.0
+        self.policy_call.observe(infer_ms / 1000.0)
         return wire.infer_reply(
             result.actions,
             infer_ms=infer_ms,

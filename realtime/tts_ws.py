@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
 
@@ -48,6 +49,7 @@ class _Sentence:
     utterance_index: int
     sentence_index: int
     text: str
+    queued_at: float = field(default_factory=time.perf_counter)  # for time to first audio
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class TTSConnection:
         self.queue: asyncio.Queue[_Sentence | _UtteranceEnd] = asyncio.Queue()
         self.queued_chars = 0
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
+        self.first_audio = conn.ws.app.state.metrics.tts_first_audio
+        self.told_dead = False  # the client heard the engine is dead
 
     async def send(self, text: str) -> None:
         await self.conn.send(text)
@@ -94,6 +98,15 @@ class TTSConnection:
         with CLOSE_ADMIN (the reader then ends the session as on a disconnect)."""
         await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
+
+    async def engine_dead(self, reason: str) -> None:
+        """The engine died: tell the client (once) and close; nothing can be spoken now."""
+        async with self.speaking:  # a sentence in flight reports its own failure first
+            pass
+        if not self.told_dead:
+            self.told_dead = True
+            await self.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {reason}")
+        await self.conn.close(CLOSE_INTERNAL)
 
     async def run(self) -> None:
         speaker = asyncio.create_task(self._speak())
@@ -219,12 +232,18 @@ class TTSConnection:
                 chunk = await self.engine.submit(self.model, work, session_id=self.session_id)
             except ENGINE_ERRORS as exc:
                 failure = engine_failure(exc)
+                if failure is Failure.ENGINE:
+                    if self.told_dead:
+                        return
+                    self.told_dead = True
                 if failure is not Failure.CANCELLED:
                     await self.error(TTS_CODES[failure], f"synthesis failed: {exc}")
                 return
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:
+                if samples == 0:
+                    self.first_audio.observe(time.perf_counter() - item.queued_at)
                 await self.conn.send(chunk.pcm)
             samples = chunk.sentence_samples
             if chunk.done:
@@ -250,6 +269,10 @@ async def tts_endpoint(ws: WebSocket) -> None:
         reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
         await conn.send(wire.error(wire.TTS_UNAVAILABLE, "TTS is unavailable: " + ("; ".join(reasons) or
                                    "no voice loaded") + ". Install it with pip install 'realtime-sessions[tts]'"))
+        await conn.close(CLOSE_INTERNAL)
+        return
+    if not state.engine.healthy:
+        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"))
         await conn.close(CLOSE_INTERNAL)
         return
     await TTSConnection(conn, state.engine, names[0], state.live_sessions).run()

@@ -346,6 +346,16 @@ class WorldConnection:
             asyncio.ensure_future(self._report_failure(pending))
         # else: the queued tick fails in the model and the driver reports it.
 
+    async def engine_dead(self, reason: str) -> None:
+        """The engine died: an idle session fails now (a running tick fails on its own)."""
+        session = self.session
+        if session is None or session.state is not SessionState.ACTIVE or session.in_flight is not None:
+            return
+        pending = list(session.pending_event_ids)
+        session.fail_tick(f"engine dead: {reason}")
+        self._mark("failed")
+        await self._report_failure(pending, Failure.ENGINE, f"engine unavailable: {reason}")
+
     async def _report_failure(self, pending: list[int], failure: Failure = Failure.MODEL, detail: str = "") -> None:
         if self._evicted is not None:
             await self.send_error(wire.SESSION_EVICTED, f"session state was dropped ({self._evicted}); "

@@ -41,13 +41,16 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
 from sessions import KEY_NAMES, TickRequest, default_reducers
 from sessions.reducers import ControlReducer
+
+if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
+    from kv.residency import Residency
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
@@ -167,7 +170,11 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         admits everyone. An admitted session is released as usual (``release``).
         """
         return None
+
     takes_image: bool = False
+    # A world whose KV lives in kv/'s paged cache sets this; ``kv_usage`` (and so
+    # ``/metrics``) reads its block and residency counters.
+    residency: "Residency | None" = None
 
     @abc.abstractmethod
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
@@ -196,6 +203,12 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         from models.world.image import decode_image
 
         return decode_image(data, fmt, self.geometry.height, self.geometry.width)
+
+    def kv_usage(self) -> Mapping[str, float] | None:
+        """The paged KV's counters (``kv.Residency.metrics``), or None for a world
+        without a paged cache. Read from the event loop while the engine thread
+        writes: each value is one int or float, read whole."""
+        return None if self.residency is None else self.residency.metrics()
 
     def reducers(self) -> dict[str, ControlReducer]:
         """Fresh control reducers for a new session of this model."""

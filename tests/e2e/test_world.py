@@ -73,7 +73,7 @@ def test_http_endpoints(tiny_server):
     models = httpx.get(f"http://{tiny_server}/v1/models").json()["data"]
     assert [(m["name"], m["kind"], m["available"]) for m in models] == [("tiny", "world", True)]
     metrics = httpx.get(f"http://{tiny_server}/metrics").text
-    assert "realtime_engine_healthy 1" in metrics
+    assert "realtime_engine_healthy 1.0" in metrics
 
 
 def test_events_apply_in_order_at_chunk_boundaries(tiny_server):
