@@ -269,10 +269,10 @@ def test_over_limit_body(tiny_server):
 
 def test_no_policy_loaded():
     with running(None) as addr:
-        ws = websockets.sync.client.connect(f"ws://{addr}{PATH}", compression=None, max_size=None)
-        assert ws.recv() == "no robot policy is loaded on this server"
-        with pytest.raises(ConnectionClosed) as info:
-            ws.recv()
+        with websockets.sync.client.connect(f"ws://{addr}{PATH}", compression=None, max_size=None) as ws:
+            assert ws.recv() == "no robot policy is loaded on this server"
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv()
         assert info.value.rcvd.code == 1011
 
 
