@@ -102,11 +102,12 @@ class LayerFns(NamedTuple):
 EAGER = LayerFns(prefix_layer, expert_layer, False)
 
 
-def compiled() -> LayerFns:
+def compiled(backend: str = "inductor") -> LayerFns:
     """The two layer functions under ``torch.compile`` (traced on first use; see the module docstring).
 
     ``fullgraph=True``: a graph break would silently cost the fusion, so it fails instead and
-    the runner falls back to ``EAGER``. ``dynamic=None``: batch 1 compiles specialised, the
+    the runner falls back to ``EAGER``. ``backend="aot_eager"`` traces without code
+    generation (the CPU tests' check that the layers trace whole). ``dynamic=None``: batch 1 compiles specialised, the
     first larger bucket compiles one graph symbolic in the batch that serves all the others."""
-    opts = {"fullgraph": True, "dynamic": None}
+    opts = {"fullgraph": True, "dynamic": None, "backend": backend}
     return LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts), True)

@@ -136,8 +136,6 @@ class Pi0Model(nn.Module):
         self._weights: tuple[tuple[LayerWeights, ...], tuple[LayerWeights, ...]] | None = None
         self._time_in_a: torch.Tensor | None = None
         self._time_bias: dict[int, torch.Tensor] = {}
-        # The layer functions (layers.py): eager, or compiled by the runner on CUDA.
-        self.layer_fns: LayerFns = EAGER
 
     @property
     def vlm(self) -> GemmaStack:
@@ -185,11 +183,12 @@ class Pi0Model(nn.Module):
         embs = torch.cat([*pieces, lang.to(self.dtype)], dim=1)
         return embs, torch.cat([*pads, token_valid], dim=1)
 
-    def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor) -> None:
+    def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor, fns: LayerFns = EAGER) -> None:
         """Run Gemma-2B over the prefix; write each layer's rotated K and V into
-        ``kv[layer, 0 / 1, :, :L]`` (kv: [depth, 2, B, kv_len, head_dim], one K/V head)."""
+        ``kv[layer, 0 / 1, :, :L]`` (kv: [depth, 2, B, kv_len, head_dim], one K/V head).
+        ``fns``: the layer functions (layers.py), eager or compiled."""
         spec = self.cfg.vlm
-        weights, fns = self.layer_weights()[0], self.layer_fns
+        weights = self.layer_weights()[0]
         # The prefix is bidirectional: only padding keys are hidden. A padding query sees
         # the real keys (at least <bos>), so no row is empty and no NaN is made.
         bias = _bias(pad[:, None, None, :], self.dtype)
@@ -202,14 +201,14 @@ class Pi0Model(nn.Module):
 
     # ------------------------------------------------------------------ suffix
     def velocity(self, x_t: torch.Tensor, step_bias: torch.Tensor, state_emb: torch.Tensor, kv: torch.Tensor,
-                 bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                 bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
         """One expert pass: x_t [B, chunk, A] float32 -> velocity [B, chunk, A] float32.
 
         ``step_bias`` [W] is this step's row of ``time_bias`` (the time half of
         ``action_time_mlp_in``); ``state_emb`` [B, 1, W] and the attention inputs are the
         same for every step."""
         cfg, spec = self.cfg, self.cfg.expert
-        weights, fns = self.layer_weights()[1], self.layer_fns
+        weights = self.layer_weights()[1]
         a = self.action_in_proj(x_t.to(self.dtype))
         # action_time_mlp_in(cat[a, time]) = W_a a + (W_t time + b); the bracket is per step only.
         at = self.action_time_mlp_out(F.silu(F.linear(a, self._time_in_a, step_bias)))
@@ -249,12 +248,12 @@ class Pi0Model(nn.Module):
         return state_emb, bias, cos, sin
 
     def sample(self, noise: torch.Tensor, steps: int, state_emb: torch.Tensor, kv: torch.Tensor,
-               bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+               bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
         """Euler from t = 1 (noise) to t = 0 in ``steps`` steps -> actions [B, chunk, A] float32."""
         x, dt = noise.float(), -1.0 / steps
         tb = self.time_bias(steps)
         for i in range(steps):
-            x = euler_step(x, self.velocity(x, tb[i], state_emb, kv, bias, cos, sin), dt)
+            x = euler_step(x, self.velocity(x, tb[i], state_emb, kv, bias, cos, sin, fns), dt)
         return x
 
     def kv_buffer(self, batch: int, device: torch.device | str) -> torch.Tensor:
@@ -263,7 +262,11 @@ class Pi0Model(nn.Module):
 
     def fuse(self) -> None:
         """Fused q|k|v and gate|up matrices (views keep the checkpoint's names); see gemma.py.
-        Also the action half of ``action_time_mlp_in`` as its own matrix (``velocity``)."""
+        Also the action half of ``action_time_mlp_in`` as its own matrix (``velocity``).
+        Idempotent: policies sharing one model keep pointing at the same fused tensors,
+        which their captured CUDA graphs read."""
+        if self._weights is not None:
+            return
         for stack in (self.vlm, self.expert):
             for layer in stack.layers:
                 layer.fuse()
