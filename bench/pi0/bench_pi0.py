@@ -38,6 +38,7 @@ if REPO not in sys.path:
 import torch  # noqa: E402
 
 from bench.pi0.robots import make_obs, pct  # noqa: E402
+from bench.report import emit  # noqa: E402
 from models.policy.base import PolicyWork  # noqa: E402
 from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size  # noqa: E402
 from models.policy.pi0.inputs import PromptTokenizer, Stats  # noqa: E402
@@ -196,6 +197,11 @@ def hardware(dev: torch.device) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
+
+    def save(res: dict[str, Any]) -> None:
+        if args.out:
+            emit(res, args.out, echo=False)
+
     dev = torch.device(args.device)
     cfg = tiny_config() if args.tiny else full_size()
     size = cfg.image_resolution[0]
@@ -215,20 +221,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     # Fast = the served default on the device (graphs + compiled layers on CUDA). On CPU
     # (--tiny) graphs do not exist, so "fast" compiles the layers only when --cpu-compile.
+    # All policies exist before any graph is captured (they share the model's fused tensors).
     cpu_compile = True if (dev.type != "cuda" and args.cpu_compile) else None
     fast = make_policy(model, tok, dev, args.max_batch, "pi0", compile=cpu_compile)
     single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time", compile=cpu_compile)
     eager = make_policy(model, tok, dev, args.max_batch, "pi0-eager", use_graphs=False, compile=False)
     graphs_only = make_policy(model, tok, dev, 1, "pi0-graphs-eager-layers", compile=False)
-    t = time.perf_counter()
-    fast.warmup()
-    single.warmup()
-    warm_s = time.perf_counter() - t
-    log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
-        f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
 
     res: dict[str, Any] = {
         "benchmark": "pi0_native",
+        "complete": False,  # rewritten after every phase, so a run cut short still leaves its figures
         "command": " ".join([os.path.basename(sys.executable), "-m", "bench.pi0.bench_pi0", *sys.argv[1:]]),
         "hardware": hardware(dev), "versions": versions(),
         "model": {"config": "tiny" if args.tiny else "pi0 full size (PaliGemma 3B + Gemma 300M expert)",
@@ -238,23 +240,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "steps": cfg.num_inference_steps, "build_s": round(build_s, 2)},
         "paths": {
             "eager": "no CUDA graphs, eager layers (Pi0Runner use_graphs=False, compile=False)",
+            "graphs_eager_layers": "prefix + Euler loop as one CUDA graph, eager layers (compile=False)",
             "fast": "served default: prefix + Euler loop as one CUDA graph per bucket, torch.compile'd layers",
-            "fast_layers_compiled": fast.runner.fns.compiled,
             "buckets": list(fast.runner.buckets),
-            "warmup_s": round(warm_s, 1),
         },
         "request_bytes": len(wire.pack(make_obs(0, list(fast.client_keys), size, cfg.state_dim))),
         "memory": {"weights_gib": round(weights_bytes / 2**30, 3),
                    "resident_after_build_gib": None if resident is None else round(resident / 2**30, 3)},
     }
     sizes = [n for n in (1, 8, 32) if n <= args.max_batch]
-    log("bare forwards: eager vs fast")
+    # Cheapest first: eager and graphs-with-eager-layers need no compiler.
+    log("bare eager")
     res["bare_eager"] = {str(n): bare(eager, n, size, args.calls, args.seconds, dev, split=False) for n in sizes}
-    res["bare"] = {str(n): bare(fast if n > 1 else single, n, size, args.calls, args.seconds, dev) for n in sizes}
+    save(res)
     t = time.perf_counter()
     graphs_only.warmup()
     res["paths"]["graphs_eager_layers_warmup_s"] = round(time.perf_counter() - t, 1)
     res["bare_graphs_eager_layers_1"] = bare(graphs_only, 1, size, args.calls, args.seconds, dev, split=False)
+    save(res)
+    t = time.perf_counter()
+    fast.warmup()
+    single.warmup()
+    warm_s = time.perf_counter() - t
+    res["paths"].update(fast_layers_compiled=fast.runner.fns.compiled, fast_warmup_s=round(warm_s, 1))
+    log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
+        f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
+    log("bare fast")
+    res["bare"] = {str(n): bare(fast if n > 1 else single, n, size, args.calls, args.seconds, dev) for n in sizes}
+    save(res)
     res["bare_fast_per_bucket"] = {
         str(b): {k: v for k, v in bare(fast, b, size, args.calls, args.seconds / 2, dev, split=False).items()
                  if k in ("call_ms", "calls_per_s")}
@@ -265,6 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res["memory"]["per_batch"] = memory(fast, size, dev)
     if dev.type == "cuda":
         res["memory"]["peak_gib"] = round(torch.cuda.max_memory_reserved(dev) / 2**30, 2)
+    save(res)
 
     fleets: dict[str, Any] = {}
     log("served: one robot")
@@ -277,6 +291,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f["speedup"] = round(f["batched"]["calls_per_s"] / max(f["one_at_a_time"]["calls_per_s"], 1e-9), 2)
         log(f"  {n}: {f['batched']['calls_per_s']} vs {f['one_at_a_time']['calls_per_s']} calls/s "
             f"({f['speedup']}x), p99 {f['batched']['latency_ms']['p99']} ms")
+        res["served"] = fleets
+        save(res)
     res["served"] = fleets
     one_served = fleets["1"]["batched"]["latency_ms"]["p50"]
     one_bare = res["bare"]["1"]["call_ms"]["p50"]
@@ -288,6 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **({"p99_32_batched_ms": fleets["32"]["batched"]["latency_ms"]["p99"]} if "32" in fleets else {}),
     }
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    res["complete"] = True
     log(f"goals: {json.dumps(res['goals'])} (whole run {res['wall_s']} s)")
     return res
 
@@ -304,14 +321,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     res = run(args)
-    text = json.dumps(res, indent=2)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        log(f"wrote {args.out}")
-    else:
-        print(text)
+    emit(res, args.out, echo=not args.out, log=log)
 
 
 if __name__ == "__main__":
