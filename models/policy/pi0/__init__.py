@@ -4,7 +4,8 @@
 (config.json, model.safetensors, tokenizer.json; optional normaliser files) and
 ``options`` any object with ``device``, ``max_batch``, ``steps`` and
 ``gpu_memory_fraction`` (``frames_per_chunk`` is for world models and unused here),
-plus an optional ``image_key_map`` (client key -> checkpoint camera feature).
+plus an optional ``image_key_map`` (client key -> checkpoint camera feature) and an
+optional ``compile`` (False: CUDA graphs over the eager layers; see runner.py).
 """
 
 from __future__ import annotations
@@ -65,4 +66,5 @@ def build(path: str | None, options: Any) -> Any:
         steps=getattr(options, "steps", None),
         image_key_map=getattr(options, "image_key_map", None),
         gpu_memory_fraction=getattr(options, "gpu_memory_fraction", None),
+        compile=getattr(options, "compile", None),
     )
