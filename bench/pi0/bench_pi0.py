@@ -128,6 +128,19 @@ def bare(policy: Pi0Policy, n: int, size: int, calls: int, seconds: float, dev: 
     return out
 
 
+def agreement(fast: Pi0Policy, eager: Pi0Policy, sizes: list[int], size: int) -> dict[str, Any]:
+    """The same robots (same noise) through both paths: how far the fast actions are from eager."""
+    out = {}
+    for n in sizes:
+        works = works_for(fast, n, size, f"agree{n}")
+        a = np.stack([r["actions"] for r in fast.infer_batch(works)])
+        b = np.stack([r["actions"] for r in eager.infer_batch(works)])
+        out[str(n)] = {"max_abs_diff": round(float(np.abs(a - b).max()), 5),
+                       "eager_max_abs": round(float(np.abs(b).max()), 4),
+                       "rel_rms_diff": round(float(np.sqrt(((a - b) ** 2).mean() / max((b ** 2).mean(), 1e-12))), 5)}
+    return out
+
+
 def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
     if dev.type != "cuda":
         return {}
@@ -265,6 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res["paths"].update(fast_layers_compiled=fast.runner.fns.compiled, fast_warmup_s=round(warm_s, 1))
     log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
         f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
+    res["fast_vs_eager"] = agreement(fast, eager, [n for n in (1, 8) if n <= args.max_batch], size)
+    log(f"fast vs eager: {json.dumps(res['fast_vs_eager'])}")
     log("bare fast")
     res["bare"] = {str(n): bare(fast if n > 1 else single, n, size, args.calls, args.seconds, dev) for n in sizes}
     save(res)
