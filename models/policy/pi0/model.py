@@ -220,13 +220,15 @@ class Pi0Model(nn.Module):
 
     def time_bias(self, steps: int) -> torch.Tensor:
         """[steps, W]: ``W_t time_embedding(t_i) + b`` of ``action_time_mlp_in`` at each Euler
-        time t_i = 1 - i / steps (the same for every robot; cached per step count)."""
+        time t_i = 1 - i / steps (the same for every robot; cached per step count, computed
+        outside any graph capture by the runner)."""
         hit = self._time_bias.get(steps)
         if hit is None:
             cfg, w = self.cfg, self.cfg.expert.width
             lin = self.action_time_mlp_in
-            # t_i as a float32, as the Euler loop's clock has always been.
-            t = torch.tensor([1.0 - i / steps for i in range(steps)], dtype=torch.float32, device=lin.weight.device)
+            # t_i = 1 + i * dt as a float32, as sample()'s clock reads it.
+            t = torch.tensor([1.0 + i * (-1.0 / steps) for i in range(steps)], dtype=torch.float32,
+                             device=lin.weight.device)
             temb = time_embedding(t, w, cfg.min_period, cfg.max_period).to(self.dtype)
             hit = F.linear(temb, lin.weight[:, w:], lin.bias)
             self._time_bias[steps] = hit
