@@ -400,7 +400,17 @@ class WorldConnection:
                     continue
                 request = session.begin_tick()
                 started = time.perf_counter()
-                work = adapter.tick(request, self.seed, self.options)
+                try:
+                    work = adapter.tick(request, self.seed, self.options)
+                except Exception as exc:  # noqa: BLE001 - the model's own bug fails its session, told
+                    # Uncaught, it would end this task silently and the client would wait forever.
+                    log.warning("session %s: %s.tick failed: %r", sid, self.model, exc)
+                    pending = list(session.pending_event_ids)
+                    session.fail_tick(f"tick could not be built: {exc!r}")
+                    self._mark("failed")
+                    await _finish(sending)
+                    await self._report_failure(pending, Failure.MODEL, f"{type(exc).__name__}: {exc}")
+                    return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
                 try:
