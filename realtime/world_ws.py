@@ -413,6 +413,8 @@ class WorldConnection:
                     return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
+                if self.format != work.format:  # the model may encode on its device (WorldTick.format)
+                    work = dataclasses.replace(work, format=self.format)
                 try:
                     chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
                 except ENGINE_ERRORS as exc:
@@ -436,14 +438,16 @@ class WorldConnection:
                     self.entry.ticked(committed.chunk_index)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
-                sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
+                sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms))
         finally:
             await _finish(sending)
 
-    async def _send_chunk(self, request: TickRequest, frames: np.ndarray, tick_ms: float) -> None:
-        # Encoded off the loop (realtime/media.py); chunk N+1's send starts only after
-        # this one's, so chunks stay in order.
-        payloads = await encode_chunk(frames, self.format)
+    async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float) -> None:
+        # Encoded by the model on its device (WorldChunk.encoded) or here off the loop
+        # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
+        # stay in order.
+        frames = chunk.frames
+        payloads = list(chunk.encoded) if chunk.encoded is not None else await encode_chunk(frames, self.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,

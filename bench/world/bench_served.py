@@ -24,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -108,8 +109,24 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
     return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
 
 
-def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
-    """(variant, format, encode workers, switch interval s, sessions) for every row, in order."""
+@dataclass(frozen=True)
+class RowPlan:
+    """One row: a variant (``FORMAT[/mod...]``) at one session count."""
+
+    variant: str
+    format: str
+    encode_workers: int
+    switch_s: float
+    sessions: int
+    jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
+
+
+MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
+        "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool"}
+
+
+def _plan(args: argparse.Namespace) -> list[RowPlan]:
+    """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
     import realtime.engine
     import realtime.media
 
@@ -117,12 +134,13 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
     for spec in args.variants or [args.format]:
         head, _, counts = spec.partition("@")
         fmt, *mods = head.split("/")
-        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - {"inline", "gil5"}:
-            raise SystemExit(f"bad variant {spec!r}")
+        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - set(MODS) or {"nvjpeg", "pil"} <= set(mods):
+            raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)}")
         workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
         switch = 0.005 if "gil5" in mods else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [(head, fmt, workers, switch, n) for n in sessions]
+        rows += [RowPlan(head, fmt, workers, switch, n, path) for n in sessions]
     return rows
 
 
@@ -255,19 +273,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import realtime.engine
     import realtime.media
+    from models.world.device_jpeg import DeviceJpeg
     from realtime.app import build_app
     from realtime.config import EngineConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
-    plan = _plan(args)
-    # Room for every session of the largest run plus the bare-model sessions.
-    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r[4] for r in plan),
-                         args.instant_ms)
     if args.switch_interval_ms is not None:
         realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
     if args.encode_workers is not None:
         realtime.media.ENCODE_WORKERS = args.encode_workers
+    plan = _plan(args)
+    # Room for every session of the largest run plus the bare-model sessions.
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r.sessions for r in plan),
+                         args.instant_ms)
+    measured_jpeg = DeviceJpeg()  # the path picked by measurement on the first CUDA jpeg batch
     profile = ServeProfile()
     profile.attach(model)
     inventory = Inventory()
@@ -279,15 +299,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         bares: dict[int, dict[str, float]] = {}
-        for variant, fmt, workers, switch_s, n in plan:
+        for p in plan:
+            variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
             sys.setswitchinterval(switch_s)
+            model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
             fleet = ClientFleet(url, n, args.client_procs, args.credits, args.warmup, args.seconds, fmt)
-            fleet.start()
-            # Engine batches over (roughly) the measured window: do the sessions tick together?
+            try:
+                fleet.start()  # every session created; their windows start now
+            except ClientFailure as exc:
+                log(f"{variant}: {n} sessions FAILED to start: {exc}")
+                rows.append({"variant": variant, "format": fmt, "sessions": n, "error": str(exc)})
+                continue
+            # Engine batches over the clients' measured window: do the sessions tick together?
             time.sleep(args.warmup)
             stats = app.state.engine.stats
             batches0, works0, busy0 = stats.batches, stats.works, stats.busy_seconds
@@ -307,6 +334,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"{n} sessions: bare model ...")
                 bares[n] = _bare(model, n, repeats=args.bare_repeats)
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
+            if fmt == "jpeg":
+                # "pil" also when the frames are on the host: the server's pool encodes them.
+                row["cuda_frames_jpeg_path"] = model.device_jpeg.path
             log(json.dumps(row))
             rows.append(row)
     return {
@@ -323,6 +353,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "client_procs": args.client_procs,
         "per_message_deflate": args.deflate,
         "seconds": args.seconds,
+        # the measured pick for CUDA frames (None: no jpeg row had CUDA frames to measure)
+        "cuda_frames_jpeg": measured_jpeg.measurement,
         "capacity": _capacity(model, args.device, [r for r in rows if "error" not in r]),
         # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
         "adapter": {k: v for k, v in model.describe().items() if k != "config"},

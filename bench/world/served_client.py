@@ -37,8 +37,14 @@ async def _recv(ws: Any) -> Any:
 
 
 async def session_client(url: str, sid: str, keys: list[str], credits: int, warmup: float, seconds: float,
-                         fmt: str = "rgb8") -> dict[str, Any]:
-    """One session: frames counted, server tick ms and gaps between chunks (ms) in the window."""
+                         fmt: str = "rgb8", go: asyncio.Future | None = None,
+                         created_cb: Any = None) -> dict[str, Any]:
+    """One session: frames counted, server tick ms and gaps between chunks (ms) in the window.
+
+    With ``go`` it reads nothing after ``session.created`` until ``go`` is done (the
+    server stops after the first ``credits`` chunks): every session of a row starts
+    its window together, however long the processes took to start.
+    """
     import websockets
 
     async with websockets.connect(url, max_size=None) as ws:
@@ -47,6 +53,10 @@ async def session_client(url: str, sid: str, keys: list[str], credits: int, warm
         created = json.loads(await _recv(ws))
         if created.get("type") != "session.created":
             raise ClientFailure(f"session {sid}: create answered {created}")
+        if created_cb is not None:
+            created_cb()
+        if go is not None:
+            await go
         await ws.send(json.dumps({"type": "event", "event_id": 0, "controls": [
             {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": keys}}]}))
         start = time.perf_counter()
@@ -82,13 +92,29 @@ async def session_client(url: str, sid: str, keys: list[str], credits: int, warm
 
 
 def _client_process(url: str, ids: list[int], credits: int, warmup: float, seconds: float,
-                    out: mp.Queue, fmt: str) -> None:
+                    out: mp.Queue, fmt: str, go_event: Any) -> None:
     async def main() -> dict[str, Any]:
-        results = await asyncio.gather(*(session_client(url, f"s{i}", KEYS[i % 4], credits, warmup, seconds, fmt)
-                                         for i in ids), return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                return {"error": f"{type(r).__name__}: {r}"}
+        loop = asyncio.get_running_loop()
+        go: asyncio.Future = loop.create_future()
+        created = 0
+
+        def one_created() -> None:
+            nonlocal created
+            created += 1
+            if created == len(ids):
+                out.put({"ready": len(ids)})
+                # The parent sets the event once every process is ready; wait for it off the loop.
+                waiter = loop.run_in_executor(None, go_event.wait, RECV_TIMEOUT_S)
+                waiter.add_done_callback(lambda f: go.done() or go.set_result(f.result()))
+
+        tasks = [asyncio.ensure_future(session_client(url, f"s{i}", KEYS[i % 4], credits, warmup, seconds, fmt,
+                                                      go, one_created)) for i in ids]
+        try:  # the first failure ends the process (asyncio.run cancels the other sessions)
+            results = await asyncio.gather(*tasks)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        if go.done() and go.result() is False:
+            return {"error": f"no start signal in {RECV_TIMEOUT_S:.0f} s"}
         return {"sessions": {f"s{i}": r for i, r in zip(ids, results)}}
 
     try:
@@ -98,21 +124,48 @@ def _client_process(url: str, ids: list[int], credits: int, warmup: float, secon
 
 
 class ClientFleet:
-    """``n`` sessions spread over ``procs`` processes (spawned: no fork of a CUDA parent)."""
+    """``n`` sessions spread over ``procs`` processes (spawned: no fork of a CUDA parent).
+
+    ``start`` returns once every session is created (or raises ``ClientFailure``); the
+    sessions' measured windows (``warmup`` then ``seconds``) begin together right then.
+    """
 
     def __init__(self, url: str, n: int, procs: int, credits: int, warmup: float, seconds: float,
                  fmt: str = "rgb8") -> None:
         ctx = mp.get_context("spawn")
         self._queue: mp.Queue = ctx.Queue()
+        self._go = ctx.Event()
         k = max(1, min(procs, n))
         self.deadline_s = warmup + seconds + RECV_TIMEOUT_S + 60
         self._procs = [ctx.Process(target=_client_process, daemon=True,
-                                   args=(url, list(range(j, n, k)), credits, warmup, seconds, self._queue, fmt))
+                                   args=(url, list(range(j, n, k)), credits, warmup, seconds, self._queue, fmt,
+                                         self._go))
                        for j in range(k)]
 
-    def start(self) -> None:
+    def start(self, timeout_s: float = 120.0) -> None:
         for proc in self._procs:
             proc.start()
+        ready, end = 0, time.monotonic() + timeout_s
+        while ready < len(self._procs):
+            try:
+                got = self._queue.get(timeout=max(0.1, end - time.monotonic()))
+            except queue_mod.Empty:
+                self._stop()
+                raise ClientFailure(f"sessions not created in {timeout_s:.0f} s ({ready} of "
+                                    f"{len(self._procs)} client processes ready)") from None
+            if "ready" in got:
+                ready += 1
+            else:  # a process failed before it was ready
+                self._stop()
+                raise ClientFailure(got.get("error", str(got)))
+        self._go.set()
+
+    def _stop(self) -> None:
+        self._go.set()
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Every session's figures; ``ClientFailure`` with the first reason any process gave."""
@@ -129,10 +182,7 @@ class ClientFleet:
                 errors.append(got["error"])
             else:
                 sessions.update(got["sessions"])
-        for proc in self._procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
+        self._stop()
         if errors:
             raise ClientFailure("; ".join(errors[:3]))
         return sessions
