@@ -401,7 +401,8 @@ class WorldConnection:
                 request = session.begin_tick()
                 started = time.perf_counter()
                 try:
-                    work = adapter.tick(request, self.seed, self.options)
+                    # The format travels on the tick: the model may encode jpeg on its device.
+                    work = adapter.tick(request, self.seed, self.options, format=self.format)
                 except Exception as exc:  # noqa: BLE001 - the model's own bug fails its session, told
                     # Uncaught, it would end this task silently and the client would wait forever.
                     log.warning("session %s: %s.tick failed: %r", sid, self.model, exc)
@@ -413,8 +414,6 @@ class WorldConnection:
                     return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
-                if self.format != work.format:  # the model may encode on its device (WorldTick.format)
-                    work = dataclasses.replace(work, format=self.format)
                 try:
                     chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
                 except ENGINE_ERRORS as exc:

@@ -21,7 +21,7 @@ BUSY_SHARE = 0.95
 TICK_P50_MS = 7.0
 JPEG_OVER_RGB8 = 0.95
 GOAL_SESSIONS = (1, 32, 128)
-JPEG_SESSIONS = 32
+JPEG_SESSIONS = 32  # jpeg vs rgb8 (h200_serving.sh runs it there)
 
 
 def _rgb8(rows: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
@@ -42,11 +42,11 @@ def goals(served: dict[str, Any]) -> list[dict[str, Any]]:
         goal(f"engine busy share @{n}", r and r["engine_busy_share"], BUSY_SHARE)
     one = _rgb8(rows, 1)
     goal("single-session tick p50 ms", one and one["tick_ms_p50"], TICK_P50_MS, higher=False)
-    base = _rgb8(rows, JPEG_SESSIONS)
-    for r in rows:
-        if r.get("format") == "jpeg" and r.get("sessions") == JPEG_SESSIONS and "error" not in r:
+    for r in rows:  # the goal is at JPEG_SESSIONS; a dry run's smaller rows are compared alike
+        if r.get("format") == "jpeg" and "error" not in r:
+            base = _rgb8(rows, r["sessions"])
             ratio = base and r["frames_per_s_total"] / base["frames_per_s_total"]
-            goal(f"{r['variant']}/rgb8 @{JPEG_SESSIONS} (cuda path {r.get('cuda_frames_jpeg_path')})", ratio,
+            goal(f"{r['variant']}/rgb8 @{r['sessions']} (cuda path {r.get('cuda_frames_jpeg_path')})", ratio,
                  JPEG_OVER_RGB8)
     for r in rows:
         if "error" in r:

@@ -224,8 +224,10 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         """Fresh control reducers for a new session of this model."""
         return default_reducers(self.geometry.frames_per_chunk)
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> WorldTick:
-        """The tick the model sees for a session's snapshot ``request`` (``options``: checked ones)."""
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request`` (``options``: checked
+        ones; ``format``: the session's wire format, ``WorldTick.format``)."""
         return WorldTick(
             session_id=request.session_id,
             request_id=request.request_id,
@@ -235,6 +237,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
             seed=seed,
             options=dict(options or {}),
+            format=format,
         )
 
     # How ``jpeg`` ticks' CUDA frames are encoded (models/world/device_jpeg.py): made on

@@ -39,7 +39,7 @@ def test_one_tiny_row_through_the_harness() -> None:
 class BrokenTick(InstantWorld):
     """A model whose ``tick`` raises: the endpoint must fail the session and say so."""
 
-    def tick(self, request, seed, options=None):  # type: ignore[no-untyped-def, override]
+    def tick(self, request, seed, options=None, **kwargs):  # type: ignore[no-untyped-def, override]
         raise RuntimeError("broken tick")
 
 
@@ -55,3 +55,52 @@ def test_a_broken_model_ends_the_row_with_its_reason() -> None:
         with pytest.raises(ClientFailure, match="session_failed.*broken tick"):
             fleet.results()
         assert time.monotonic() - t0 < 30
+
+
+class Recording(InstantWorld):
+    """Remembers the format of every tick it generates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.formats: list[str] = []
+
+    def generate(self, works):  # type: ignore[no-untyped-def, override]
+        self.formats += [w.format for w in works]
+        return super().generate(works)
+
+
+def test_a_jpeg_session_s_ticks_carry_its_format() -> None:
+    model = Recording()
+    inventory = Inventory()
+    inventory.adapters[model.name] = model
+    app = build_app(ServerConfig(world=WorldConfig(models=(model.name,))), inventory)
+    with serve_in_thread(app) as addr:
+        fleet = ClientFleet(f"ws://{addr}/v1/realtime/world", 1, 1, 4, 0.0, 0.3, "jpeg")
+        fleet.start()
+        (result,) = fleet.results().values()
+    assert result["frames"] > 0
+    assert model.formats and set(model.formats) == {"jpeg"}  # the model may encode on its device
+
+
+def test_the_summary_sets_each_goal_beside_its_figure() -> None:
+    from bench.world.serving_summary import curve, goals
+
+    def row(variant: str, n: int, total: float, bare: float, busy: float, p50: float) -> dict:
+        return {"variant": variant, "format": variant.split("/")[0], "sessions": n, "frames_per_s_total": total,
+                "frames_per_s_per_session_mean": total / n, "frames_per_s_per_session_min": total / n,
+                "bare_frames_per_s_total": bare, "served_over_bare_throughput": total / bare, "tick_ms_p50": p50,
+                "tick_ms_p99": 2 * p50, "engine_busy_share": busy, "gpu_memory": None,
+                "cuda_frames_jpeg_path": "nvjpeg" if variant == "jpeg" else None}
+
+    served = {"rows": [row("rgb8", 1, 96.0, 100.0, 0.97, 6.5), row("rgb8", 32, 900.0, 1000.0, 0.9, 20.0),
+                       row("jpeg", 32, 880.0, 1000.0, 0.9, 21.0),
+                       {"variant": "rgb8", "format": "rgb8", "sessions": 128, "error": "boom"}]}
+    by_name = {g["goal"]: g for g in goals(served)}
+    assert by_name["served/bare throughput @1"]["met"] is True
+    assert by_name["served/bare throughput @32"]["met"] is False
+    assert by_name["served/bare throughput @128"]["met"] is None  # the row failed: missing, not met
+    assert by_name["single-session tick p50 ms"]["met"] is True
+    jpeg = by_name["jpeg/rgb8 @32 (cuda path nvjpeg)"]
+    assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
+    assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
+    assert [p["sessions"] for p in curve(served)] == [1, 32]

@@ -111,8 +111,9 @@ class LingBotWorld(WorldAdapter):
         return {**default_reducers(self.geometry.frames_per_chunk),
                 **lingbot_reducers(self.frames_per_block, self.trajectory_root)}
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> LingBotTick:
-        base = super().tick(request, seed, options)
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> LingBotTick:
+        base = super().tick(request, seed, options, format=format)
         controls = request.controls
         return LingBotTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
                            camera_keys=controls.get(ACTIONS_TRACK), trajectory=controls.get(TRAJECTORY_TRACK))
