@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Serving at the model's limit on the H200 (issue 19): one command, about 4 minutes, JSON to $OUT.
+# Serving at the model's limit on the H200 (issue 19): one command, about 5 minutes, JSON to $OUT.
 #   1. jpeg per frame at 480x832 (LingBot) and 64x64 (maze): PIL on one thread and on the encoder
 #      pool vs nvJPEG batched on CUDA (bench/world/bench_jpeg.py)
 #   2. maze on CUDA through the real server vs the bare adapter, one server, one run
@@ -8,7 +8,8 @@
 #        rgb8 @ 1,2,4,..,256    the scaling curve; 1/32/128 are the served-vs-bare goal rows
 #        jpeg @ 32              CUDA frames' jpeg path picked by measurement on the first batch
 #        jpeg/pil, jpeg/nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
-#   3. the summary: every goal beside its figure, the capacity formula beside the curve
+#   3. cProfile of the server's threads (engine, loop) at 32 sessions (bench/world/profile_engine.py)
+#   4. the summary: every goal beside its figure, the capacity formula beside the curve
 #      (bench/world/serving_summary.py -> $OUT/serving_summary.json, and the tail of the log)
 # Run from the repo root (or a .dev_ copy) with .whl carried (starlette, uvicorn, websockets...).
 # CPU dry run of the whole script (tiny settings, instant model): DRY=1 OUT=/tmp/o bench/h200_serving.sh
@@ -27,20 +28,21 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ "${DRY:-0}" = 1 ]; then
     MODEL=${MODEL:-instant} DEVICE=${DEVICE:-cpu} SECONDS_PER_ROW=${SECONDS_PER_ROW:-0.6} WARMUP=${WARMUP:-0.3}
     VARIANTS=${VARIANTS:-rgb8@1,2,4 jpeg@2 jpeg/pil@2 jpeg/nvjpeg@2} PROCS=${PROCS:-2} JPEG_SIZES=${JPEG_SIZES:-96x160}
-    JPEG_BATCH=${JPEG_BATCH:-4} BARE_REPEATS=${BARE_REPEATS:-3}
+    JPEG_BATCH=${JPEG_BATCH:-4} BARE_REPEATS=${BARE_REPEATS:-3} PROFILE_SESSIONS=${PROFILE_SESSIONS:-2}
 fi
 MODEL=${MODEL:-maze} DEVICE=${DEVICE:-cuda}
 VARIANTS=${VARIANTS:-rgb8@1,2,4,8,16,32,64,128,256 jpeg@32 jpeg/pil@32 jpeg/nvjpeg@32}
 # 12 client processes: one tops out near 1,000 chunks/s, and the load must not be the bottleneck.
 PROCS=${PROCS:-12} SECONDS_PER_ROW=${SECONDS_PER_ROW:-4} WARMUP=${WARMUP:-1.5} BARE_REPEATS=${BARE_REPEATS:-20}
-JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32}
+JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32} PROFILE_SESSIONS=${PROFILE_SESSIONS:-32}
 status=0
 step() {  # step NAME SECONDS CMD...: bounded, its tail in the log, its rc remembered
     local name=$1 limit=$2; shift 2
     echo "== $name (limit ${limit}s): $*"
     timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
     local rc=$?
-    grep -v '^  ' "$OUT/$name.log" | grep -v '^[{}]' | tail -n 25
+    # The JSON is in $OUT; the log shows each step's last lines, cut short (the summary has the figures).
+    grep -v '^  ' "$OUT/$name.log" | grep -v '^[{}]' | tail -n "${TAIL:-12}" | cut -c1-"${WIDTH:-200}"
     echo "== $name rc=$rc"
     [ "$rc" = 0 ] || status=1
 }
@@ -71,8 +73,12 @@ step jpeg_paths 120 $PY -m bench.world.bench_jpeg --sizes $JPEG_SIZES --batch "$
 step world_serving 330 $PY -m bench.world.bench_served --model "$MODEL" --device "$DEVICE" \
     --seconds "$SECONDS_PER_ROW" --warmup "$WARMUP" --bare-repeats "$BARE_REPEATS" --max-batch 128 \
     --batch-wait-ms 20 --client-procs "$PROCS" --variants $VARIANTS --out "$OUT/world_serving_h200.json"
-step summary 60 $PY -m bench.world.serving_summary "$OUT/world_serving_h200.json" "$OUT/jpeg_paths_h200.json" \
-    --out "$OUT/serving_summary.json"
+# Which functions fill the hand-off: cProfile of the engine thread and the loop at 32 sessions.
+step engine_profile 120 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" \
+    --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \
+    --out "$OUT/engine_profile_h200.json"
+TAIL=60 WIDTH=400 step summary 60 $PY -m bench.world.serving_summary "$OUT/world_serving_h200.json" "$OUT/jpeg_paths_h200.json" \
+    --profile "$OUT/engine_profile_h200.json" --out "$OUT/serving_summary.json"
 
 ls -la "$OUT"
 exit $status

@@ -22,6 +22,7 @@ TICK_P50_MS = 7.0
 JPEG_OVER_RGB8 = 0.95
 GOAL_SESSIONS = (1, 32, 128)
 JPEG_SESSIONS = 32  # jpeg vs rgb8 (h200_serving.sh runs it there)
+IDLE = ("runners.py:86(run)", "'acquire'", "'_acquire_restore'")
 
 
 def _rgb8(rows: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
@@ -69,7 +70,7 @@ def curve(served: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(served: dict[str, Any], points: list[dict[str, Any]]) -> str:
     cap = served.get("capacity", {})
     mem = cap.get("memory") or {}
-    lines = [f"Maze on {served.get('gpu') or served.get('device')} through the real server "
+    lines = [f"{served.get('model')} on {served.get('gpu') or served.get('device')} through the real server "
              f"(`{served.get('command')}`):", "",
              "| sessions | frames/s per session (min) | frames/s total | bare total | served/bare "
              "| tick p50 / p99 ms | engine busy | GPU used GiB |",
@@ -92,6 +93,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("served")
     parser.add_argument("jpeg", nargs="?")
+    parser.add_argument("--profile", default=None, help="profile_engine.py's JSON: its top functions are shown")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     served = json.loads(Path(args.served).read_text())
@@ -113,6 +115,16 @@ def main() -> None:
               "-> {fastest}".format(pool=_ms(r.get("pil_pool_ms_per_frame")), nv=_ms(r.get("nvjpeg_batch_ms_per_frame")),
                                     **r))
     print(f"CUDA frames' jpeg path picked in the run: {served.get('cuda_frames_jpeg')}")
+    forced = {r["variant"]: r["frames_per_s_total"] for r in served["rows"]
+              if r.get("variant") in ("jpeg/pil", "jpeg/nvjpeg") and "error" not in r}
+    if len(forced) == 2:
+        print(f"served jpeg frames/s total, each path forced: {forced} -> {max(forced, key=forced.get)} is faster")
+    profile = json.loads(Path(args.profile).read_text()) if args.profile and Path(args.profile).exists() else None
+    for name, thread in (profile or {}).get("threads", {}).items():
+        # Waiting (the loop's selector, the engine's condition) is idle time, not work: left out.
+        busy = [t for t in thread["top"] if not any(w in t["function"] for w in IDLE)]
+        top = ", ".join(f"{t['function']} {t['own_share']:.1%}" for t in busy[:8])
+        print(f"profile {name} ({thread['total_s']} s): {top}")
     report = {"goals": checks, "curve": points, "capacity": served.get("capacity"), "jpeg_paths": paths,
               "cuda_frames_jpeg": served.get("cuda_frames_jpeg"), "served_command": served.get("command"),
               "jpeg_command": (jpeg or {}).get("command")}
