@@ -295,6 +295,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
     rows: list[dict[str, Any]] = []
+
+    def report() -> dict[str, Any]:
+        return {
+            "benchmark": "world sessions through the real server and engine vs the bare adapter",
+            "command": " ".join([sys.executable.split("/")[-1], "-m", "bench.world.bench_served", *sys.argv[1:]]),
+            "model": args.model,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": mp.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "credits": args.credits,
+            "client_procs": args.client_procs,
+            "per_message_deflate": args.deflate,
+            "seconds": args.seconds,
+            # the measured pick for CUDA frames (None: no jpeg row had CUDA frames to measure)
+            "cuda_frames_jpeg": measured_jpeg.measurement,
+            "capacity": _capacity(model, args.device, [r for r in rows if "error" not in r]),
+            # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
+            "adapter": {k: v for k, v in model.describe().items() if k != "config"},
+            "rows": rows,
+            "complete": len(rows) == len(plan),
+        }
+
     app = build_app(config, inventory)
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
@@ -339,27 +364,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["cuda_frames_jpeg_path"] = model.device_jpeg.path
             log(json.dumps(row))
             rows.append(row)
-    return {
-        "benchmark": "world sessions through the real server and engine vs the bare adapter",
-        "command": " ".join([sys.executable.split("/")[-1], "-m", "bench.world.bench_served", *sys.argv[1:]]),
-        "model": args.model,
-        "device": args.device,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": mp.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "credits": args.credits,
-        "client_procs": args.client_procs,
-        "per_message_deflate": args.deflate,
-        "seconds": args.seconds,
-        # the measured pick for CUDA frames (None: no jpeg row had CUDA frames to measure)
-        "cuda_frames_jpeg": measured_jpeg.measurement,
-        "capacity": _capacity(model, args.device, [r for r in rows if "error" not in r]),
-        # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
-        "adapter": {k: v for k, v in model.describe().items() if k != "config"},
-        "rows": rows,
-    }
+            if args.out:  # what is done so far survives a timeout of the whole run
+                emit(report(), args.out, echo=False)
+    return report()
 
 
 def main() -> None:

@@ -99,6 +99,8 @@ def main() -> None:
     served = json.loads(Path(args.served).read_text())
     jpeg = json.loads(Path(args.jpeg).read_text()) if args.jpeg and Path(args.jpeg).exists() else None
     checks, points = goals(served), curve(served)
+    if not served.get("complete", True):
+        print(f"INCOMPLETE run: {len(served['rows'])} rows written before it stopped")
     table = markdown(served, points)
     for c in checks:
         v = c["value"]
