@@ -145,7 +145,13 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
 
 
 def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
-    """The capacity formula (kv.plan_capacity) at the device's free memory: how many sessions fit."""
+    """The capacity formula (kv.plan_capacity) at the memory the server planned from: how
+    many sessions fit, beside the pool this run built and the device memory in use now.
+
+    The memory is the model's own plan's ``available_bytes`` (free after its weights
+    loaded, before its pool), so the prediction is for a server started fresh; the
+    device's free memory now (the pool allocated) would under-count by the pool.
+    """
     geometry = getattr(model, "kv_geometry", None)
     if geometry is None:
         return None
@@ -153,12 +159,22 @@ def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
 
     from kv import plan_capacity
 
-    free = torch.cuda.mem_get_info()[0] if device.startswith("cuda") and torch.cuda.is_available() else None
-    if free is None:
+    built = getattr(model, "plan", None)
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    available = getattr(built, "available_bytes", None) or (torch.cuda.mem_get_info()[0] if cuda else None)
+    if available is None:
         return {"available_bytes": None}
-    plan = plan_capacity(geometry, available_bytes=free, fraction=0.9, ticks_in_flight=model.max_batch)
-    return {"available_bytes": free, "fraction": 0.9, "sessions": plan.capacity,
-            "required_one_bytes": plan.required_one_bytes}
+    plan = plan_capacity(geometry, available_bytes=available, fraction=0.9, ticks_in_flight=model.max_batch)
+    out: dict[str, Any] = {"available_bytes": available, "fraction": 0.9, "sessions": plan.capacity,
+                           "required_one_bytes": plan.required_one_bytes,
+                           "per_session_bytes": plan_capacity(geometry, None, requested_sessions=2,
+                                                              ticks_in_flight=model.max_batch).required_bytes
+                           - plan.required_one_bytes}
+    if built is not None:
+        out["built_pool"] = {"sessions": built.capacity, "required_bytes": built.required_bytes}
+    if cuda:
+        out["allocated_bytes_now"] = torch.cuda.memory_allocated()
+    return out
 
 
 def pct(values: list[float], q: float) -> float:

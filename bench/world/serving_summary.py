@@ -1,6 +1,7 @@
 """Issue 19's goals beside the figures of one ``bench/h200_serving.sh`` run, and the README's curve.
 
-    python -m bench.world.serving_summary world_serving_h200.json jpeg_paths_h200.json --out summary.json
+    python -m bench.world.serving_summary world_serving_h200.json jpeg_paths_h200.json --out summary.json \
+        [--profile engine_profile_h200.json] [--readme README.md]
 
 Prints a short table (goal, figure, met) and the scaling curve as a Markdown table (also
 written beside ``--out`` as ``scaling_curve.md``), with the capacity formula's prediction
@@ -89,12 +90,28 @@ def markdown(served: dict[str, Any], points: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+START, END = "<!-- scaling-curve:start -->", "<!-- scaling-curve:end -->"
+
+
+def update_readme(text: str, table: str, result_file: str) -> str:
+    """``text`` with the curve between the scaling-curve markers; without them, a new
+    "Scaling" subsection goes right before "## More than one GPU" (or at the end)."""
+    block = f"{START}\n{table}\nFrom `bench/h200_serving.sh` (`{result_file}`).\n{END}"
+    if START in text and END in text:
+        head, rest = text.split(START, 1)
+        return head + block + rest.split(END, 1)[1]
+    section = f"### Scaling on one GPU\n\n{block}\n\n"
+    anchor = "## More than one GPU"
+    return text.replace(anchor, section + anchor, 1) if anchor in text else text.rstrip("\n") + "\n\n" + section
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("served")
     parser.add_argument("jpeg", nargs="?")
     parser.add_argument("--profile", default=None, help="profile_engine.py's JSON: its top functions are shown")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--readme", default=None, help="put the curve into this README (between markers)")
     args = parser.parse_args()
     served = json.loads(Path(args.served).read_text())
     jpeg = json.loads(Path(args.jpeg).read_text()) if args.jpeg and Path(args.jpeg).exists() else None
@@ -133,6 +150,9 @@ def main() -> None:
     emit(report, args.out, echo=False)
     if args.out:
         Path(args.out).with_name("scaling_curve.md").write_text(table)
+    if args.readme:
+        readme = Path(args.readme)
+        readme.write_text(update_readme(readme.read_text(), table, Path(args.served).name))
 
 
 def _ms(v: float | None) -> str:

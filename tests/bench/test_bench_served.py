@@ -104,3 +104,15 @@ def test_the_summary_sets_each_goal_beside_its_figure() -> None:
     assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
     assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
     assert [p["sessions"] for p in curve(served)] == [1, 32]
+
+
+def test_the_curve_goes_into_the_readme_once_and_is_replaced_after() -> None:
+    from bench.world.serving_summary import END, START, update_readme
+
+    text = "# x\n\n## Measured\n\nfigures\n\n## More than one GPU\n\nreplicas\n"
+    once = update_readme(text, "| a |\n", "r1.json")
+    assert once.index(START) < once.index("| a |") < once.index(END) < once.index("## More than one GPU")
+    assert once.count("### Scaling on one GPU") == 1
+    twice = update_readme(once, "| b |\n", "r2.json")
+    assert "| a |" not in twice and "| b |" in twice and "r2.json" in twice
+    assert twice.count(START) == 1 and twice.count("### Scaling on one GPU") == 1
