@@ -83,6 +83,7 @@ class LingBotWorld(WorldAdapter):
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
                  checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
         self.pipeline = pipeline
+        pipeline.device_frames = pipeline.device.type == "cuda"  # jpeg may be encoded there (base)
         self.name = name
         self.max_batch = max_batch
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
@@ -141,7 +142,8 @@ class LingBotWorld(WorldAdapter):
         out = []
         for w, f in zip(works, frames):
             if len(f) < F:  # a session's first block: hold its first frame
-                f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
+                f = (np.concatenate([np.repeat(f[:1], F - len(f), 0), f]) if isinstance(f, np.ndarray)
+                     else torch.cat([f[:1].expand(F - len(f), *f.shape[1:]), f]))
             out.append(WorldChunk.answering(w, f))
         return out
 
