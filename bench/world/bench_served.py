@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -123,6 +124,31 @@ class RowPlan:
 
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool"}
+
+
+def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
+    """``fn()`` on the engine thread (its control lane), from this thread; its value or error.
+
+    The bare model must not run beside the engine thread: the served sessions' releases
+    may still be running there, on the same KV pool.
+    """
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    engine.post_control(job)
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the engine did not run the bare model in {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _plan(args: argparse.Namespace) -> list[RowPlan]:
@@ -373,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             if n not in bares:
                 log(f"{n} sessions: bare model ...")
-                bares[n] = _bare(model, n, repeats=args.bare_repeats)
+                bares[n] = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats))
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
             if fmt == "jpeg":
                 # "pil" also when the frames are on the host: the server's pool encodes them.
