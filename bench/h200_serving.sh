@@ -55,7 +55,9 @@ def run(*cmd):
     except Exception as exc:  # noqa: BLE001
         return repr(exc)
 env = {"command": sys.argv[2], "python": platform.python_version(), "cpu_count": os.cpu_count(),
-       "cpu": platform.processor() or platform.machine(), "git": run("git", "log", "-1", "--format=%H %s"),
+       "cpu": platform.processor() or platform.machine(),
+       # a .dev_ copy has no .git: the caller names the commit it was copied from
+       "source_commit": os.environ.get("SOURCE_COMMIT") or run("git", "log", "-1", "--format=%H %s"),
        "nvidia_smi": run("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
        "settings": {k: os.environ.get(k) for k in ("MODEL", "DEVICE", "VARIANTS", "PROCS", "SECONDS_PER_ROW", "DRY")}}
 for mod in ("torch", "torchvision", "uvicorn", "websockets", "starlette", "numpy", "PIL"):
