@@ -19,6 +19,9 @@ MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
 DEFAULT_CREDITS = 4
 FORMATS = ("jpeg", "png", "rgb8")
+# The quality of every ``jpeg`` frame, whichever encoder makes it (PIL on the server's pool,
+# nvJPEG on the GPU for frames a model made there).
+JPEG_QUALITY = 92
 # session.create "options": model-declared settings (GET /v1/models lists each model's).
 MAX_CREATE_OPTIONS = 16
 # A first image (``session.create`` with ``image``): its formats and most bytes.

@@ -400,7 +400,18 @@ class WorldConnection:
                     continue
                 request = session.begin_tick()
                 started = time.perf_counter()
-                work = adapter.tick(request, self.seed, self.options)
+                try:
+                    # The format travels on the tick: the model may encode jpeg on its device.
+                    work = adapter.tick(request, self.seed, self.options, format=self.format)
+                except Exception as exc:  # noqa: BLE001 - the model's own bug fails its session, told
+                    # Uncaught, it would end this task silently and the client would wait forever.
+                    log.warning("session %s: %s.tick failed: %r", sid, self.model, exc)
+                    pending = list(session.pending_event_ids)
+                    session.fail_tick(f"tick could not be built: {exc!r}")
+                    self._mark("failed")
+                    await _finish(sending)
+                    await self._report_failure(pending, Failure.MODEL, f"{type(exc).__name__}: {exc}")
+                    return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
                 try:
@@ -426,14 +437,16 @@ class WorldConnection:
                     self.entry.ticked(committed.chunk_index)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
-                sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
+                sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms))
         finally:
             await _finish(sending)
 
-    async def _send_chunk(self, request: TickRequest, frames: np.ndarray, tick_ms: float) -> None:
-        # Encoded off the loop (realtime/media.py); chunk N+1's send starts only after
-        # this one's, so chunks stay in order.
-        payloads = await encode_chunk(frames, self.format)
+    async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float) -> None:
+        # Encoded by the model on its device (WorldChunk.encoded) or here off the loop
+        # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
+        # stay in order.
+        frames = chunk.frames
+        payloads = list(chunk.encoded) if chunk.encoded is not None else await encode_chunk(frames, self.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,

@@ -39,6 +39,7 @@ any, to every chunk-0 tick (``WorldTick.image``): a reset starts from it again.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -51,6 +52,7 @@ from sessions.reducers import ControlReducer
 
 if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
     from kv.residency import Residency
+    from models.world.device_jpeg import DeviceJpeg
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
@@ -125,6 +127,9 @@ class WorldTick:
     options: Mapping[str, Any] = field(default_factory=dict)
     # The session's first image (uint8 [height, width, 3]) on chunk-0 ticks, else None.
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # The wire format the session asked for (world.v1 ``format``): run_batch may encode
+    # ``jpeg`` frames that the model made on CUDA there, in one batch (device_jpeg.py).
+    format: str = "rgb8"
 
 
 @dataclass(frozen=True)
@@ -135,10 +140,15 @@ class WorldChunk:
     request_id: str
     chunk_index: int
     applied_event_ids: tuple[int, ...]
-    frames: np.ndarray = field(repr=False)  # [F, H, W, 3] uint8
+    # [F, H, W, 3] uint8. ``generate`` may return a torch tensor (e.g. on CUDA);
+    # ``run_batch`` hands every chunk on as numpy.
+    frames: np.ndarray = field(repr=False)
+    # The frames already encoded in the tick's ``format`` (one payload per frame), or
+    # None: the server encodes them (realtime/media.py).
+    encoded: tuple[bytes, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def answering(cls, tick: WorldTick, frames: np.ndarray) -> "WorldChunk":
+    def answering(cls, tick: WorldTick, frames: Any) -> "WorldChunk":
         """The chunk that answers ``tick`` with ``frames``."""
         return cls(tick.session_id, tick.request_id, tick.chunk_index, tick.applied_event_ids, frames)
 
@@ -214,8 +224,10 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         """Fresh control reducers for a new session of this model."""
         return default_reducers(self.geometry.frames_per_chunk)
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> WorldTick:
-        """The tick the model sees for a session's snapshot ``request`` (``options``: checked ones)."""
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request`` (``options``: checked
+        ones; ``format``: the session's wire format, ``WorldTick.format``)."""
         return WorldTick(
             session_id=request.session_id,
             request_id=request.request_id,
@@ -225,15 +237,52 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
             seed=seed,
             options=dict(options or {}),
+            format=format,
         )
+
+    # How ``jpeg`` ticks' CUDA frames are encoded (models/world/device_jpeg.py): made on
+    # the first such batch; a bench or test may set one with a forced path.
+    device_jpeg: "DeviceJpeg | None" = None
 
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         chunks = self.generate(works)
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
+        chunks = self._to_host(works, list(chunks))
         for work, chunk in zip(works, chunks):
             check_chunk(work, chunk, self.geometry, self.name)
-        return list(chunks)
+        return chunks
+
+    def _to_host(self, works: Sequence[WorldTick], chunks: list[WorldChunk]) -> list[WorldChunk]:
+        """Chunks whose frames are torch tensors -> numpy, in one device-to-host copy; the
+        ``jpeg`` ones on CUDA encoded there first when that path is the faster one."""
+        on_device = [i for i, c in enumerate(chunks) if isinstance(c, WorldChunk)
+                     and not isinstance(c.frames, np.ndarray) and hasattr(c.frames, "is_cuda")]
+        if not on_device:
+            return chunks
+        import torch
+
+        shape = self.geometry.frames_shape
+        for i in on_device:
+            f = chunks[i].frames
+            if f.dtype != torch.uint8 or tuple(f.shape) != shape:
+                raise ModelError(f"world {self.name}: frames must be uint8 {list(shape)}, got {f.dtype} {list(f.shape)}")
+        jpeg = [i for i in on_device if works[i].format == "jpeg" and chunks[i].frames.is_cuda]
+        encoded: dict[int, tuple[bytes, ...]] = {}
+        if jpeg:
+            if self.device_jpeg is None:
+                from models.world.device_jpeg import DeviceJpeg
+
+                self.device_jpeg = DeviceJpeg()
+            payloads = self.device_jpeg.encode([f for i in jpeg for f in chunks[i].frames])
+            if payloads is not None:
+                per = shape[0]
+                encoded = {i: tuple(payloads[k * per:(k + 1) * per]) for k, i in enumerate(jpeg)}
+        host = torch.stack([chunks[i].frames for i in on_device]).cpu().numpy()
+        out = list(chunks)
+        for k, i in enumerate(on_device):
+            out[i] = dataclasses.replace(chunks[i], frames=host[k], encoded=encoded.get(i))
+        return out
 
 
 def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str) -> None:

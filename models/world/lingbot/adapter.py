@@ -83,6 +83,7 @@ class LingBotWorld(WorldAdapter):
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
                  checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
         self.pipeline = pipeline
+        pipeline.device_frames = pipeline.device.type == "cuda"  # jpeg may be encoded there (base)
         self.name = name
         self.max_batch = max_batch
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
@@ -111,8 +112,9 @@ class LingBotWorld(WorldAdapter):
         return {**default_reducers(self.geometry.frames_per_chunk),
                 **lingbot_reducers(self.frames_per_block, self.trajectory_root)}
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> LingBotTick:
-        base = super().tick(request, seed, options)
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> LingBotTick:
+        base = super().tick(request, seed, options, format=format)
         controls = request.controls
         return LingBotTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
                            camera_keys=controls.get(ACTIONS_TRACK), trajectory=controls.get(TRAJECTORY_TRACK))
@@ -140,7 +142,8 @@ class LingBotWorld(WorldAdapter):
         out = []
         for w, f in zip(works, frames):
             if len(f) < F:  # a session's first block: hold its first frame
-                f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
+                f = (np.concatenate([np.repeat(f[:1], F - len(f), 0), f]) if isinstance(f, np.ndarray)
+                     else torch.cat([f[:1].expand(F - len(f), *f.shape[1:]), f]))
             out.append(WorldChunk.answering(w, f))
         return out
 

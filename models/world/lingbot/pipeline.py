@@ -123,6 +123,10 @@ class LingBotPipeline:
         self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
         # Called with a session id whose state the residency dropped (host budget full).
         self.on_drop: Callable[[str], None] | None = None
+        # run() returns each block's frames as a uint8 tensor on the device instead of numpy:
+        # the world base then copies a batch to the host at once and may encode jpeg there
+        # (models/world/device_jpeg.py). The adapter turns it on for CUDA.
+        self.device_frames = False
 
     @classmethod
     def from_checkpoint(cls, root: str | Path, *, device: torch.device | str = "cpu",
@@ -310,6 +314,7 @@ class LingBotPipeline:
             decoded.append(r.session_id)
             video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
             pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-            frames.append(pixels.permute(1, 2, 3, 0).cpu().numpy())
+            block = pixels.permute(1, 2, 3, 0)                                              # [T, H, W, 3]
+            frames.append(block if self.device_frames else block.cpu().numpy())
             new_states.append(replace(s, camera=cs, rng_state=g.get_state(), blocks=s.blocks + 1))
         return frames, new_states
