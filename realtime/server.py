@@ -40,8 +40,10 @@ WS_PER_MESSAGE_DEFLATE = False
 
 
 # After the drain (ServerConfig.drain_timeout_s), how long the handlers of sockets closed
-# at the deadline may take to let go before they are cancelled; with the lifespan's engine
-# stop (ENGINE_STOP_TIMEOUT_S) this bounds the exit at drain_timeout_s + SHUTDOWN_GRACE_S.
+# at the deadline may take to let go before they are cancelled (and as long again to end
+# once cancelled). With the lifespan's engine stop (realtime/app.py ENGINE_STOP_TIMEOUT_S,
+# 2 s) that is at most 4 s; SHUTDOWN_GRACE_S, the documented bound on the exit after the
+# drain deadline, leaves a second for uvicorn's own shutdown and the interpreter's exit.
 CLOSE_GRACE_S = 1.0
 SHUTDOWN_GRACE_S = 5.0
 
