@@ -34,7 +34,7 @@ from tests.reliability.conftest import FaultServer
 
 pytest.importorskip("models.tts.adapter")
 
-TEXT = "The robot walked to the end of the hall. It turned left at the door. Then it stopped and waited."
+TEXT = "The robot walked to the door. It turned left. Then it stopped."
 
 
 def children(pid: int) -> set[int]:
@@ -140,8 +140,10 @@ class Robot:
 
 @dataclass
 class Voice:
-    """One speech session: three sentences and input.done, everything it hears recorded."""
+    """One speech session: ``text`` (then input.done if ``done``), everything it hears recorded."""
 
+    text: str = TEXT
+    done: bool = True
     events: list[dict] = field(default_factory=list)
     audio_bytes: int = 0
     close_code: int | None = None
@@ -150,8 +152,12 @@ class Voice:
     async def run(self, url: str, speaking: asyncio.Event) -> None:
         async with websockets.connect(url, max_size=None) as ws:
             json.loads(await ws.recv())  # session.updated
-            await ws.send(json.dumps({"type": "input.text", "text": TEXT}))
-            await ws.send(json.dumps({"type": "input.done"}))
+            if self.text:
+                await ws.send(json.dumps({"type": "input.text", "text": self.text}))
+            else:
+                speaking.set()  # an idle voice
+            if self.done:
+                await ws.send(json.dumps({"type": "input.done"}))
             try:
                 while True:
                     msg = await ws.recv()
@@ -164,14 +170,14 @@ class Voice:
                 self.closed_at = time.monotonic()
                 self.close_code = exc.rcvd.code if exc.rcvd else None
 
-    def check_utterance_ended(self) -> None:
-        """Every sentence started is done, and the utterance's end is reported."""
+    def check_utterance_ended(self, end: str) -> None:
+        """Every sentence started is done, and the utterance's end is reported as ``end``."""
         kinds = [e["type"] for e in self.events]
         assert "error" not in kinds, self.events
         starts = [(e["utterance_index"], e["sentence_index"]) for e in self.events if e["type"] == "audio.start"]
         dones = [(e["utterance_index"], e["sentence_index"]) for e in self.events if e["type"] == "audio.done"]
         assert starts and starts == dones, self.events
-        assert kinds[-1] in ("response.done", "response.cancelled") and self.events[-1]["utterance_index"] == 0
+        assert kinds[-1] == end and self.events[-1]["utterance_index"] == 0, self.events
 
 
 async def refused_quickly(addr: str) -> float:
@@ -187,13 +193,17 @@ async def refused_quickly(addr: str) -> float:
 
 # ------------------------------------------------------------------ SIGTERM
 def test_sigterm_under_load_drains_every_kind_with_1001_and_exits_0():
-    drain_s = 15.0
+    # The work in flight takes a few seconds (most of it the utterance); the deadline is far
+    # enough that a loaded CI machine never reaches it (the next test covers reaching it).
+    drain_s = 30.0
     server = FaultServer(tts=True, drain_timeout_s=drain_s)
     server.start()
     try:
         worlds = [World(f"drain-{i}") for i in range(3)]
         robots = [Robot(f"ws://{server.addr}", prompt="sleep:1.0"), Robot(f"ws://{server.addr}")]
         voice = Voice()
+        # One sentence and the start of another, never flushed; and a voice that says nothing.
+        unflushed, idle = Voice(text="The door was open. And then", done=False), Voice(text="", done=False)
         pid = server.proc.pid
 
         async def main() -> tuple[float, float]:
@@ -201,7 +211,9 @@ def test_sigterm_under_load_drains_every_kind_with_1001_and_exits_0():
             ready = [asyncio.Event() for _ in worlds]
             speaking = asyncio.Event()
             tasks = [asyncio.create_task(w.run(world_url, e)) for w, e in zip(worlds, ready)]
-            tasks.append(asyncio.create_task(voice.run(f"ws://{server.addr}/v1/realtime/tts", speaking)))
+            tts_url = f"ws://{server.addr}/v1/realtime/tts"
+            tasks.append(asyncio.create_task(voice.run(tts_url, speaking)))
+            tasks += [asyncio.create_task(v.run(tts_url, asyncio.Event())) for v in (unflushed, idle)]
             threads = [threading.Thread(target=r.run, daemon=True) for r in robots]
             for t in threads:
                 t.start()
@@ -249,8 +261,11 @@ def test_sigterm_under_load_drains_every_kind_with_1001_and_exits_0():
             assert {e["code"] for e in w.errors} <= {"session_closed", "no_session"}, w.errors
         for r in robots:
             assert r.failure is None and r.close_code == CLOSE_GOING_AWAY, r
-        assert voice.close_code == CLOSE_GOING_AWAY
-        voice.check_utterance_ended()
+        assert voice.close_code == unflushed.close_code == idle.close_code == CLOSE_GOING_AWAY
+        voice.check_utterance_ended("response.done")  # its input.done came: every sentence spoken
+        unflushed.check_utterance_ended("response.cancelled")  # its first sentence spoken, the rest never flushed
+        assert [e["type"] for e in unflushed.events if e["type"] == "audio.start"] == ["audio.start"]
+        assert idle.events == [] and idle.audio_bytes == 0
         log = server.log_text()
         for w in worlds:
             assert f"session {w.sid}: drained after {len(w.indexes)} committed chunks" in log
