@@ -39,6 +39,8 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import numpy as np
 
+from protocols import close_codes
+
 # A request body above this is refused with an error frame (close 1011). Three
 # 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -47,6 +49,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # beyond the transport's limit the connection closes with 1009 and no text.
 # Close code after an error frame; the reference server uses the same (INTERNAL_ERROR).
 CLOSE_ERROR = 1011
+# The server drained (SIGTERM): the reply in flight was sent, then the socket closes (the
+# client's next recv raises websockets' ConnectionClosedOK).
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 # Observations per batch-form request.
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192

@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Collection, Mapping, Union
 
-from protocols import jsonsafe
+from protocols import close_codes, jsonsafe
 
 PROTOCOL = "tts.v1"
 FORMATS = ("pcm16",)
@@ -73,12 +73,17 @@ BUFFER_FULL = "buffer_full"  # past MAX_PENDING_TEXT_CHARS of unspoken text or M
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
 INTERNAL_ERROR = "internal_error"
 CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
+GOING_AWAY = "going_away"  # input.text / input.done / session.update while the server drains (SIGTERM)
+
+# The server drained (SIGTERM): the utterance being spoken ended, then the socket closes.
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 
 ERROR_CODES = frozenset(
     {
         BAD_REQUEST,
         UNKNOWN_TYPE,
         CLOSED_BY_ADMIN,
+        GOING_AWAY,
         BUFFER_FULL,
         UNKNOWN_VOICE,
         UNSUPPORTED_FORMAT,

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from protocols import jsonsafe
+from protocols import close_codes, jsonsafe
 
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
@@ -32,7 +32,7 @@ MAX_IMAGE_BYTES = 8 << 20
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
 CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
 # The server is draining (SIGTERM): the session was closed after its last committed chunk.
-CLOSE_GOING_AWAY = 1001
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 
 CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
 

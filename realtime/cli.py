@@ -7,7 +7,7 @@ import errno
 import sys
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
-from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.origins import parse_allowed
 
 DESCRIPTION = """\
@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated client addresses that may list and close sessions "
                             "(GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' (default) "
                             "or '*' for anyone")
+    serve.add_argument("--drain-timeout", type=_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
+                       help="on SIGTERM, how long in-flight work may take to finish before every socket "
+                            "is closed with 1001 anyway; the process exits at most 5 s later")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")
     return parser
@@ -142,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         allowed_origins=args.allowed_origins,
         admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
+        drain_timeout_s=args.drain_timeout,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,

@@ -136,6 +136,11 @@ class Engine:
         log.info("engine stopped")
 
     @property
+    def running(self) -> bool:
+        """The engine thread is still alive (after ``stop``: still inside a forward)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def healthy(self) -> bool:
         return self._dead is None and not self._stopping
 

@@ -26,6 +26,10 @@ run (as realtime/server.py sets it up) with ``ws_ping_timeout=None`` (a robot st
 dead peer) and ``ws_max_size`` above ``MAX_MESSAGE_BYTES`` so that an over-limit
 body is answered with a readable error rather than a bare 1009 close.
 
+Drain (SIGTERM, ``drain``): a request in flight is answered, then the socket closes with
+1001; an idle robot's socket closes with 1001 at once; a request that arrives during the
+drain is not started (the real client's ``recv`` raises ``ConnectionClosedOK``).
+
 Sessions: a request's ``session_id`` names the robot's state in the policy;
 without one the connection's own id is used (``<conn>/<i>`` for the i-th entry of
 a batch). An explicit id is held by one connection at a time, and every session a
@@ -45,7 +49,18 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
-from realtime.connection import (CLOSE_ADMIN, ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id)
+from realtime.connection import (
+    CLOSE_ADMIN,
+    ENGINE_ERRORS,
+    Connection,
+    Failure,
+    LiveSession,
+    LiveSessions,
+    Received,
+    engine_failure,
+    new_session_id,
+    run_handler,
+)
 from realtime.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -62,7 +77,7 @@ async def openpi_endpoint(websocket: WebSocket) -> None:
     """The Starlette WebSocket endpoint. Needs ``app.state.engine`` (a started
     ``Engine``) and ``app.state.inventory`` (an ``Inventory`` with one adapter of
     kind "policy"; the first one is served)."""
-    await OpenPIConnection(websocket).run()
+    await run_handler(OpenPIConnection(websocket).run(), websocket.app.state.live_sessions)
 
 
 KIND = "policy"
@@ -86,11 +101,16 @@ class OpenPIConnection:
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
         self.busy = False  # a request is being handled (a disconnect then cancels it)
+        self.idle = asyncio.Event()  # set while no request is being handled and answered
+        self.idle.set()
+        self.draining = False
         self.policy_call = state.metrics.policy_call
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        await self.conn.accept()
+        if not await self.conn.accept():
+            return
+        self.live.attach(self)
         pending: asyncio.Future | None = None
         try:
             if self.adapter is None:
@@ -104,25 +124,29 @@ class OpenPIConnection:
             me = asyncio.current_task()
             while True:
                 message = await pending
-                if message is None:
-                    return
+                if message is None or self.draining:
+                    return  # a request that arrives during the drain is not started
                 received = time.perf_counter()
                 # The request runs in this task (no task per request: tens of microseconds
                 # a call); the next receive watches for a disconnect meanwhile.
                 pending = asyncio.ensure_future(self._receive())
                 pending.add_done_callback(functools.partial(self._on_next_message, me))
                 self.busy = True
+                self.idle.clear()
                 try:
-                    reply = await self.handle(message)
-                except asyncio.CancelledError:
-                    if self.left:  # cancelled by _on_next_message, not by a server shutdown
-                        me.uncancel()
-                        log.info("session %s: robot left during inference", self.conn_id)
-                        return
-                    raise
+                    try:
+                        reply = await self.handle(message)
+                    except asyncio.CancelledError:
+                        if self.left:  # cancelled by _on_next_message, not by a server shutdown
+                            me.uncancel()
+                            log.info("session %s: robot left during inference", self.conn_id)
+                            return
+                        raise
+                    finally:
+                        self.busy = False
+                    await self.conn.send(reply)
                 finally:
-                    self.busy = False
-                await self.conn.send(reply)
+                    self.idle.set()
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
             await self._refuse(str(exc))
@@ -136,7 +160,11 @@ class OpenPIConnection:
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+            if self.draining:  # before the handler returns (uvicorn then drops the socket)
+                await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
+            self.idle.set()
             self._release()
+            self.live.detach(self)
 
     def _receive(self) -> Any:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
@@ -157,6 +185,13 @@ class OpenPIConnection:
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text)
         await self.conn.close(wire.CLOSE_ERROR, _CLOSE_REASON)
+
+    async def drain(self) -> None:
+        """Server shutdown: the request in flight, if any, is answered; then close 1001."""
+        self.draining = True
+        await self.idle.wait()
+        log.info("session %s: drained", self.conn_id)
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed one of this connection's sessions: the robot's connection

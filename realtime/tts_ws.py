@@ -12,6 +12,12 @@ lane (a queued window of it comes back cancelled), and ``response.cancelled`` is
 sent only once the speaker has let go of the utterance, so no audio of it can
 follow. At most one window is in flight per session, so audio stops within one
 decoder window.
+
+Drain (SIGTERM, ``drain``): the utterance being spoken finishes as far as its text has
+come (its queued sentences are spoken; ``response.done`` if its ``input.done`` came), every
+other utterance (queued after it, or text not yet flushed) is reported
+``response.cancelled``, every message but ``session.close`` is answered ``going_away``,
+and the socket closes with 1001.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable
 
 from starlette.websockets import WebSocket
 
@@ -36,6 +43,7 @@ from realtime.connection import (
     TooLarge,
     engine_failure,
     new_session_id,
+    run_handler,
 )
 from realtime.engine import Engine
 
@@ -58,6 +66,14 @@ class _UtteranceEnd:
     sentences: int
 
 
+@dataclass(frozen=True)
+class _Drained:
+    """The drain's marker, behind what is left to speak: report ``unfinished`` cancelled."""
+
+    unfinished: tuple[int, ...]
+    reached: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
+
+
 class TTSConnection:
     def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions) -> None:
         self.conn = conn
@@ -76,11 +92,13 @@ class TTSConnection:
         self.current: int | None = None  # the utterance the speaker is speaking
         # Unbounded as a queue, bounded by what feeds it: at most MAX_PENDING_TEXT_CHARS of
         # sentence text (``queued_chars``) plus one _UtteranceEnd per input.done.
-        self.queue: asyncio.Queue[_Sentence | _UtteranceEnd] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Sentence | _UtteranceEnd | _Drained] = asyncio.Queue()
         self.queued_chars = 0
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
         self.first_audio = conn.ws.app.state.metrics.tts_first_audio
         self.told_dead = False  # the client heard the engine is dead
+        self.draining = False
+        self.ended = asyncio.Event()  # the reader has finished (the socket is gone)
 
     async def send(self, text: str) -> None:
         await self.conn.send(text)
@@ -108,6 +126,33 @@ class TTSConnection:
             await self.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {reason}")
         await self.conn.close(CLOSE_INTERNAL)
 
+    async def drain(self) -> None:
+        """Server shutdown: finish the utterance being spoken (module docstring), then
+        close with 1001. The utterance being spoken is the speaker's, or the one at the
+        head of the queue when the speaker is between two of its sentences."""
+        self.draining = True
+        items = _drain(self.queue)
+        head = next((i.utterance_index for i in items if not isinstance(i, _Drained)), None)
+        finishing = self.current if self.current is not None else head
+        keep = [i for i in items if not isinstance(i, _Drained) and i.utterance_index == finishing]
+        unfinished = {i.utterance_index for i in items if not isinstance(i, _Drained)}
+        if self.sentence > 0 or self.segmenter.buffered.strip():
+            unfinished.add(self.utterance)  # its input.done never came
+        if finishing is not None and not any(isinstance(i, _UtteranceEnd) for i in keep):
+            unfinished.add(finishing)  # cut short after its queued sentences
+        unfinished -= {i.utterance_index for i in keep if isinstance(i, _UtteranceEnd)}
+        unfinished -= self.cancelled  # the client cancelled these itself and heard so
+        self.cancelled.update(unfinished - {finishing})
+        self.segmenter.clear()
+        self.queued_chars = sum(len(i.text) for i in keep if isinstance(i, _Sentence))
+        marker = _Drained(tuple(sorted(unfinished)))
+        for item in (*keep, marker):
+            self.queue.put_nowait(item)
+        log.info("session %s: draining: finishing utterance %s, %d items left to speak", self.session_id,
+                 finishing, len(keep))
+        await _first(marker.reached.wait(), self.ended.wait())
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
+
     async def run(self) -> None:
         speaker = asyncio.create_task(self._speak())
         entry = self.live.add(KIND, self.session_id, self.model, owner=self)
@@ -131,11 +176,18 @@ class TTSConnection:
                     await self._cancel(notify=False)
                     await self.send(wire.encode(wire.SessionClosed()))
                     break
+                if self.draining:
+                    await self.error(wire.GOING_AWAY, "the server is shutting down: nothing more is spoken; "
+                                                      "the socket closes once the utterance being spoken ends")
+                    continue
                 await self.handle(parsed)
         finally:
+            self.ended.set()
             speaker.cancel()
-            await self._release()
+            # Not awaited: behind a long forward the release would hold this handler.
+            self.engine.post_release(self.model, self.session_id)
             self.live.remove(entry)
+            self.live.detach(self)
             log.info("session %s: tts session closed", self.session_id)
             await self.conn.close()
 
@@ -177,7 +229,10 @@ class TTSConnection:
 
     async def _cancel(self, *, notify: bool) -> None:
         """Barge-in: stop the utterance being spoken and everything queued or buffered."""
-        cancelled = {item.utterance_index for item in _drain(self.queue)}
+        items = _drain(self.queue)
+        cancelled = {item.utterance_index for item in items if not isinstance(item, _Drained)}
+        for marker in (item for item in items if isinstance(item, _Drained)):
+            self.queue.put_nowait(marker)  # a drain waits for it
         self.queued_chars = 0
         if self.current is not None:
             cancelled.add(self.current)
@@ -200,6 +255,11 @@ class TTSConnection:
     async def _speak(self) -> None:
         while True:
             item = await self.queue.get()
+            if isinstance(item, _Drained):
+                for index in item.unfinished:
+                    await self.send(wire.encode(wire.ResponseCancelled(index)))
+                item.reached.set()
+                continue
             if isinstance(item, _Sentence):
                 self.queued_chars -= len(item.text)
             async with self.speaking:
@@ -253,6 +313,16 @@ class TTSConnection:
         await self.send(wire.encode(wire.AudioDone(utt, k, samples)))
 
 
+async def _first(*waits: Awaitable[object]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _drain(queue: asyncio.Queue) -> list:
     items = []
     while not queue.empty():
@@ -263,7 +333,8 @@ def _drain(queue: asyncio.Queue) -> list:
 async def tts_endpoint(ws: WebSocket) -> None:
     state = ws.app.state
     conn = Connection(ws)
-    await conn.accept()
+    if not await conn.accept():
+        return
     names = state.inventory.names(KIND)
     if not names:
         reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
@@ -275,4 +346,6 @@ async def tts_endpoint(ws: WebSocket) -> None:
         await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"))
         await conn.close(CLOSE_INTERNAL)
         return
-    await TTSConnection(conn, state.engine, names[0], state.live_sessions).run()
+    session = TTSConnection(conn, state.engine, names[0], state.live_sessions)
+    state.live_sessions.attach(session)
+    await run_handler(session.run(), state.live_sessions)

@@ -14,7 +14,10 @@ chunks (identities, frame shape) on the engine thread, and declares the geometry
 sent in ``session.created``. Socket mechanics, error mapping and the live-session
 registry are ``realtime/connection.py``'s.
 
-Close: a cleanup that fails leaves the session a CLEANUP_FAILED tombstone (its id
+Close: the client's ``session.close``, its disconnect, an admin close and the server's
+drain may overlap; the first runs the close and the others wait for it (``close_session``),
+so one close answers the client and none finds the session already gone. A cleanup that
+fails leaves the session a CLEANUP_FAILED tombstone (its id
 cannot be reused); ``session.close`` again on the same connection retries it, and so
 does ``session.close`` with its ``session_id`` from a new connection after a disconnect.
 """
@@ -32,7 +35,17 @@ from starlette.websockets import WebSocket
 
 from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
-from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
+from realtime.connection import (
+    CLOSE_ADMIN,
+    ENGINE_ERRORS,
+    WORLD_CODES,
+    Connection,
+    Failure,
+    LiveSession,
+    TooLarge,
+    engine_failure,
+    run_handler,
+)
 from realtime.engine import Engine
 from realtime.media import encode_chunk
 from sessions import (
@@ -72,6 +85,7 @@ class WorldConnection:
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
         self._stopping = False
+        self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
@@ -85,7 +99,9 @@ class WorldConnection:
 
     # ------------------------------------------------------------------ reader
     async def run(self) -> None:
-        await self.conn.accept()
+        if not await self.conn.accept():
+            return
+        self.live.attach(self)
         try:
             while True:
                 try:
@@ -102,7 +118,10 @@ class WorldConnection:
                     break
                 await self.handle_text(frame.text or "")
         finally:
-            await self.close_session(notify=False)
+            try:
+                await self.close_session(notify=False)
+            finally:
+                self.live.detach(self)
 
     async def handle_text(self, text: str) -> None:
         event_id = None
@@ -234,6 +253,8 @@ class WorldConnection:
         dropped = session.reset()
         self._evicted = None
         await self.engine.reset(self.model, session.session_id)
+        if self.session is not session or session.state is not SessionState.ACTIVE:
+            return  # a close (admin, drain) took the session meanwhile; it answers the client
         self._mark("active", 0)
         log.info("session %s: reset (dropped events %s)", session.session_id, list(dropped))
         await self.send(wire.reset_done(session.session_id, list(dropped)))
@@ -252,34 +273,46 @@ class WorldConnection:
             await self.send(wire.closed(sid, dropped))
 
     async def close_session(self, *, notify: bool) -> list[int] | None:
-        """Close this connection's session (client close or disconnect); the dropped
-        event ids, or None if there was none or its cleanup failed (then it stays
-        on this connection as a tombstone, so ``session.close`` retries it)."""
+        """Close this connection's session (client close, disconnect, admin, drain); the
+        dropped event ids, or None if there was none, its cleanup failed (then it stays
+        on this connection as a tombstone, so ``session.close`` retries it) or another
+        close was already running: this one waits for that close to end and leaves the
+        answer to it, so overlapping closes end the session once and answer once."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+            return None
         session = self.session
         if session is None:
             return None
-        sid = session.session_id
-        await self._stop_driver()
-        dropped = list(session.pending_event_ids)
-        if not await self._cleanup(sid, self.model):
-            self._mark("cleanup_failed")
-            if notify:
-                await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
-            elif self.entry is not None:
-                self.entry.owner = None  # the connection is gone; the tombstone stays, closable by id
-            return None
-        self._forget()
-        return dropped
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            sid = session.session_id
+            await self._stop_driver()
+            dropped = list(session.pending_event_ids)
+            if not await self._cleanup(sid, self.model):
+                self._mark("cleanup_failed")
+                if notify:
+                    await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
+                elif self.entry is not None:
+                    self.entry.owner = None  # the connection is gone; the tombstone stays, closable by id
+                return None
+            self._forget()
+            return dropped
+        finally:
+            closing, self._closing = self._closing, None
+            closing.set_result(None)
 
     async def drain(self) -> None:
-        """Server shutdown: close the session once its running tick is committed and
-        sent (no ``session.closed``: the socket itself closes, with 1001)."""
+        """Server shutdown: the session closes once its running tick is committed and
+        sent; ``session.closed`` lists the accepted events no chunk applied, then the
+        socket closes with 1001 (at once on a connection without a session)."""
         session = self.session
-        if session is None:
-            return
-        await self.close_session(notify=False)
-        log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
-        await self.conn.close(wire.CLOSE_GOING_AWAY)
+        if session is not None:
+            dropped = await self.close_session(notify=False)
+            if dropped is not None:
+                await self.send(wire.closed(session.session_id, dropped))
+            log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed the session: ``closed_by_admin``, then its running tick
@@ -382,7 +415,9 @@ class WorldConnection:
         try:
             await task
         except asyncio.CancelledError:
-            pass
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this task is being cancelled (shutdown), not only the driver
 
     async def _drive(self) -> None:
         """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
@@ -467,4 +502,4 @@ def _metadata(chunk: WorldChunk) -> ChunkMetadata:
 
 
 async def world_endpoint(ws: WebSocket) -> None:
-    await WorldConnection(ws).run()
+    await run_handler(WorldConnection(ws).run(), ws.app.state.live_sessions)

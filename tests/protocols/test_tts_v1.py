@@ -148,6 +148,7 @@ def test_error_codes_are_documented_set():
         "message_too_large",
         "tts_unavailable",
         "closed_by_admin",
+        "going_away",
         "buffer_full",
         "internal_error",
     }
