@@ -89,29 +89,18 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
 def serve_reference(port: int, infer_ms: float) -> None:
     import logging
 
-    from openpi_client import base_policy
-    from openpi_server import WebsocketPolicyServer
-
-    class DummyPolicy(base_policy.BasePolicy):  # the probe's bench_server.py
-        def __init__(self, infer_ms: float = 0.0) -> None:
-            self._actions = np.zeros((50, 32), np.float32)
-            self._sleep = infer_ms / 1000.0
-
-        def infer(self, obs: dict) -> dict:
-            if self._sleep:
-                time.sleep(self._sleep)
-            return {"actions": self._actions}
+    sys.path.insert(0, REPO)
+    from bench.openpi.reference_server import METADATA, InstantPolicy, ReferencePolicyServer
 
     logging.basicConfig(level=logging.WARNING)
-    WebsocketPolicyServer(DummyPolicy(infer_ms), host="127.0.0.1", port=port,
-                          metadata={"action_horizon": 50, "action_dim": 32}).serve_forever()
+    ReferencePolicyServer(InstantPolicy(infer_ms), host="127.0.0.1", port=port, metadata=METADATA).serve_forever()
 
 
 class Server:
     """A server child process; ``uri`` is what a robot passes as ``host``."""
 
     def __init__(self, kind: str, infer_ms: float, batch_wait_ms: float | None = None) -> None:
-        """``kind``: "ours" (realtime/ as committed) or "reference" (openpi-server)."""
+        """``kind``: "ours" (realtime/ as committed) or "reference" (bench/openpi/reference_server.py)."""
         self.kind = kind
         self.port = _free_port()
         args = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", kind, "--port", str(self.port),
@@ -300,7 +289,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import version
 
     out = {"python": platform.python_version()}
-    for pkg in ("numpy", "msgpack", "websockets", "uvicorn", "starlette", "openpi-client", "openpi-server"):
+    for pkg in ("numpy", "msgpack", "websockets", "uvicorn", "starlette", "openpi-client"):
         out[pkg] = version(pkg)
     return out
 
@@ -382,7 +371,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["notes"] = (
         "ours = realtime/ as committed: the engine waits, at most config.policy.batch_wait_ms (20) after the "
         "policy's last batch ended, only for that batch's robots to queue again; a lone robot never waits. "
-        "reference = openpi-server in its own process, same dummy policy, same client. "
+        "reference = openpi's WebsocketPolicyServer as restated in bench/openpi/reference_server.py, in its own "
+        "process, same dummy policy, same client. "
         f"Load average (1, 5, 15 min) at start {load_start} on {os.cpu_count()} cores shared with other jobs."
     )
     return report
