@@ -196,13 +196,26 @@ class Engine:
         caller gets a ``ModelError``. With ``session_id`` the adapter's
         ``end_tick(session_id, committed)`` is called either way.
         """
+        return await self.submit_future(model, work, session_id=session_id, validate=validate)
+
+    def submit_future(
+        self,
+        model: str,
+        work: Any,
+        *,
+        session_id: str | None = None,
+        validate: Callable[[Any], None] | None = None,
+    ) -> asyncio.Future:
+        """``submit`` as a future (call on the event loop): already done when the work ran
+        inline, so a caller can tell whether it is about to wait. Cancelling the future
+        drops the work if it has not started."""
         if model not in self._adapters:
             raise KeyError(model)
         self._raise_if_down()
         loop = asyncio.get_running_loop()
         job = _Job(model, work, session_id, validate, loop.create_future(), loop)
         if self._fast[model] and self._run_inline(job):
-            return await job.future  # already resolved
+            return job.future
         with self._cv:
             self._ticks[model].append(job)
             awaited = self._awaited
@@ -212,7 +225,7 @@ class Engine:
                 awaited.discard(session_id)  # type: ignore[arg-type]
                 if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
                     self._cv.notify()
-        return await job.future
+        return job.future
 
     def _run_inline(self, job: _Job) -> bool:
         """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
