@@ -427,8 +427,9 @@ class Engine:
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
             self.stats.models[batch[0].model].busy_seconds += elapsed
-            # A forward during which the OS preempted this thread says nothing about the model.
-            if timed and _preemptions() == preempted:
+            # A slow forward during which the OS preempted this thread says nothing about
+            # the model (a fast one needs no second look).
+            if timed and (elapsed <= adapter.inline_forward_s or _preemptions() == preempted):
                 self._note_forward(batch[0].model, elapsed, adapter.inline_forward_s)
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1

@@ -19,7 +19,7 @@ per-round figures, p50/p99 per call, and the server process's CPU time per call
 (/proc utime + stime). Ratios ours / reference: of the totals and the median of
 the per-round ratios.
 
-    python -m bench.openpi.bench_fleet --clients 1 4 16 --rounds 5 --seconds 3 \
+    python -m bench.openpi.bench_fleet --clients 1 4 16 --rounds 5 --seconds 3 --with-hop \
         --out bench/results/openpi_fleet.json
 
 Bounded: rounds x clients x 2 measurements of --seconds (+ ~1 s set-up each).
@@ -45,6 +45,9 @@ if REPO not in sys.path:
 from bench.openpi.bench_loopback import Server, hardware, log, make_obs, pct, versions  # noqa: E402
 
 NAMES = ("ours", "reference")
+# With --with-hop: ours again with the policy's inline forwards off (every forward handed
+# to the engine thread and back), to show what running a fast policy inline is worth.
+HOP = "ours-hop"
 WARMUP_CALLS = 5
 
 
@@ -141,12 +144,13 @@ def cpu_seconds(pid: int) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     log(f"load average at start: {load_start}")
-    servers = {name: Server(name, 0.0) for name in NAMES}
+    names = NAMES + ((HOP,) if args.with_hop else ())
+    servers = {name: Server(name, 0.0) for name in names}
     fleet = Fleet(max(args.clients))
-    raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in NAMES}
+    raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in names}
     try:
         for r in range(args.rounds):
-            order = NAMES if r % 2 == 0 else NAMES[::-1]
+            order = names if r % 2 == 0 else names[::-1]
             for clients in args.clients:
                 for name in order:
                     server = servers[name]
@@ -168,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for clients in args.clients:
         row: dict[str, Any] = {}
-        for name in NAMES:
+        for name in names:
             rs = raw[name][clients]
             calls = sum(x["calls"] for x in rs)
             row[name] = {
@@ -179,6 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         per_round = [o["calls_per_s"] / f["calls_per_s"] for o, f in zip(raw["ours"][clients], raw["reference"][clients])]
         row["ratio_calls_per_s_ours_over_reference"] = round(row["ours"]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
+        if args.with_hop:
+            row["ratio_calls_per_s_ours_hop_over_reference"] = round(
+                row[HOP]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
         row["ratio_median_of_rounds"] = round(statistics.median(per_round), 3)
         row["ratio_rounds"] = [round(x, 3) for x in per_round]
         for q in ("p50", "p99"):
@@ -202,7 +209,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "goals": {f"calls_per_s_at_least_reference_{c}_clients": results[str(c)]["ratio_calls_per_s_ours_over_reference"] >= 1.0
                   for c in args.clients},
         "load_average": {"start": load_start, "end": load_end},
-        "notes": (f"Both servers up for the whole run; measurements interleaved, order flipped each round. "
+        "notes": (f"All servers up for the whole run; measurements interleaved, order flipped each round. "
+                  "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
+                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back). "
                   f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
                   "shared with other jobs: robots, both servers and everything else share them."),
     }
@@ -213,6 +222,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
+    ap.add_argument("--with-hop", action="store_true", help=f"also measure {HOP!r} (inline forwards off)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     report = run(args)
