@@ -104,6 +104,9 @@ class OpenPIConnection:
         self.idle = asyncio.Event()  # set while no request is being handled and answered
         self.idle.set()
         self.draining = False
+        # The next receive, started while a request waits on the engine (see _watch).
+        self.pending: asyncio.Future | None = None
+        self.task: asyncio.Task | None = None
         self.policy_call = state.metrics.policy_call
 
     # ------------------------------------------------------------------ lifecycle
@@ -111,7 +114,7 @@ class OpenPIConnection:
         if not await self.conn.accept():
             return
         self.live.attach(self)
-        pending: asyncio.Future | None = None
+        self.task = asyncio.current_task()
         try:
             if self.adapter is None:
                 raise _Refused("no robot policy is loaded on this server")
@@ -120,17 +123,16 @@ class OpenPIConnection:
             self.metadata = self.adapter.metadata
             await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
-            pending = asyncio.ensure_future(self._receive())
-            me = asyncio.current_task()
             while True:
-                message = await pending
+                if self.pending is not None:
+                    message, self.pending = await self.pending, None
+                else:
+                    message = await self._receive()
                 if message is None or self.draining:
                     return  # a request that arrives during the drain is not started
                 received = time.perf_counter()
                 # The request runs in this task (no task per request: tens of microseconds
-                # a call); the next receive watches for a disconnect meanwhile.
-                pending = asyncio.ensure_future(self._receive())
-                pending.add_done_callback(functools.partial(self._on_next_message, me))
+                # a call).
                 self.busy = True
                 self.idle.clear()
                 try:
@@ -138,7 +140,7 @@ class OpenPIConnection:
                         reply = await self.handle(message)
                     except asyncio.CancelledError:
                         if self.left:  # cancelled by _on_next_message, not by a server shutdown
-                            me.uncancel()
+                            self.task.uncancel()
                             log.info("session %s: robot left during inference", self.conn_id)
                             return
                         raise
@@ -158,8 +160,8 @@ class OpenPIConnection:
             log.exception("session %s: unexpected error", self.conn_id)
             await self._refuse(f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if self.pending is not None and not self.pending.done():
+                self.pending.cancel()
             if self.draining:  # before the handler returns (uvicorn then drops the socket)
                 await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
             self.idle.set()
@@ -170,6 +172,14 @@ class OpenPIConnection:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
         # over-limit body (MAX_MESSAGE_BYTES) with a readable error.
         return self.conn.receive(None, None)
+
+    def _watch(self) -> None:
+        """The request is about to wait (on the engine): receive the robot's next message
+        meanwhile, so that a disconnect is noticed at once. A request answered without
+        waiting (a fast policy run inline) needs no watch: nothing is left to cancel."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self._receive())
+            self.pending.add_done_callback(functools.partial(self._on_next_message, self.task))
 
     def _on_next_message(self, task: asyncio.Task, pending: asyncio.Future) -> None:
         """The robot's next message arrived while a request may still run in ``task``.
@@ -248,7 +258,10 @@ class OpenPIConnection:
         work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
         started = time.perf_counter()
         try:
-            result: PolicyResult = await self.engine.submit(self.model, work, session_id=sid)
+            answer = self.engine.submit_future(self.model, work, session_id=sid)
+            if not answer.done():
+                self._watch()
+            result: PolicyResult = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
         self.used[sid].ticked(self.used[sid].chunk_index + 1)
@@ -266,6 +279,7 @@ class OpenPIConnection:
         assert self.model is not None
         # Connection-scoped batch sessions (<conn>/<i>) reset with the connection.
         sids = [sid] if sid != self.conn_id else [s for s in self.used if s.split("/")[0] == self.conn_id]
+        self._watch()
         for s in sids:
             try:
                 await self.engine.reset(self.model, s)
