@@ -49,6 +49,7 @@ if str(ROOT) not in sys.path:  # also runnable as a script
     sys.path.insert(0, str(ROOT))
 
 from bench.report import emit  # noqa: E402
+from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
 KEYS = ("w",)
 
@@ -233,15 +234,38 @@ def served(port: int, server_pid: int, n: int, args: argparse.Namespace) -> dict
     }
 
 
+def split_variant(text: str) -> tuple[dict[str, str], list[str]]:
+    """``"OMP_WAIT_POLICY=ACTIVE --steps 1"`` -> ({"OMP_WAIT_POLICY": "ACTIVE"}, ["--steps", "1"]):
+    leading NAME=VALUE words are environment for the server and the bare process."""
+    words = text.split()
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
 def _steps(serve_args: list[str]) -> int | None:
     """The ``--steps`` a variant gives ``realtime serve`` (None: the server's default)."""
     return int(serve_args[serve_args.index("--steps") + 1]) if "--steps" in serve_args else None
 
 
-def run_variant(serve_args: list[str], args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """bare, served, bare again for one set of ``realtime serve`` arguments; (rows, server facts)."""
+def run_variant(text: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """bare, served, bare again for one variant (environment and ``realtime serve`` arguments);
+    (rows, server facts). The variant's environment holds for the whole variant."""
+    env, serve_args = split_variant(text)
+    saved = dict(os.environ)
+    os.environ.update(env)  # inherited by the bare processes and the server
+    try:
+        return _run_variant(text.strip() or "defaults", env, serve_args, args)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _run_variant(variant: str, env: dict[str, str], serve_args: list[str],
+                 args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     steps = _steps(serve_args)
-    variant = " ".join(serve_args) or "defaults"
     rows: list[dict[str, Any]] = []
     for n in args.sessions:
         log(f"[{variant}] bare adapter, {n} session(s) ...")
@@ -249,7 +273,9 @@ def run_variant(serve_args: list[str], args: argparse.Namespace) -> tuple[list[d
         log(json.dumps(rows[-1]))
     port = free_port()
     proc, ready_s = start_server(port, serve_args)
-    facts: dict[str, Any] = {"variant": variant, "serve_args": serve_args, "server_ready_s": ready_s}
+    facts: dict[str, Any] = {"variant": variant, "env": env, "serve_args": serve_args, "server_ready_s": ready_s,
+                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT")}
     log(f"[{variant}] server ready in {ready_s:.1f} s")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
@@ -302,10 +328,14 @@ def main() -> None:
     ap.add_argument("--format", choices=["jpeg", "png", "rgb8"], default="jpeg")
     ap.add_argument("--credits", type=int, default=4, help="the page's initial credit window")
     ap.add_argument("--variants", nargs="+", default=[""], metavar="SERVE_ARGS",
-                    help="one run per entry, each a string of extra realtime serve arguments "
-                         "(\"\" = the defaults; e.g. --variants \"\" \"--steps 1\")")
+                    help="one run per entry, each a string of extra realtime serve arguments, optionally "
+                         "after NAME=VALUE environment words (\"\" = the defaults; e.g. --variants \"\" "
+                         "\"--steps 1\" \"OMP_WAIT_POLICY=ACTIVE\")")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    # What realtime serve sets before torch loads (realtime.cli.openmp_defaults), for the bare
+    # processes too; a variant's own environment words come on top.
+    openmp_defaults(os.environ)
 
     import torch
 
@@ -323,7 +353,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     report["servers"] = []
     for text in args.variants:
-        variant_rows, facts = run_variant(text.split(), args)
+        variant_rows, facts = run_variant(text, args)
         rows += variant_rows
         report["servers"].append(facts)
     report["rows"] = rows

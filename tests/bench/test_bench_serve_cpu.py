@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from bench.maze.bench_serve_cpu import _steps, cpu_seconds, pct, summarise
+from bench.maze.bench_serve_cpu import _steps, cpu_seconds, pct, split_variant, summarise
 
 
 def test_steps_reads_the_variants_steps():
@@ -42,3 +42,10 @@ def test_summarise_sets_each_served_row_beside_its_variants_bare_rows():
     assert row["served_over_bare_mean"] == pytest.approx(1.0)
     assert row["bare_cpu_ms_per_frame"] == pytest.approx(110.0)
     assert row["served_cpu_ms_per_frame"] == 110.0
+
+
+def test_split_variant_takes_leading_environment_words():
+    assert split_variant("") == ({}, [])
+    assert split_variant("--steps 1") == ({}, ["--steps", "1"])
+    assert split_variant("OMP_WAIT_POLICY=ACTIVE GOMP_SPINCOUNT=10 --steps 1") == (
+        {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "10"}, ["--steps", "1"])
