@@ -30,9 +30,10 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # spin up to 300,000 rounds before it sleeps. A served model shares the cores with the event
 # loop, the frame encoder and often the client (a browser on a laptop): whenever one of them
 # preempts a team thread, its partner spins at every one of the ~1,000 barriers of a maze
-# tick. On the 2 shared cores of the dev box the bare CPU maze tick (1 step, 2 threads) took
-# 0.20-0.22 s passive, 3.2-3.4 s with GOMP_SPINCOUNT=10000 and over 18 s with the spinning
-# default (bench/results/maze_omp_wait_cpu.json). Passive unless the caller chose.
+# tick. On the 2 shared cores of the dev box (load 15-18) the bare CPU maze tick (1 step, 2
+# threads) took 0.20 / 0.91 s passive, 3.4 / 2.9 s with GOMP_SPINCOUNT=10000, and the spinning
+# default did not get through loading and 12 ticks in 120 s (bench/results/maze_omp_wait_cpu.json).
+# Passive unless the caller chose.
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

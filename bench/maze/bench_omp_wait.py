@@ -82,7 +82,7 @@ def main() -> None:
                                      capture_output=True, text=True, timeout=args.timeout, check=True)
                 row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             except subprocess.TimeoutExpired:
-                row["timed_out"] = f"{args.ticks} ticks (after {args.ticks + 6} warm-up ticks and loading) " \
+                row["timed_out"] = f"loading, 6 warm-up ticks and {args.ticks} ticks " \
                                    f"not done in {args.timeout:.0f} s"
             row["process_s"] = time.perf_counter() - t0
             row["load_avg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
