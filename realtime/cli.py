@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
+from typing import MutableMapping
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
@@ -22,6 +24,25 @@ examples:
   realtime serve --host 0.0.0.0 --port 8080       reachable from other machines
   realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
 Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
+
+
+# torch's OpenMP (libgomp on Linux) makes a thread that waits at the end of a parallel op
+# spin up to 300,000 rounds before it sleeps. A served model shares the cores with the event
+# loop, the frame encoder and often the client (a browser on a laptop): whenever one of them
+# preempts a team thread, its partner spins at every one of the ~1,000 barriers of a maze
+# tick. On the 2 shared cores of the dev box (load 15-18) the bare CPU maze tick (1 step, 2
+# threads) took 0.20 / 0.91 s passive, 3.4 / 2.9 s with GOMP_SPINCOUNT=10000, and the spinning
+# default did not get through loading and 12 ticks in 120 s (bench/results/maze_omp_wait_cpu.json).
+# Passive unless the caller chose.
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def openmp_defaults(env: MutableMapping[str, str]) -> None:
+    """Set ``OPENMP_DEFAULTS`` in ``env`` unless it sets any wait policy of its own.
+
+    libgomp reads these when it loads (with torch): call before torch is imported."""
+    if not any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        env.update(OPENMP_DEFAULTS)
 
 
 def _origins(text: str) -> tuple[str, ...]:
@@ -173,6 +194,7 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    openmp_defaults(os.environ)  # nothing has imported torch yet
     from realtime.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.

@@ -111,3 +111,15 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
     config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", "/srv/paths"]))
     assert config.world.trajectory_root == "/srv/paths" and config.world.frames_per_chunk is None
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None
+
+
+def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
+    from realtime.cli import OPENMP_DEFAULTS, openmp_defaults
+
+    env: dict[str, str] = {"PATH": "/bin"}
+    openmp_defaults(env)
+    assert env == {"PATH": "/bin", **OPENMP_DEFAULTS} == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+        env = dict(chosen)
+        openmp_defaults(env)
+        assert env == chosen
