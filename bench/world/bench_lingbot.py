@@ -254,8 +254,9 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[Any, dict[str
     sync(device)
     built_s = time.perf_counter() - t0
     mem_weights = memory(device)
+    extra = {} if getattr(args, "condition_latents", None) is None else {"condition_latents": args.condition_latents}
     pipeline = LingBotPipeline(comps, height=args.height, width=args.width, max_sessions=args.pool_sessions,
-                               device=device)
+                               device=device, **extra)
     if args.denoising_steps != len(pipeline.sigmas):
         pipeline.sigmas = pipeline.sigmas[: args.denoising_steps]
     adapter = LingBotWorld(pipeline, max_batch=args.max_batch)
