@@ -158,10 +158,11 @@ def memory(device: torch.device) -> dict[str, Any]:
 class TickClock:
     """Records every ``pipeline.run`` (one tick of a batch) on the engine thread.
 
-    Wraps the pipeline's ``run`` and its decoder's ``decode`` (instance attributes,
-    so ``LingBotWorld.generate`` goes through them): per tick the wall time, the swap
-    seconds and bytes kv residency spent making the batch resident, the transformer
-    passes (block start to the first decode, less the swap), the VAE decode, and the
+    Wraps the pipeline's ``run`` and its decoder's ``frames`` (instance attributes, so
+    ``LingBotWorld.generate`` and ``decode`` go through them): per tick the wall time,
+    the swap seconds and bytes kv residency spent making the batch resident, the
+    transformer passes (block start to the first decode, less the swap), the VAE
+    decode (with the per-frame hand-off), the time to its first frame, and the
     device's allocated high-water mark during the tick.
     """
 
@@ -170,7 +171,7 @@ class TickClock:
         self.device = device
         self._cur: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        run, decode, residency = pipeline.run, pipeline.decoder.decode, pipeline.residency
+        run, frames, residency = pipeline.run, pipeline.decoder.frames, pipeline.residency
 
         def timed_run(requests):
             sync(device)
@@ -203,21 +204,26 @@ class TickClock:
                 with self._lock:
                     self.ticks.append(cur)
 
-        def timed_decode(state, z):
+        def timed_frames(state, z):
             cur = self._cur
             sync(device)
             t = time.perf_counter()
             if cur is not None and cur["decode_start"] is None:
                 cur["decode_start"] = t
-            out = decode(state, z)
+            n = 0
+            for frame in frames(state, z):
+                if cur is not None and cur["first_frame_ms"] is None:
+                    sync(device)
+                    cur["first_frame_ms"] = 1e3 * (time.perf_counter() - t)
+                n += 1
+                yield frame
             sync(device)
             if cur is not None:
                 cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
-                cur["output_frames"] = cur.get("output_frames", 0) + int(out.shape[2])
-            return out
+                cur["output_frames"] = cur.get("output_frames", 0) + n
 
         pipeline.run = timed_run
-        pipeline.decoder.decode = timed_decode
+        pipeline.decoder.frames = timed_frames
 
     def since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
@@ -229,8 +235,8 @@ class TickClock:
 
 
 def phase_summary(ticks: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("total_ms", "transformer_ms", "decode_ms", "swap_ms")
-    out: dict[str, Any] = {f"{k}_median": med([t[k] for t in ticks]) for k in keys}
+    keys = ("total_ms", "transformer_ms", "decode_ms", "first_frame_ms", "swap_ms")
+    out: dict[str, Any] = {f"{k}_median": med([t[k] for t in ticks if t.get(k) is not None]) for k in keys}
     out["n"] = len(ticks)
     if ticks and "peak_allocated_bytes" in ticks[0]:
         out["peak_allocated_bytes_max"] = max(t["peak_allocated_bytes"] for t in ticks)
