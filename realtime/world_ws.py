@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from starlette.websockets import WebSocket
 
-from models.world.base import WorldAdapter, WorldChunk
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
 from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
 from realtime.engine import Engine
@@ -474,7 +474,7 @@ class FrameStream:
     sees every frame queued.
     """
 
-    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: Any,
+    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry,
                  after: asyncio.Task | None) -> None:
         self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
         self.loop = asyncio.get_running_loop()

@@ -252,12 +252,15 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         chunks = self.generate(works)
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
-        for work, chunk, streamed in zip(works, chunks, streams):
+        for work, chunk in zip(works, chunks):
             check_chunk(work, chunk, self.geometry, self.name)
-            if streamed is not None:
-                if not self.streams_frames:
-                    streamed(0, chunk.frames)
+        for chunk, streamed in zip(chunks, streams):
+            if streamed is None:
+                continue
+            if self.streams_frames:
                 streamed.check(chunk.frames, self.name)
+            else:  # checked above: all of its frames at once
+                streamed(0, chunk.frames)
         return list(chunks)
 
 
