@@ -7,7 +7,9 @@ Two tasks per connection, both on the event loop:
 - the driver runs the session's ticks while the client holds credits: snapshot
   (``Session.begin_tick``) -> ``engine.submit`` -> commit -> send ``chunk`` and
   its frames. It spends one credit per chunk, so a slow client stops the driver
-  instead of growing a buffer.
+  instead of growing a buffer. A session created with ``stream_frames`` gets its
+  frames as the model makes them (``chunk.frames``, ``FrameStream``) and the
+  ``chunk`` after them as the commit, or an ``error`` if the tick fails.
 
 The model is a ``WorldAdapter``: it turns a snapshot into its tick, checks its own
 chunks (identities, frame shape) on the engine thread, and declares the geometry
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 from starlette.websockets import WebSocket
 
-from models.world.base import WorldAdapter, WorldChunk
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
 from realtime.connection import (
     CLOSE_ADMIN,
@@ -81,6 +83,7 @@ class WorldConnection:
         self.seed = 0
         self.options: dict[str, Any] = {}
         self.image: np.ndarray | None = None  # the session's first image, if it has one
+        self.stream_frames = False
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
@@ -185,6 +188,7 @@ class WorldConnection:
         self.session, self.options = session, options
         self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
+        self.stream_frames = req.stream_frames
         self.entry = self.live.add(KIND, sid, model, owner=self)
         log.info("session %s: created on %s (format %s, credits %d)", sid, model, self.format, self.credits)
         await self.send(
@@ -427,6 +431,7 @@ class WorldConnection:
         assert session is not None and adapter is not None
         sid = session.session_id
         sending: asyncio.Task | None = None
+        stream: FrameStream | None = None
         try:
             while not self._stopping:
                 if self.credits <= 0 or session.state is not SessionState.ACTIVE:
@@ -449,9 +454,15 @@ class WorldConnection:
                     return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
+                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending) \
+                    if self.stream_frames else None
+                if stream is not None:
+                    work = dataclasses.replace(work, frame_sink=stream.sink)
                 try:
                     chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
                 except ENGINE_ERRORS as exc:
+                    if stream is not None:  # what was streamed goes out before the error
+                        await stream.finish()
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:
                         return  # reset/close purged it; they take it from here
@@ -465,6 +476,8 @@ class WorldConnection:
                 try:
                     committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
+                    if stream is not None:
+                        await stream.finish()
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
                     return
@@ -472,22 +485,79 @@ class WorldConnection:
                     self.entry.ticked(committed.chunk_index)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
-                sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms))
+                # The commit goes out after the streamed frames (_send_chunk finishes the stream).
+                sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms, stream))
+                stream = None
         finally:
             await _finish(sending)
+            if stream is not None:  # a tick the driver left unfinished (cancelled)
+                stream.cancel()
 
-    async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float) -> None:
+    async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float,
+                          stream: "FrameStream | None" = None) -> None:
         # Encoded by the model on its device (WorldChunk.encoded) or here off the loop
         # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
-        # stay in order.
+        # stay in order. A streamed chunk's frames go first.
         frames = chunk.frames
-        payloads = list(chunk.encoded) if chunk.encoded is not None else await encode_chunk(frames, self.format)
+        streamed = await stream.finish() if stream is not None else None
+        if stream is not None:
+            payloads = []
+        elif chunk.encoded is not None:
+            payloads = list(chunk.encoded)
+        else:
+            payloads = await encode_chunk(frames, self.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,
+            streamed=streamed,
         )
         # One locked send: no other message comes between a chunk and its frames.
         await self.conn.send(wire.dumps(header), *payloads)
+
+
+class FrameStream:
+    """One tick's frames sent as the model makes them, before the tick commits (``stream_frames``).
+
+    ``sink`` is the tick's ``WorldTick.frame_sink``: the engine thread calls it and it
+    only queues onto the event loop. A pump sends each batch of frames as a
+    ``chunk.frames`` message and its binary frames once the previous chunk is fully out
+    (``after``), so a chunk's frames never overtake the commit before them. The
+    engine resolves the tick after its last sink call, and both go through
+    ``call_soon_threadsafe`` in order, so ``finish`` (on the loop, after the tick)
+    sees every frame queued.
+    """
+
+    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry,
+                 after: asyncio.Task | None) -> None:
+        self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
+        self.count = 0
+        self._pump = asyncio.create_task(self._run(after))
+
+    def sink(self, first: int, frames: np.ndarray) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (first, frames))
+
+    async def _run(self, after: asyncio.Task | None) -> None:
+        await _finish(after)
+        r, g = self.request, self.geometry
+        while (item := await self.queue.get()) is not None:
+            first, frames = item
+            payloads = await encode_chunk(frames, self.format)
+            header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
+                                       frames=len(payloads), format=self.format, height=g.height, width=g.width)
+            await self.conn.send(wire.dumps(header), *payloads)
+            self.count += len(payloads)
+
+    async def finish(self) -> int:
+        """Send what is queued and stop; returns how many frames went out."""
+        self.queue.put_nowait(None)
+        await asyncio.shield(self._pump)
+        return self.count
+
+    def cancel(self) -> None:
+        """Stop the pump if the driver ends without finishing the tick (no-op after ``finish``)."""
+        self._pump.cancel()
 
 
 async def _finish(task: asyncio.Task | None) -> None:

@@ -28,6 +28,16 @@ frames are uint8 ``[frames_per_chunk, height, width, 3]``. A chunk that breaks t
 fails its batch with a ``ModelError`` before the engine commits anything, so the
 identity check of the tick transaction lives here, once.
 
+Frames as they exist: a tick may carry a ``frame_sink`` (the endpoint sets one for a
+session created with ``stream_frames``). A model with ``streams_frames = True``
+calls ``work.frame_sink(first, frames)`` on the engine thread as soon as frames of
+the chunk exist (uint8 ``[n, height, width, 3]``, in order, from index 0);
+``run_batch`` hands a non-streaming model's frames to the sink when its batch ends,
+and checks that what a model streamed is exactly its chunk's frames (a
+``ModelError`` otherwise). Streamed frames are provisional: the tick commits only
+after ``run_batch`` returns, so a failed tick sends an error after them instead of
+the commit.
+
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
 model's schemas need: the endpoint never reads controls itself. A model with
@@ -42,7 +52,7 @@ import abc
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +66,9 @@ if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
+
+# Called with (index of the first frame, uint8 frames [n, H, W, 3]) as a chunk's frames exist.
+FrameSink = Callable[[int, np.ndarray], None]
 
 
 def action_bits(keys: frozenset[str]) -> list[float]:
@@ -130,6 +143,8 @@ class WorldTick:
     # The wire format the session asked for (world.v1 ``format``): run_batch may encode
     # ``jpeg`` frames that the model made on CUDA there, in one batch (device_jpeg.py).
     format: str = "rgb8"
+    # Where the chunk's frames go as they exist (engine thread), or None: all at the end.
+    frame_sink: FrameSink | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
     uses_prompts: bool = False
     create_options: tuple[CreateOption, ...] = ()
+    # Whether ``generate`` feeds each tick's ``frame_sink`` as frames are decoded.
+    streams_frames: bool = False
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Every declared option, from ``options`` or its default; ``ValueError`` for an
@@ -245,13 +262,23 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     device_jpeg: "DeviceJpeg | None" = None
 
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        streams = [None if w.frame_sink is None else _Streamed(w.frame_sink, self.geometry) for w in works]
+        if self.streams_frames and any(streams):
+            works = [w if s is None else dataclasses.replace(w, frame_sink=s) for w, s in zip(works, streams)]
         chunks = self.generate(works)
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
         chunks = self._to_host(works, list(chunks))
         for work, chunk in zip(works, chunks):
             check_chunk(work, chunk, self.geometry, self.name)
-        return chunks
+        for chunk, streamed in zip(chunks, streams):
+            if streamed is None:
+                continue
+            if self.streams_frames:
+                streamed.check(chunk.frames, self.name)
+            else:  # checked above: all of its frames at once
+                streamed(0, chunk.frames)
+        return list(chunks)
 
     def _to_host(self, works: Sequence[WorldTick], chunks: list[WorldChunk]) -> list[WorldChunk]:
         """Chunks whose frames are torch tensors -> numpy, in one device-to-host copy; the
@@ -283,6 +310,36 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         for k, i in enumerate(on_device):
             out[i] = dataclasses.replace(chunks[i], frames=host[k], encoded=encoded.get(i))
         return out
+
+
+class _Streamed:
+    """A tick's frame sink that keeps what went through it, for the end-of-batch check."""
+
+    def __init__(self, sink: FrameSink, geometry: WorldGeometry) -> None:
+        self.sink, self.geometry = sink, geometry
+        self.parts: list[np.ndarray] = []
+        self.count = 0
+        self.error: str | None = None
+
+    def __call__(self, first: int, frames: np.ndarray) -> None:
+        g = self.geometry
+        if first != self.count or not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 \
+                or frames.ndim != 4 or frames.shape[1:] != g.frames_shape[1:] \
+                or self.count + len(frames) > g.frames_per_chunk:
+            # Nothing malformed reaches the wire; the batch fails at its end.
+            self.error = self.error or (f"streamed frames {first}.. {getattr(frames, 'dtype', None)} "
+                                        f"{list(getattr(frames, 'shape', ()))} after {self.count} frames")
+            return
+        self.parts.append(frames)
+        self.count += len(frames)
+        self.sink(first, frames)
+
+    def check(self, frames: np.ndarray, name: str) -> None:
+        if self.error is None and (self.count != len(frames)
+                                   or not np.array_equal(np.concatenate(self.parts), frames)):
+            self.error = f"streamed {self.count} frames that are not the chunk's {len(frames)}"
+        if self.error is not None:
+            raise ModelError(f"world {name}: {self.error}")
 
 
 def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str) -> None:

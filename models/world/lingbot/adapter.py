@@ -79,6 +79,7 @@ class LingBotWorld(WorldAdapter):
     control_schemas = (KEYS_SCHEMA, ACTIONS_SCHEMA, TRAJECTORY_SCHEMA)
     uses_prompts = True
     takes_image = True
+    streams_frames = True   # each frame goes to the tick's frame_sink as soon as it is decoded
 
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
                  checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
@@ -153,7 +154,24 @@ class LingBotWorld(WorldAdapter):
         if camera_keys:
             keys = [a | b for a, b in zip(keys, camera_keys)]
         _, trajectory = block_controls(None, getattr(w, "trajectory", None))
-        return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory)
+        return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory,
+                            on_frame=self._on_frame(w))
+
+    def _on_frame(self, w: WorldTick) -> Callable[[int, np.ndarray], None] | None:
+        """The tick's frame sink at chunk indexes: a first block's first frame is also the
+        held frames before it (see ``generate``), so the rest move up by as many."""
+        sink = w.frame_sink
+        if sink is None:
+            return None
+        F = self.geometry.frames_per_chunk
+        pad = F - self.pipeline.decoder.output_frames(0, self.frames_per_block) if w.chunk_index == 0 else 0
+
+        def on_frame(i: int, frame: np.ndarray) -> None:
+            if pad and i == 0:
+                sink(0, np.repeat(frame, pad + 1, 0))
+            else:
+                sink(i + pad, frame)
+        return on_frame
 
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.pipeline.end(session_id, committed)
