@@ -179,7 +179,7 @@ def start_server(port: int, serve_args: list[str]) -> tuple[subprocess.Popen, fl
     cmd = [sys.executable, "-m", "realtime", "serve", "--port", str(port), "--log-level", "warning", *serve_args]
     log(f"starting {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     while True:
         if proc.poll() is not None:
             raise SystemExit(f"realtime serve exited with {proc.returncode} before it was ready")
