@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
+
+# How long torch's OpenMP workers (libgomp) spin for the next parallel op before they
+# sleep on a futex; read once, when torch loads, so it is set before anything imports it.
+# The engine thread's forwards run thousands of short ops with Python between them
+# (~10-50 us): a few thousand spins (tens of microseconds) bridge those gaps, so the
+# worker does not have to be woken for each op, while a host with more threads than
+# cores loses at most that much per op to a spinning worker (libgomp's default, 300000
+# spins, made the TTS first chunk ~7x slower at a load of 13 on 2 cores; 3000: 1.4x,
+# bench/results/tts_served_cpu.json). The user's own setting wins.
+GOMP_SPINCOUNT = "3000"
+os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig

@@ -111,3 +111,14 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
     config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", "/srv/paths"]))
     assert config.world.trajectory_root == "/srv/paths" and config.world.frames_per_chunk is None
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None
+
+
+def test_cli_bounds_openmp_spinning_before_torch_loads() -> None:
+    """``realtime serve`` sets GOMP_SPINCOUNT before torch (libgomp) reads it; the user's wins."""
+    code = "import os, realtime.cli, sys; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["3000", "False"]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "GOMP_SPINCOUNT": "77"}, check=True)
+    assert out.stdout.split() == ["77", "False"]
