@@ -9,13 +9,16 @@ import sys
 
 # How long torch's OpenMP workers (libgomp) spin for the next parallel op before they
 # sleep on a futex; read once, when torch loads, so it is set before anything imports it.
-# The engine thread's forwards run thousands of short ops with Python between them
-# (~10-50 us): a few thousand spins (tens of microseconds) bridge those gaps, so the
-# worker does not have to be woken for each op, while a host with more threads than
-# cores loses at most that much per op to a spinning worker (libgomp's default, 300000
-# spins, made the TTS first chunk ~7x slower at a load of 13 on 2 cores; 3000: 1.4x,
-# bench/results/tts_served_cpu.json). The user's own setting wins.
-GOMP_SPINCOUNT = "3000"
+# 100 is what the server always ran with: its models loaded on the main thread, whose
+# OpenMP team then outlived the loading, and with two teams on the cores libgomp cuts
+# any spin count to 100 (realtime.registry.on_spent_thread). With one team the count is
+# now this setting's. Spinning keeps the engine's worker awake between the thousands of
+# short ops of a forward (no futex wake-up per op) on cores of its own, but on a host
+# with more runnable threads than cores a spinning worker takes CPU from the engine:
+# at a load of 16 on 2 shared cores the TTS first chunk took 5x longer with 3000 spins
+# than with 100 (bench/results/tts_served_cpu_spin3000.json). Dedicated cores: try
+# GOMP_SPINCOUNT=300000 (libgomp's own default); the user's setting wins.
+GOMP_SPINCOUNT = "100"
 os.environ.setdefault("GOMP_SPINCOUNT", GOMP_SPINCOUNT)
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries

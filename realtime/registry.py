@@ -52,11 +52,12 @@ def on_spent_thread(fn: Callable[..., T], *args: Any) -> T:
     Why: torch's OpenMP runtime (libgomp) keeps a worker team per thread that ever ran a
     parallel op, for the thread's life. Loading models on the main thread left the main
     thread's team behind, so once the engine thread made its own, libgomp managed more
-    threads than there are cores and cut its spin-wait to 100 iterations: the engine's
-    worker then slept and had to be woken by a futex at every parallel op (thousands per
-    sentence), which cost the TTS first chunk about 30 ms on 2 cores
-    (bench/results/tts_served_cpu.json). A thread that exits frees its team, so the
-    engine's is the only one and spins between ops as in a single-threaded benchmark.
+    threads than there are cores and cut its spin-wait to 100 iterations whatever
+    ``GOMP_SPINCOUNT`` says: the engine's worker slept and was woken by a futex at
+    nearly every parallel op (~3700 per served sentence, bench/results/tts_served_cpu.json).
+    A thread that exits frees its team, so the engine's is the only one and the spin count
+    is the operator's to choose (``realtime.cli.GOMP_SPINCOUNT``), as it is in a
+    single-threaded benchmark such as bench/tts/bench_tts.py.
     """
     result: list[T] = []
     error: list[BaseException] = []

@@ -1,6 +1,6 @@
 """Time to first audio through a real ``realtime serve`` over tts.v1, beside the bare adapter.
 
-Four measurements, interleaved utterance by utterance (in a rotating order) so the
+Measurements interleaved utterance by utterance (in a rotating order) so the
 load from other processes hits them alike:
 
 - ``served``: a plain ``python -m realtime serve`` process (the default models) on
@@ -9,8 +9,10 @@ load from other processes hits them alike:
   frame received.
 - ``served_profiled``: the same through ``bench.tts.serve_profile`` (the same server
   with stamps at each stage of the path), for the breakdown of where the time goes.
-- ``served_load_on_main``: the profiled server with its models loaded on the main
-  thread, as before ``realtime.registry.on_spent_thread`` (the A/B of that fix).
+- ``served_spin_N`` (``--spin N ...``, default 300000): the profiled server with
+  ``GOMP_SPINCOUNT=N`` instead of ``realtime.cli``'s default (the A/B of that setting);
+  ``served_load_on_main`` (``--load-on-main``): models loaded on the main thread, as
+  before ``realtime.registry.on_spent_thread``.
 - ``adapter``: ``PiperTTS.run_batch([SynthesizeSentence])`` in this process, from the
   call to its first chunk (the figure ``bench_tts.py`` reports), on one thread that
   loads and runs the voice and nothing else, as the engine thread does.
@@ -66,7 +68,8 @@ def free_port() -> int:
 class Server:
     """A server process on a free loopback port; SIGTERM on exit."""
 
-    def __init__(self, serve_args: Sequence[str], trace: str | None = None, load_on_main: bool = False) -> None:
+    def __init__(self, serve_args: Sequence[str], trace: str | None = None, load_on_main: bool = False,
+                 spincount: str | None = None) -> None:
         self.port = free_port()
         self.trace = trace
         base = ["serve", "--port", str(self.port), "--log-level", "warning", *serve_args]
@@ -75,8 +78,12 @@ class Server:
         else:
             flag = ["--load-on-main"] if load_on_main else []
             cmd = [sys.executable, "-m", "bench.tts.serve_profile", *flag, "--trace", trace, "--", *base]
-        self.command = " ".join(cmd[1:])
-        self.proc = subprocess.Popen(cmd, cwd=REPO)
+        env = dict(os.environ)
+        env.pop("GOMP_SPINCOUNT", None)  # realtime.cli's default unless asked for
+        if spincount is not None:
+            env["GOMP_SPINCOUNT"] = spincount
+        self.command = ("GOMP_SPINCOUNT=%s " % spincount if spincount else "") + " ".join(cmd[1:])
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -224,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--utterances", type=int, default=24, help="timed utterances per measurement (>= 20)")
     p.add_argument("--serve-args", default="", help="extra arguments for realtime serve (quoted)")
+    p.add_argument("--spin", nargs="*", default=["300000"],
+                   help="also a profiled server per GOMP_SPINCOUNT value (the A/B of realtime.cli's default)")
+    p.add_argument("--load-on-main", action="store_true",
+                   help="also a profiled server that loads its models on the main thread (the old behaviour)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     serve_args = args.serve_args.split()
@@ -233,8 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers = {
             "served": Server(serve_args),
             "served_profiled": Server(serve_args, trace=os.path.join(tmp, "new.json")),
-            "served_load_on_main": Server(serve_args, trace=os.path.join(tmp, "old.json"), load_on_main=True),
         }
+        for value in args.spin:
+            servers["served_spin_%s" % value] = Server(serve_args, trace=os.path.join(tmp, "spin%s.json" % value),
+                                                       spincount=value)
+        if args.load_on_main:
+            servers["served_load_on_main"] = Server(serve_args, trace=os.path.join(tmp, "old.json"), load_on_main=True)
         # One thread loads and runs the bare adapter, as the engine thread runs the served one.
         torch_thread = ThreadPoolExecutor(1, thread_name_prefix="adapter")
         try:
@@ -272,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ttfa_ms": ttfa,
         "ratio_served_p50_over_adapter_p50": round(served / bare, 3),
         "served_minus_adapter_p50_ms": round(served - bare, 2),
-        "ratio_load_on_main_p50_over_served_p50": round(ttfa["served_load_on_main"]["p50"] / served, 3),
+        "ratio_p50_over_served_p50": {k: round(v["p50"] / served, 3) for k, v in ttfa.items() if k != "served"},
         "profile": profiles,
         "stages": [{"name": n, "from": a, "to": b} for n, a, b in STAGES],
         "voluntary_context_switches_per_utterance": got["switches_per_utterance"],
@@ -283,10 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "one_minute_during": {"min": round(min(got["loads"]), 2), "max": round(max(got["loads"]), 2),
                                   "mean": round(float(np.mean(got["loads"])), 2)},
             "note": "a shared 2-core box: other processes ran beside this one; rerun on a quiet, pinned "
-                    "machine for clean figures (the three measurements are interleaved, so their ratio holds)",
+                    "machine for clean figures (the measurements are interleaved, so their ratios hold)",
         },
         "servers": {n: s.command for n, s in servers.items()},
-        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "unset here; realtime.cli's default in the servers"),
+        "gomp_spincount_default": realtime.cli.GOMP_SPINCOUNT,
         "command": "python -m bench.tts.bench_served " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

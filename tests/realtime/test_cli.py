@@ -118,7 +118,7 @@ def test_cli_bounds_openmp_spinning_before_torch_loads() -> None:
     code = "import os, realtime.cli, sys; print(os.environ['GOMP_SPINCOUNT'], 'torch' in sys.modules)"
     env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.split() == ["3000", "False"]
+    assert out.stdout.split() == ["100", "False"]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**env, "GOMP_SPINCOUNT": "77"}, check=True)
     assert out.stdout.split() == ["77", "False"]

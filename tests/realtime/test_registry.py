@@ -96,12 +96,14 @@ def test_a_spent_loader_thread_leaves_the_engine_team_spinning() -> None:
         pytest.skip("one intra-op thread: no OpenMP worker to throttle")
 
     def probe(mode: str) -> int:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # libgomp's own spin count (realtime.cli, once imported, sets a small one).
+        env = {**os.environ, "PYTHONPATH": str(REPO), "GOMP_SPINCOUNT": "300000"}
         done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, env=env,
                               cwd=REPO, timeout=120, check=True)
         return int(done.stdout.split()[-1])
 
-    # Loaded on the main thread: two teams on the cores, the engine's worker sleeps
-    # after (nearly) every op. Loaded on a spent thread: it spins between ops.
+    # Loaded on the main thread: two teams on the cores, libgomp cuts the spin to 100 and
+    # the engine's worker sleeps after (nearly) every op. Loaded on a spent thread: the
+    # configured spin count holds and the worker spins between ops.
     assert probe("main") > 200 // 2
     assert probe("spent") < 200 // 4
