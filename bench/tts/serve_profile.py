@@ -49,7 +49,6 @@ class Trace:
 
     def __init__(self) -> None:
         self.stamps: list[tuple[str, float]] = []
-        self.lock = threading.Lock()
 
     def stamp(self, name: str) -> None:
         self.stamps.append((name, clock()))
