@@ -33,7 +33,10 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # tick. On the 2 shared cores of the dev box (load 15-18) the bare CPU maze tick (1 step, 2
 # threads) took 0.20 / 0.91 s passive, 3.4 / 2.9 s with GOMP_SPINCOUNT=10000, and the spinning
 # default did not get through loading and 12 ticks in 120 s (bench/results/maze_omp_wait_cpu.json).
-# Passive unless the caller chose.
+# Passive unless the caller chose. (The models are also built on a thread that ends,
+# realtime.registry.on_spent_thread, so the engine's OpenMP team is the only one: with two
+# teams libgomp cuts any spin count to 100 and wakes a sleeping worker at nearly every op.)
+# Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000.
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 

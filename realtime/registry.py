@@ -10,8 +10,9 @@ for the CLI to print.
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from models import factory
 from models.base import ModelAdapter
@@ -19,6 +20,8 @@ from models.factory import BuildOptions, ModelEntry, ModelUnavailable
 from realtime.config import ServerConfig
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -38,7 +41,44 @@ class Inventory:
 
 
 def build_inventory(config: ServerConfig) -> Inventory:
-    """Every model the config asks for, built in order: worlds, the policy, the voice."""
+    """Every model the config asks for, built in order: worlds, the policy, the voice,
+    on a thread of its own that ends when they are built (``on_spent_thread``)."""
+    return on_spent_thread(_build_inventory, config)
+
+
+def on_spent_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a new thread that exits when it returns; its result or exception.
+
+    Why: torch's OpenMP runtime (libgomp) keeps a worker team per thread that ever ran a
+    parallel op, for the thread's life. Loading models on the main thread left the main
+    thread's team behind, so once the engine thread made its own, libgomp managed more
+    threads than there are cores and cut its spin-wait to 100 iterations whatever
+    ``GOMP_SPINCOUNT`` says: the engine's worker slept and was woken by a futex at
+    nearly every parallel op (~3700 per served sentence, bench/results/tts_served_cpu.json).
+    A thread that exits frees its team, so the engine's is the only one and the spin count
+    is the operator's to choose (``realtime.cli.openmp_defaults``), as it is in a
+    single-threaded benchmark such as bench/tts/bench_tts.py.
+    """
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            error.append(exc)
+
+    # Daemon: Ctrl-C while models load interrupts the join below and the process exits.
+    thread = threading.Thread(target=target, name="model-loader", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)  # in slices, so the main thread still takes KeyboardInterrupt
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _build_inventory(config: ServerConfig) -> Inventory:
     inv = Inventory()
     device = config.engine.device
     world = config.world
