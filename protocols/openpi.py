@@ -47,6 +47,10 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # beyond the transport's limit the connection closes with 1009 and no text.
 # Close code after an error frame; the reference server uses the same (INTERNAL_ERROR).
 CLOSE_ERROR = 1011
+# Text frames that end a connection for a server limit start with a code, as world.v1
+# and tts.v1 name them (the close codes are protocols/close_codes.py's):
+IDLE_TIMEOUT = "idle_timeout"  # no request for the server's idle timeout; close 4408
+TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of sessions; close 1013
 # Observations per batch-form request.
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192

@@ -45,8 +45,10 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
 from realtime.connection import (CLOSE_ADMIN, ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id)
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IdleClock, Slot, client_address
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,11 @@ _CLOSE_REASON = "error: see the previous text frame"
 
 
 class _Refused(Exception):
-    """An error that ends this robot's connection with its message and close 1011."""
+    """An error that ends this robot's connection with its message and ``code`` (1011)."""
+
+    def __init__(self, message: str, code: int = wire.CLOSE_ERROR, reason: str = "") -> None:
+        super().__init__(message)
+        self.code, self.reason = code, reason or _CLOSE_REASON
 
 
 async def openpi_endpoint(websocket: WebSocket) -> None:
@@ -87,6 +93,10 @@ class OpenPIConnection:
         self.left = False  # the robot disconnected while a request was in flight
         self.busy = False  # a request is being handled (a disconnect then cancels it)
         self.policy_call = state.metrics.policy_call
+        self.client = client_address(ws)
+        self.slots = state.client_slots
+        self.slot: Slot | None = None  # the connection's hold on its client's count
+        self.idle = IdleClock(state.config.limits.idle_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -97,13 +107,20 @@ class OpenPIConnection:
                 raise _Refused("no robot policy is loaded on this server")
             if not self.engine.healthy:
                 raise _Refused(f"engine unavailable: {self.engine.dead_reason or 'stopped'}")
+            self.slot = self.slots.take(self.client)
+            if self.slot is None:
+                raise _Refused(f"{wire.TOO_MANY_SESSIONS}: {self.slots.refusal(self.client)}",
+                               CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
             self.metadata = self.adapter.metadata
             await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
             pending = asyncio.ensure_future(self._receive())
             me = asyncio.current_task()
             while True:
-                message = await pending
+                if not await self._arrived(pending):
+                    await self._idle_close()
+                    return
+                message = pending.result()
                 if message is None:
                     return
                 received = time.perf_counter()
@@ -122,10 +139,12 @@ class OpenPIConnection:
                     raise
                 finally:
                     self.busy = False
-                await self.conn.send(reply)
+                # A robot that does not take its reply within the idle timeout is dropped.
+                if await self.conn.send(reply, timeout=self.idle.timeout_s if self.idle.enabled else None):
+                    self.idle.touch()
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
-            await self._refuse(str(exc))
+            await self._refuse(str(exc), exc.code, exc.reason)
         except wire.WireError as exc:
             await self._refuse(f"invalid request: {exc}")
         except ConnectionError:
@@ -137,6 +156,32 @@ class OpenPIConnection:
             if pending is not None and not pending.done():
                 pending.cancel()
             self._release()
+            if self.slot is not None:
+                self.slot.release()
+
+    async def _arrived(self, pending: asyncio.Future) -> bool:
+        """Wait for the robot's next message (or its disconnect) in ``pending``; False if
+        none came within the idle timeout (no inference runs meanwhile: this is the
+        only wait between requests)."""
+        if not self.idle.enabled:
+            await asyncio.wait({pending})
+            return True
+        while not pending.done():
+            left = self.idle.left()
+            if left <= 0:
+                return False
+            await asyncio.wait({pending}, timeout=left)
+        self.idle.touch()
+        return True
+
+    async def _idle_close(self) -> None:
+        """No request for the idle timeout: the text ``idle_timeout: ...`` (the real client
+        raises it should it read again) and close CLOSE_IDLE_TIMEOUT, reason "idle timeout"."""
+        timeout = self.idle.timeout_s
+        log.info("session %s: idle for %g s (no request): closing", self.conn_id, timeout)
+        await self.conn.send(f"{wire.IDLE_TIMEOUT}: no request for {timeout:g} s (the server's idle timeout, "
+                             "--idle-timeout-s)", timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     def _receive(self) -> Any:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
@@ -153,10 +198,10 @@ class OpenPIConnection:
             self.left = True
             task.cancel()
 
-    async def _refuse(self, text: str) -> None:
+    async def _refuse(self, text: str, code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text)
-        await self.conn.close(wire.CLOSE_ERROR, _CLOSE_REASON)
+        await self.conn.close(code, reason)
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed one of this connection's sessions: the robot's connection

@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 from dataclasses import dataclass, field
 
 from starlette.websockets import WebSocket
 
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
 from realtime.connection import (
     CLOSE_ADMIN,
     CLOSE_INTERNAL,
@@ -38,6 +40,7 @@ from realtime.connection import (
     new_session_id,
 )
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class _UtteranceEnd:
 
 
 class TTSConnection:
-    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions) -> None:
+    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions, idle: IdleClock) -> None:
         self.conn = conn
         self.engine = engine
         self.model = model
@@ -81,9 +84,13 @@ class TTSConnection:
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
         self.first_audio = conn.ws.app.state.metrics.tts_first_audio
         self.told_dead = False  # the client heard the engine is dead
+        self.idle = idle  # touched by each client message and each audio frame or event sent
+        self.synthesizing = False  # a window of this session is in the engine (not idle)
+        self.speaker: asyncio.Task | None = None
 
     async def send(self, text: str) -> None:
-        await self.conn.send(text)
+        if await self.conn.send(text):
+            self.idle.touch()
 
     async def error(self, code: str, message: str) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
@@ -109,17 +116,20 @@ class TTSConnection:
         await self.conn.close(CLOSE_INTERNAL)
 
     async def run(self) -> None:
-        speaker = asyncio.create_task(self._speak())
+        speaker = self.speaker = asyncio.create_task(self._speak())
         entry = self.live.add(KIND, self.session_id, self.model, owner=self)
         await self.send(wire.encode(self.config.updated(self.voices)))
         log.info("session %s: tts session opened on %s", self.session_id, self.model)
         try:
             while True:
                 try:
-                    frame = await self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+                    frame = await receive_or_idle(self.idle, self._receive, lambda: self.synthesizing)
                 except TooLarge as exc:
                     await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
                     continue
+                if frame is IDLE:
+                    await self.idle_close()
+                    break
                 if frame is None:
                     break
                 try:
@@ -138,6 +148,23 @@ class TTSConnection:
             self.live.remove(entry)
             log.info("session %s: tts session closed", self.session_id)
             await self.conn.close()
+
+    def _receive(self) -> Any:
+        return self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+
+    async def idle_close(self) -> None:
+        """No message and nothing spoken for the idle timeout: ``idle_timeout``, then close
+        with CLOSE_IDLE_TIMEOUT (the reader then ends the session as on a disconnect). A
+        speaker stuck on a client that does not read is stopped first; such a client takes
+        nothing and is dropped after GOODBYE_TIMEOUT_S."""
+        timeout = self.idle.timeout_s
+        log.info("session %s: idle for %g s (no message, nothing spoken): closing", self.session_id, timeout)
+        if self.speaker is not None:
+            self.speaker.cancel()
+        await self.conn.send(wire.error(wire.IDLE_TIMEOUT, f"no message and nothing spoken for {timeout:g} s (the "
+                                        "server's idle timeout, --idle-timeout-s): closing"),
+                             timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     async def _release(self) -> None:
         try:
@@ -228,6 +255,7 @@ class TTSConnection:
         work = SynthesizeSentence(self.session_id, utt, k, item.text, config.speed, config.sample_rate)
         samples = 0
         while True:
+            self.synthesizing = True
             try:
                 chunk = await self.engine.submit(self.model, work, session_id=self.session_id)
             except ENGINE_ERRORS as exc:
@@ -239,12 +267,15 @@ class TTSConnection:
                 if failure is not Failure.CANCELLED:
                     await self.error(TTS_CODES[failure], f"synthesis failed: {exc}")
                 return
+            finally:
+                self.synthesizing = False
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:
                 if samples == 0:
                     self.first_audio.observe(time.perf_counter() - item.queued_at)
-                await self.conn.send(chunk.pcm)
+                if await self.conn.send(chunk.pcm):
+                    self.idle.touch()
             samples = chunk.sentence_samples
             if chunk.done:
                 break
@@ -275,4 +306,16 @@ async def tts_endpoint(ws: WebSocket) -> None:
         await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"))
         await conn.close(CLOSE_INTERNAL)
         return
-    await TTSConnection(conn, state.engine, names[0], state.live_sessions).run()
+    client = client_address(ws)
+    slot = state.client_slots.take(client)
+    if slot is None:
+        refusal = state.client_slots.refusal(client)
+        log.info("%s: tts session refused: %s", conn.peer, refusal)
+        await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal))
+        await conn.close(CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
+        return
+    try:
+        idle = IdleClock(state.config.limits.idle_timeout_s)
+        await TTSConnection(conn, state.engine, names[0], state.live_sessions, idle).run()
+    finally:
+        slot.release()

@@ -32,8 +32,10 @@ from starlette.websockets import WebSocket
 
 from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON
 from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, Slot, client_address, receive_or_idle
 from realtime.media import encode_chunk
 from sessions import (
     ChunkMetadata,
@@ -60,6 +62,10 @@ class WorldConnection:
         self.world_models: list[str] = state.inventory.names(KIND)
         self.max_pending: int = state.config.world.max_pending_events
         self.live = state.live_sessions
+        self.client = client_address(ws)
+        self.slots = state.client_slots
+        self.slot: Slot | None = None  # this session's hold on its client's count
+        self.idle = IdleClock(state.config.limits.idle_timeout_s)
         self.session: Session | None = None
         self.entry: LiveSession | None = None
         self.adapter: WorldAdapter | None = None
@@ -71,6 +77,7 @@ class WorldConnection:
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
+        self._sending: asyncio.Task | None = None  # the driver's chunk send in progress
         self._stopping = False
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
@@ -89,10 +96,13 @@ class WorldConnection:
         try:
             while True:
                 try:
-                    frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
+                    frame = await receive_or_idle(self.idle, self._receive, self._busy)
                 except TooLarge:
                     await self.send_error(wire.MESSAGE_TOO_LARGE, f"text frame over {wire.MAX_TEXT_BYTES} bytes")
                     await self.conn.close(wire.CLOSE_TOO_BIG)
+                    break
+                if frame is IDLE:
+                    await self.idle_close()
                     break
                 if frame is None:
                     break
@@ -103,6 +113,38 @@ class WorldConnection:
                 await self.handle_text(frame.text or "")
         finally:
             await self.close_session(notify=False)
+            if self.slot is not None:  # a tombstone left behind no longer counts against the client
+                self.slot.release()
+
+    def _receive(self) -> Any:
+        return self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
+
+    def _busy(self) -> bool:
+        """A tick of this session is in the engine: not idle, however long it takes."""
+        return self.session is not None and self.session.in_flight is not None
+
+    async def idle_close(self) -> None:
+        """The client sent nothing and took no chunk for the idle timeout: ``idle_timeout``,
+        the session ends as on ``session.close`` (its dropped events reported in
+        ``session.closed``), and the socket closes with CLOSE_IDLE_TIMEOUT. A client that
+        does not read takes none of it and is dropped after GOODBYE_TIMEOUT_S."""
+        timeout = self.idle.timeout_s
+        session = self.session
+        sid = session.session_id if session is not None else "-"
+        log.info("session %s: idle for %g s (no message, no chunk taken): closing", sid, timeout)
+        sending = self._sending
+        if sending is not None and not sending.done():
+            # A client that stopped reading never takes this chunk; the session cannot end behind it.
+            sending.cancel()
+        what = "no message and no chunk taken" if session is not None else "no session.create"
+        await self.conn.send(wire.dumps(wire.error(wire.IDLE_TIMEOUT, f"{what} for {timeout:g} s (the server's "
+                                                   "idle timeout, --idle-timeout-s): closing")),
+                             timeout=GOODBYE_TIMEOUT_S)
+        if session is not None:
+            dropped = await self.close_session(notify=False)
+            if dropped is not None:
+                await self.conn.send(wire.dumps(wire.closed(session.session_id, dropped)), timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     async def handle_text(self, text: str) -> None:
         event_id = None
@@ -155,14 +197,22 @@ class WorldConnection:
             options = adapter.check_options(req.options)
         except ValueError as exc:
             raise SessionError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        session = self.manager.create(
-            sid,
-            reducers=adapter.reducers(),
-            prompt=req.prompt,
-            max_pending=self.max_pending,
-            release=lambda: engine.post_release(model, sid),
-        )
-        await self._admit(adapter, model, sid, options)
+        slot = self.slots.take(self.client)
+        if slot is None:
+            raise SessionError(ErrorCode.TOO_MANY_SESSIONS, self.slots.refusal(self.client))
+        try:
+            session = self.manager.create(
+                sid,
+                reducers=adapter.reducers(),
+                prompt=req.prompt,
+                max_pending=self.max_pending,
+                release=lambda: engine.post_release(model, sid),
+            )
+            await self._admit(adapter, model, sid, options)
+        except BaseException:
+            slot.release()
+            raise
+        self.slot = slot
         self.session, self.options = session, options
         self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
@@ -320,6 +370,9 @@ class WorldConnection:
     def _forget(self) -> None:
         if self.entry is not None:
             self.live.remove(self.entry)
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
         self.session, self.entry, self.adapter, self.image = None, None, None, None
 
     def _mark(self, state: str, chunk_index: int | None = None) -> None:
@@ -426,7 +479,7 @@ class WorldConnection:
                     self.entry.ticked(committed.chunk_index)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
-                sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
+                sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
         finally:
             await _finish(sending)
 
@@ -439,7 +492,8 @@ class WorldConnection:
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,
         )
         # One locked send: no other message comes between a chunk and its frames.
-        await self.conn.send(wire.dumps(header), *payloads)
+        if await self.conn.send(wire.dumps(header), *payloads):
+            self.idle.touch()  # the client took a chunk: it is not idle
 
 
 async def _finish(task: asyncio.Task | None) -> None:

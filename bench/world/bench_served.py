@@ -236,7 +236,7 @@ def main() -> None:
     import torch
 
     from realtime.app import build_app
-    from realtime.config import EngineConfig, ServerConfig, WorldConfig
+    from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
@@ -255,8 +255,10 @@ def main() -> None:
     profile.attach(model)
     inventory = Inventory()
     inventory.adapters[model.name] = model
+    # Every simulated client is on loopback, one address: no per-client limit.
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
-                          world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
+                          world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024),
+                          limits=LimitsConfig(max_sessions_per_client=0))
     rows = []
     app = build_app(config, inventory)
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:

@@ -1,0 +1,21 @@
+"""WebSocket close codes that world.v1, tts.v1 and OpenPI send alike.
+
+Each protocol's own codes stay in its module (``world_v1.CLOSE_TOO_BIG``,
+``openpi.CLOSE_ERROR``); these two mean the same on every endpoint, so a client of
+any kind can act on them: reconnect when it has something to say again, or close
+one of its other sessions first.
+"""
+
+from __future__ import annotations
+
+# The session sat idle past the server's ``--idle-timeout-s``: no message from the
+# client and no output taken by it. Application range (RFC 6455 7.4.2), 4000 + HTTP's
+# 408 Request Timeout, as graphql-ws numbers its own timeouts. Reason: "idle timeout".
+CLOSE_IDLE_TIMEOUT = 4408
+# A tts.v1 or OpenPI connection (the connection is the session) from a client address
+# that already holds ``--max-sessions-per-client`` live sessions: RFC 6455's registered
+# 1013 Try Again Later. A world.v1 ``session.create`` is refused without closing.
+CLOSE_TRY_AGAIN_LATER = 1013
+
+IDLE_TIMEOUT_REASON = "idle timeout"
+TOO_MANY_SESSIONS_REASON = "too many sessions from this client"
