@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--forwarded-allow-ips", type=_addresses, default=ServerConfig.forwarded_allow_ips,
                        metavar="ADDRESSES",
                        help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client "
-                            "(for the per-client limit and --admin-from); the default trusts a proxy on this "
+                            "(for the per-client limit and the admin check); the default trusts a proxy on this "
                             "host, as deploy/ runs nginx; '*' trusts any peer")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")

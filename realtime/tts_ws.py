@@ -269,6 +269,7 @@ class TTSConnection:
                 return
             finally:
                 self.synthesizing = False
+                self.idle.touch()  # its idleness counts from the window's end, not from the last send
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:

@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 KIND = "world"
 
 
+class _IdleClosed(Exception):
+    """The connection was closed for idleness while a message was being handled."""
+
+
 class WorldConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
@@ -110,7 +114,10 @@ class WorldConnection:
                     await self.send_error(wire.BAD_REQUEST, "binary frames are not accepted from clients")
                     await self.conn.close(wire.CLOSE_UNSUPPORTED_DATA)
                     break
-                await self.handle_text(frame.text or "")
+                try:
+                    await self.handle_text(frame.text or "")
+                except _IdleClosed:
+                    break
         finally:
             await self.close_session(notify=False)
             if self.slot is not None:  # a tombstone left behind no longer counts against the client
@@ -136,7 +143,7 @@ class WorldConnection:
         if sending is not None and not sending.done():
             # A client that stopped reading never takes this chunk; the session cannot end behind it.
             sending.cancel()
-        what = "no message and no chunk taken" if session is not None else "no session.create"
+        what = "no message and no chunk taken" if session is not None else "no message"
         await self.conn.send(wire.dumps(wire.error(wire.IDLE_TIMEOUT, f"{what} for {timeout:g} s (the server's "
                                                    "idle timeout, --idle-timeout-s): closing")),
                              timeout=GOODBYE_TIMEOUT_S)
@@ -243,10 +250,14 @@ class WorldConnection:
         """The binary message of ``spec.bytes`` bytes that follows ``session.create``;
         ``SessionError(BAD_REQUEST)`` naming what arrived instead."""
         try:
-            frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes)
+            frame = await receive_or_idle(
+                self.idle, lambda: self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes), lambda: False)
         except TooLarge as exc:
             raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
                                                       f"announced {spec.bytes}") from None
+        if frame is IDLE:  # announced, never sent
+            await self.idle_close()
+            raise _IdleClosed()
         if frame is None:
             raise SessionError(ErrorCode.BAD_REQUEST, "image: the connection closed before the image arrived")
         if frame.data is None:
@@ -477,6 +488,7 @@ class WorldConnection:
                     return
                 if self.entry is not None:
                     self.entry.ticked(committed.chunk_index)
+                self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
                 sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
