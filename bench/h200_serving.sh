@@ -1,26 +1,87 @@
 #!/usr/bin/env bash
-# Serving at the model's limit on the H200 (issue 19), one process, about 2 minutes, JSON to $OUT:
-# maze on CUDA through the real server vs the bare adapter in the same run, each row with the
-# per-batch profile (bench/world/serve_profile.py: model / engine post / hand-off+loop / wake):
-#   rgb8 @ 1,4,..,256 sessions   the scaling curve (frames/s per session and total, tick p99,
-#                                the bare model's prediction and the kv capacity formula beside it)
-#   jpeg @ 32, jpeg/inline @ 32  jpeg encoded on the thread pool vs on the loop (goal: jpeg >= 0.95x rgb8)
-#   rgb8/gil5 @ 1,32,128         Python's 5 ms GIL switch interval (before) vs the engine's 0.5 ms
-# Carried: .whl (starlette, uvicorn, websockets wheels). Run from the repo root (or the .dev_ copy).
+# Serving at the model's limit on the H200 (issue 19): one command, about 4 minutes (every step
+# bounded: 7.8 minutes at most), JSON to $OUT.
+#   1. jpeg per frame at 480x832 (LingBot) and 64x64 (maze): PIL on one thread and on the encoder
+#      pool vs nvJPEG batched on CUDA (bench/world/bench_jpeg.py)
+#   2. maze on CUDA through the real server vs the bare adapter, one server, one run
+#      (bench/world/bench_served.py), each row with the engine's busy share, tick p50/p99, GPU
+#      memory and the per-batch profile (model / post / hand-off+loop / wake):
+#        rgb8 @ 1,2,4,..,256    the scaling curve; 1/32/128 are the served-vs-bare goal rows
+#        jpeg @ 32              CUDA frames' jpeg path picked by measurement on the first batch
+#        jpeg/pil, jpeg/nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
+#   3. cProfile of the server's threads (engine, loop) at 32 sessions (bench/world/profile_engine.py)
+#   4. the summary: every goal beside its figure, the capacity formula beside the curve
+#      (bench/world/serving_summary.py -> $OUT/serving_summary.json, and the tail of the log)
+# Run from the repo root (or a .dev_ copy) with .whl carried (starlette, uvicorn, websockets...).
+# CPU dry run of the whole script (tiny settings, instant model): DRY=1 OUT=/tmp/o bench/h200_serving.sh
 set -u
-if ! python3 -c "import uvicorn, websockets, starlette" 2>/dev/null; then
+cd "$(dirname "$0")/.." || exit 1
+PY=${PYTHON:-python3}
+if ! $PY -c "import uvicorn, websockets, starlette" 2>/dev/null; then
     WHL=$(ls -d .whl ../.whl 2>/dev/null | head -1)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 fi
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# CPU smoke test: MODEL=instant DEVICE=cpu VARIANTS="rgb8@1,4 jpeg@4" OUT=/tmp/o bench/h200_serving.sh
-VARIANTS=${VARIANTS:-rgb8@1,4,16,32,64,128,256 jpeg@32 jpeg/inline@32 rgb8/gil5@1,32,128}
+if [ "${DRY:-0}" = 1 ]; then
+    MODEL=${MODEL:-instant} DEVICE=${DEVICE:-cpu} SECONDS_PER_ROW=${SECONDS_PER_ROW:-0.6} WARMUP=${WARMUP:-0.3}
+    VARIANTS=${VARIANTS:-rgb8@1,2,4 jpeg@2 jpeg/pil@2 jpeg/nvjpeg@2} PROCS=${PROCS:-2} JPEG_SIZES=${JPEG_SIZES:-96x160}
+    JPEG_BATCH=${JPEG_BATCH:-4} BARE_REPEATS=${BARE_REPEATS:-3} PROFILE_SESSIONS=${PROFILE_SESSIONS:-2}
+fi
+MODEL=${MODEL:-maze} DEVICE=${DEVICE:-cuda}
+VARIANTS=${VARIANTS:-rgb8@1,2,4,8,16,32,64,128,256 jpeg@32 jpeg/pil@32 jpeg/nvjpeg@32}
+# 12 client processes: one tops out near 1,000 chunks/s, and the load must not be the bottleneck.
+PROCS=${PROCS:-12} SECONDS_PER_ROW=${SECONDS_PER_ROW:-4} WARMUP=${WARMUP:-1.5} BARE_REPEATS=${BARE_REPEATS:-20}
+JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32} PROFILE_SESSIONS=${PROFILE_SESSIONS:-32}
+status=0
+step() {  # step NAME SECONDS CMD...: bounded, its tail in the log, its rc remembered
+    local name=$1 limit=$2; shift 2
+    echo "== $name (limit ${limit}s): $*"
+    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    # The JSON is in $OUT; the log shows each step's last lines, cut short (the summary has the figures).
+    grep -v '^  ' "$OUT/$name.log" | grep -v '^[{}]' | tail -n "${TAIL:-12}" | cut -c1-"${WIDTH:-200}"
+    echo "== $name rc=$rc"
+    [ "$rc" = 0 ] || status=1
+}
+$PY - "$OUT/h200_serving_env.json" "$0 $*" <<'EOF'
+import json, os, platform, subprocess, sys
+def run(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception as exc:  # noqa: BLE001
+        return repr(exc)
+env = {"command": sys.argv[2], "python": platform.python_version(), "cpu_count": os.cpu_count(),
+       "cpu": platform.processor() or platform.machine(),
+       # a .dev_ copy has no .git: the caller names the commit it was copied from
+       "source_commit": os.environ.get("SOURCE_COMMIT") or run("git", "log", "-1", "--format=%H %s"),
+       "nvidia_smi": run("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
+       "settings": {k: os.environ.get(k) for k in ("MODEL", "DEVICE", "VARIANTS", "PROCS", "SECONDS_PER_ROW", "DRY")}}
+for mod in ("torch", "torchvision", "uvicorn", "websockets", "starlette", "numpy", "PIL"):
+    try:
+        env[mod] = __import__(mod).__version__
+    except Exception as exc:  # noqa: BLE001
+        env[mod] = None
+json.dump(env, open(sys.argv[1], "w"), indent=2)
+print(json.dumps(env))
+EOF
+export MODEL DEVICE VARIANTS PROCS SECONDS_PER_ROW DRY
 # shellcheck disable=SC2086
-timeout 200 python3 -m bench.world.bench_served --model "${MODEL:-maze}" --device "${DEVICE:-cuda}" \
-    --seconds 2 --warmup 1 --max-batch 128 --batch-wait-ms 20 --client-procs 6 --variants $VARIANTS \
-    --out "$OUT/world_serving_h200.json" 2>&1 | grep -v '^  ' | tail -n 40
-echo "== world_serving rc=${PIPESTATUS[0]}"
+step jpeg_paths 60 $PY -m bench.world.bench_jpeg --sizes $JPEG_SIZES --batch "$JPEG_BATCH" \
+    --out "$OUT/jpeg_paths_h200.json"
+# shellcheck disable=SC2086
+step world_serving 300 $PY -m bench.world.bench_served --model "$MODEL" --device "$DEVICE" \
+    --seconds "$SECONDS_PER_ROW" --warmup "$WARMUP" --bare-repeats "$BARE_REPEATS" --max-batch 128 \
+    --batch-wait-ms 20 --client-procs "$PROCS" --variants $VARIANTS --out "$OUT/world_serving_h200.json"
+# Which functions fill the hand-off: cProfile of the engine thread and the loop at 32 sessions.
+step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" \
+    --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \
+    --out "$OUT/engine_profile_h200.json"
+TAIL=60 WIDTH=400 step summary 30 $PY -m bench.world.serving_summary "$OUT/world_serving_h200.json" "$OUT/jpeg_paths_h200.json" \
+    --profile "$OUT/engine_profile_h200.json" --out "$OUT/serving_summary.json"
+
+ls -la "$OUT"
+exit $status

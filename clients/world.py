@@ -88,18 +88,27 @@ class WorldClient:
         return _Connector(url, session_id, kwargs)
 
     async def _read(self) -> None:
+        # Frames of chunks not committed yet (stream_frames), by request_id.
+        provisional: dict[str, list[bytes]] = {}
         try:
             while True:
                 msg = await self.ws.recv()
                 if isinstance(msg, bytes):
                     raise RuntimeError("binary frame outside a chunk")
                 data = json.loads(msg)
-                if data.get("type") == "chunk":
+                kind = data.get("type")
+                if kind == "chunk.frames":
+                    part = [await self.ws.recv() for _ in range(data["frames"])]
+                    provisional.setdefault(data["request_id"], []).extend(part)
+                elif kind == "chunk":
                     payloads = [await self.ws.recv() for _ in range(data["frames"])]
+                    if "streamed" in data:
+                        payloads = provisional.pop(data["request_id"], [])
                     await self.chunks.put(Chunk(data, payloads))
                 else:
-                    if data.get("type") == "error":
+                    if kind == "error":
                         self.errors.append(data)
+                        provisional.clear()   # a failed tick's frames are not a chunk
                     await self.messages.put(data)
         except websockets.ConnectionClosed:
             pass

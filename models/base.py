@@ -71,6 +71,10 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     name: str
     # The most work items run_batch takes at once; 1 means no batching.
     max_batch: int = 1
+    # A forward that recently never took longer than this (seconds) may run on the
+    # submitting thread when the engine is idle, instead of being handed to the engine
+    # thread and back (realtime/engine.py, "Inline forwards"). 0: always the engine thread.
+    inline_forward_s: float = 0.0
 
     @abc.abstractmethod
     def describe(self) -> Mapping[str, Any]:

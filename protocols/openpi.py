@@ -39,6 +39,8 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import numpy as np
 
+from protocols import close_codes
+
 # A request body above this is refused with an error frame (close 1011). Three
 # 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -47,6 +49,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # beyond the transport's limit the connection closes with 1009 and no text.
 # Close code after an error frame; the reference server uses the same (INTERNAL_ERROR).
 CLOSE_ERROR = 1011
+# The server drained (SIGTERM): the reply in flight was sent, then the socket closes (the
+# client's next recv raises websockets' ConnectionClosedOK).
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 # Text frames that end a connection for a server limit start with a code, as world.v1
 # and tts.v1 name them (the close codes are protocols/close_codes.py's):
 IDLE_TIMEOUT = "idle_timeout"  # no request for the server's idle timeout; close 4408
@@ -68,6 +73,9 @@ RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"}
 RESERVED_KEYS = frozenset({"session_id", "sampling_params", "endpoint", "batch"})
 
 _REFUSED_KINDS = ("V", "O", "c")
+# The state of a policy that takes none (read-only, shared by every observation).
+_NO_STATE = np.zeros((0,), np.float32)
+_NO_STATE.flags.writeable = False
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,128}$")
 
 
@@ -227,6 +235,7 @@ class PolicyMetadata:
         object.__setattr__(self, "image_keys", keys)
         object.__setattr__(self, "image_resolution", (int(res[0]), int(res[1])))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
+        object.__setattr__(self, "_named", frozenset({*keys, self.state_key, self.prompt_key, *RESERVED_KEYS}))
 
     def to_wire(self) -> dict[str, Any]:
         """The metadata dict sent as the first frame (plain types only)."""
@@ -259,6 +268,11 @@ class PolicyMetadata:
             prompt_key=m.get("prompt_key", "prompt"),
             extra={k: v for k, v in m.items() if k not in known},
         )
+
+    @property
+    def named_keys(self) -> frozenset[str]:
+        """Every top-level key with a meaning of its own: cameras, state, prompt, protocol keys."""
+        return self._named
 
     @property
     def action_shape(self) -> tuple[int, int]:
@@ -377,9 +391,10 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
             raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
         images[key] = img
 
-    state = np.zeros((0,), np.float32)
     if metadata.state_dim > 0 or metadata.state_key in msg:
         state = _state(msg.get(metadata.state_key), metadata, f"{where}{metadata.state_key!r}")
+    else:
+        state = _NO_STATE
 
     prompt = msg.get(metadata.prompt_key)
     if prompt is not None:
@@ -389,14 +404,16 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
             raise WireError(f"{where}{metadata.prompt_key!r} is over {MAX_PROMPT_CHARS} characters")
         prompt = str(prompt)
 
-    named = {*metadata.image_keys, metadata.state_key, metadata.prompt_key, *RESERVED_KEYS}
     extras = {}
-    for key, value in msg.items():
-        if key in named:
-            continue
-        if _looks_like_image(value):
-            raise WireError(f"unknown camera key {where}{key!r} (this policy's cameras: {list(metadata.image_keys)})")
-        extras[key] = value
+    known = len(images) + (metadata.state_key in msg) + (metadata.prompt_key in msg)
+    if len(msg) > known:  # more than cameras, state and prompt: look at the rest
+        named = metadata.named_keys
+        for key, value in msg.items():
+            if key in named:
+                continue
+            if _looks_like_image(value):
+                raise WireError(f"unknown camera key {where}{key!r} (this policy's cameras: {list(metadata.image_keys)})")
+            extras[key] = value
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
 
 

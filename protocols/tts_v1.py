@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Collection, Mapping, Union
 
-from protocols import jsonsafe
+from protocols import close_codes, jsonsafe
 
 PROTOCOL = "tts.v1"
 FORMATS = ("pcm16",)
@@ -75,6 +75,10 @@ INTERNAL_ERROR = "internal_error"
 CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
 IDLE_TIMEOUT = "idle_timeout"  # no message and nothing spoken for the server's idle timeout
 TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of live sessions
+GOING_AWAY = "going_away"  # input.text / input.done / session.update while the server drains (SIGTERM)
+
+# The server drained (SIGTERM): the utterance being spoken ended, then the socket closes.
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 
 ERROR_CODES = frozenset(
     {
@@ -83,6 +87,7 @@ ERROR_CODES = frozenset(
         CLOSED_BY_ADMIN,
         IDLE_TIMEOUT,
         TOO_MANY_SESSIONS,
+        GOING_AWAY,
         BUFFER_FULL,
         UNKNOWN_VOICE,
         UNSUPPORTED_FORMAT,

@@ -1,7 +1,8 @@
 """world.v1: the wire format of ``WS /v1/realtime/world`` (see docs/protocols.md).
 
 Text frames carry JSON objects with a ``type``; binary frames carry encoded
-frames, exactly ``frames`` of them right after each ``chunk`` message. This
+frames, exactly ``frames`` of them right after each ``chunk`` message (or each
+``chunk.frames`` message of a session created with ``stream_frames``). This
 module only parses and builds messages; it knows nothing of sessions or models.
 """
 
@@ -12,13 +13,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from protocols import jsonsafe
+from protocols import close_codes, jsonsafe
 
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
 DEFAULT_CREDITS = 4
 FORMATS = ("jpeg", "png", "rgb8")
+# The quality of every ``jpeg`` frame, whichever encoder makes it (PIL on the server's pool,
+# nvJPEG on the GPU for frames a model made there).
+JPEG_QUALITY = 92
 # session.create "options": model-declared settings (GET /v1/models lists each model's).
 MAX_CREATE_OPTIONS = 16
 # A first image (``session.create`` with ``image``): its formats and most bytes.
@@ -29,7 +33,7 @@ MAX_IMAGE_BYTES = 8 << 20
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
 CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
 # The server is draining (SIGTERM): the session was closed after its last committed chunk.
-CLOSE_GOING_AWAY = 1001
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 
 CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
 
@@ -112,9 +116,13 @@ class CreateRequest:
     credits: int = DEFAULT_CREDITS
     options: Mapping[str, Any] = field(default_factory=dict)
     image: ImageSpec | None = None
+    # Frames sent as they are decoded (``chunk.frames``), the ``chunk`` commit after them.
+    stream_frames: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
+        if self.stream_frames:
+            msg["stream_frames"] = True
         if self.options:
             msg["options"] = dict(self.options)
         for key, value, default in (("model", self.model, None), ("prompt", self.prompt, None),
@@ -235,7 +243,10 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
         raise ProtocolError(BAD_REQUEST, f"options must be an object of at most {MAX_CREATE_OPTIONS} "
                                          "string or number values")
     image = parse_image(msg["image"]) if msg.get("image") is not None else None
-    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options, image)
+    stream = msg.get("stream_frames", False)
+    if not isinstance(stream, bool):
+        raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
+    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options, image, stream)
 
 
 def parse_image(spec: Any) -> ImageSpec:
@@ -376,8 +387,10 @@ def event_accepted(event_id: int, status: str) -> dict[str, Any]:
 
 
 def chunk(session_id: str, request_id: str, chunk_index: int, applied_event_ids: list[int], *, frames: int,
-          format: str, height: int, width: int, tick_ms: float) -> dict[str, Any]:
-    return {
+          format: str, height: int, width: int, tick_ms: float, streamed: int | None = None) -> dict[str, Any]:
+    """The commit of a chunk; ``frames`` binary messages follow. A streamed chunk has
+    ``frames: 0`` and ``streamed: N``: its N frames came before, in ``chunk.frames``."""
+    msg = {
         "type": "chunk",
         "session_id": session_id,
         "request_id": request_id,
@@ -389,6 +402,18 @@ def chunk(session_id: str, request_id: str, chunk_index: int, applied_event_ids:
         "width": width,
         "tick_ms": round(tick_ms, 3),
     }
+    if streamed is not None:
+        msg["streamed"] = streamed
+    return msg
+
+
+def chunk_frames(session_id: str, request_id: str, chunk_index: int, *, first: int, frames: int,
+                 format: str, height: int, width: int) -> dict[str, Any]:
+    """Frames ``first .. first+frames-1`` of a chunk not committed yet; ``frames`` binary
+    messages follow. Its ``chunk`` (the commit) comes after all of them, or an ``error``."""
+    return {"type": "chunk.frames", "session_id": session_id, "request_id": request_id,
+            "chunk_index": chunk_index, "first": first, "frames": frames, "format": format,
+            "height": height, "width": width}
 
 
 def reset_done(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:

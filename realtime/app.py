@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
 
+# At shutdown, how long the lifespan waits for the engine thread to end (a daemon thread:
+# a forward still running past the drain deadline does not keep the process alive).
+ENGINE_STOP_TIMEOUT_S = 2.0
+
 
 def build_app(config: ServerConfig | None = None, inventory: Inventory | None = None) -> Starlette:
     """Build the app. Models load here (not at import) so tests can pass their own."""
@@ -58,7 +62,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         try:
             yield
         finally:
-            engine.stop()
+            engine.stop(ENGINE_STOP_TIMEOUT_S)
 
     routes = [
         Route("/healthz", healthz),
@@ -87,6 +91,8 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
 
 async def healthz(request: Request) -> Response:
     engine: Engine = request.app.state.engine
+    if request.app.state.live_sessions.draining:  # SIGTERM: a proxy stops sending work here
+        return PlainTextResponse("draining: the server is shutting down", status_code=503)
     if engine.healthy:
         return PlainTextResponse("OK")
     return PlainTextResponse(f"engine unavailable: {engine.dead_reason or 'stopped'}", status_code=503)

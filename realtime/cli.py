@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import sys
+from typing import MutableMapping
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
-from realtime.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.origins import parse_allowed
 
 DESCRIPTION = """\
@@ -22,6 +24,25 @@ examples:
   realtime serve --host 0.0.0.0 --port 8080       reachable from other machines
   realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
 Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
+
+
+# torch's OpenMP (libgomp on Linux) makes a thread that waits at the end of a parallel op
+# spin up to 300,000 rounds before it sleeps. A served model shares the cores with the event
+# loop, the frame encoder and often the client (a browser on a laptop): whenever one of them
+# preempts a team thread, its partner spins at every one of the ~1,000 barriers of a maze
+# tick. On the 2 shared cores of the dev box (load 15-18) the bare CPU maze tick (1 step, 2
+# threads) took 0.20 / 0.91 s passive, 3.4 / 2.9 s with GOMP_SPINCOUNT=10000, and the spinning
+# default did not get through loading and 12 ticks in 120 s (bench/results/maze_omp_wait_cpu.json).
+# Passive unless the caller chose.
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def openmp_defaults(env: MutableMapping[str, str]) -> None:
+    """Set ``OPENMP_DEFAULTS`` in ``env`` unless it sets any wait policy of its own.
+
+    libgomp reads these when it loads (with torch): call before torch is imported."""
+    if not any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        env.update(OPENMP_DEFAULTS)
 
 
 def _origins(text: str) -> tuple[str, ...]:
@@ -132,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client "
                             "(for the per-client limit and the admin check); the default trusts a proxy on this "
                             "host, as deploy/ runs nginx; '*' trusts any peer")
+    serve.add_argument("--drain-timeout", type=_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
+                       help="on SIGTERM, how long in-flight work may take to finish before every socket "
+                            "is closed with 1001 anyway; the process exits at most 5 s later")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")
     return parser
@@ -171,6 +195,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
         forwarded_allow_ips=args.forwarded_allow_ips,
         limits=LimitsConfig(idle_timeout_s=args.idle_timeout_s, max_sessions_per_client=args.max_sessions_per_client),
+        drain_timeout_s=args.drain_timeout,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
@@ -198,6 +223,7 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    openmp_defaults(os.environ)  # nothing has imported torch yet
     from realtime.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.

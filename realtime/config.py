@@ -8,6 +8,10 @@ from models.factory import DEFAULT_WORLDS
 from realtime.origins import LOOPBACK
 
 
+# The default of ServerConfig.drain_timeout_s (``realtime serve --drain-timeout``).
+DRAIN_TIMEOUT_S = 20.0
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"
@@ -87,6 +91,9 @@ class ServerConfig:
     # the per-client limit and the admin check then see the client, not the proxy.
     forwarded_allow_ips: tuple[str, ...] = LOOPBACK_PROXIES
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    # SIGTERM: how long in-flight work (world ticks, utterances, policy calls) may take to
+    # finish before every socket still open is closed with 1001 anyway (docs/reliability.md).
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -14,7 +14,9 @@
   one is ``<kind>-<12 hex>`` (random, so two servers never collide behind a proxy).
 * ``LiveSessions``: one registry of live sessions across kinds, keyed by model and
   session id. It routes a model's drop notices (LRU eviction) to the session's
-  owner whatever its kind, and lists every session for ``GET /v1/sessions``.
+  owner whatever its kind, and lists every session for ``GET /v1/sessions``. It
+  also holds every open socket's endpoint, so that a server shutdown drains each
+  one (``drain``): in-flight work finishes, then close 1001, whatever the kind.
 
 An endpoint on top of these only parses, hands messages to its session, and sends.
 """
@@ -27,13 +29,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Awaitable, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from models.base import EngineDeadError, ModelError
+from starlette.responses import PlainTextResponse
+
 from protocols import tts_v1, world_v1
+from protocols.close_codes import CLOSE_GOING_AWAY
 from realtime.engine import EngineStopped, TickCancelled
+from realtime.limits import GOODBYE_TIMEOUT_S
 from realtime.transport import ABORT_EXTENSION
 
 log = logging.getLogger(__name__)
@@ -113,8 +119,16 @@ class Connection:
         """False once the peer is gone or the server closed the socket."""
         return self._open
 
-    async def accept(self) -> None:
+    async def accept(self) -> bool:
+        """Complete the handshake; False (the upgrade answered 503, nothing to do) while
+        the server drains: a socket opened now would only be closed again."""
+        live = getattr(self.ws.app.state, "live_sessions", None)
+        if live is not None and live.draining:
+            self._open = False
+            await self.ws.send_denial_response(PlainTextResponse("server is shutting down\n", status_code=503))
+            return False
         await self.ws.accept()
+        return True
 
     async def receive(self, max_text: int | None, max_binary: int | None = None) -> Received | None:
         """The next client frame, or None once the peer has gone. ``TooLarge`` for a
@@ -200,12 +214,21 @@ class SessionOwner(Protocol):
     def dropped(self, reason: str) -> None:
         """The model dropped this session's state on its own (event loop)."""
 
-    # Optional: ``async def drain(self) -> None``, called when the server stops (SIGTERM):
-    # end the session once its running tick is committed and sent, then close with 1001.
     # Optional: ``async def admin_close(self, session_id: str) -> None``: tell the client
     # (its protocol's ``closed_by_admin``), end the session, close with CLOSE_ADMIN.
     # Optional: ``async def engine_dead(self, reason: str) -> None``, called once when the
     # engine dies: tell the client (an idle session has no queued work that would fail).
+
+
+class SocketOwner(Protocol):
+    """An endpoint's handler of one open socket, as the drain sees it."""
+
+    conn: Connection
+
+    async def drain(self) -> None:
+        """The server stops (SIGTERM): let the in-flight work finish and be sent (a world
+        tick, the utterance being spoken, a policy call), tell the client what did not
+        run, and close the socket with CLOSE_GOING_AWAY. Refuse new work meanwhile."""
 
 
 @dataclass
@@ -234,6 +257,15 @@ class LiveSessions:
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, str], LiveSession] = {}
+        self._sockets: set[SocketOwner] = set()
+        self.draining = False  # the server is shutting down: no new socket, no new work
+
+    def attach(self, owner: SocketOwner) -> None:
+        """An endpoint's socket is open (drained at shutdown until ``detach``)."""
+        self._sockets.add(owner)
+
+    def detach(self, owner: SocketOwner) -> None:
+        self._sockets.discard(owner)
 
     def add(self, kind: str, session_id: str, model: str, owner: SessionOwner | None = None) -> LiveSession:
         entry = LiveSession(kind, session_id, model, owner)
@@ -267,12 +299,32 @@ class LiveSessions:
             if hook is not None:
                 asyncio.ensure_future(hook(reason))
 
-    async def drain(self) -> None:
-        """Drain every session whose owner can drain, all at once (server shutdown)."""
-        drains = [d for e in list(self._by_key.values()) if (d := getattr(e.owner, "drain", None)) is not None]
-        results = await asyncio.gather(*(d() for d in drains), return_exceptions=True)
-        for error in (r for r in results if isinstance(r, BaseException)):
-            log.error("drain: closing a session failed: %r", error)
+    async def drain(self, timeout_s: float) -> None:
+        """Server shutdown: every open socket drains at once (``SocketOwner.drain``); one
+        still draining after ``timeout_s`` is closed with CLOSE_GOING_AWAY anyway (its
+        work is abandoned), so every client gets the same close code. Sockets opened from
+        now on are refused (``Connection.accept``)."""
+        self.draining = True
+        owners = list(self._sockets)
+        if not owners:
+            return
+        log.info("drain: %d open sockets, waiting at most %.1f s for their in-flight work", len(owners), timeout_s)
+        tasks = {asyncio.ensure_future(owner.drain()): owner for owner in owners}
+        done, late = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("drain: a socket's drain failed: %r", task.exception())
+        for task in late:
+            # Left running: it ends on its own once its socket is closed (or is cancelled
+            # with the server's other tasks); cancelling it here would cut its cleanup.
+            log.warning("drain: in-flight work still running after %.1f s: closing its socket with %d",
+                        timeout_s, CLOSE_GOING_AWAY)
+            task.add_done_callback(_quiet)
+        # All at once, each bounded: a client that stopped reading cannot take the close
+        # frame either (an idle timeout no longer drops it while the server drains), so it
+        # is dropped after GOODBYE_TIMEOUT_S.
+        await asyncio.gather(*(tasks[task].conn.close(CLOSE_GOING_AWAY, "server shutting down",
+                                                      timeout=GOODBYE_TIMEOUT_S) for task in late))
 
     def sessions(self) -> list[dict[str, Any]]:
         """Per session: kind, session_id, model, state, chunk_index, last_tick."""
@@ -280,3 +332,21 @@ class LiveSessions:
 
     def __len__(self) -> int:
         return len(self._by_key)
+
+
+def _quiet(task: asyncio.Task) -> None:
+    """Retrieve a late drain's outcome (it ran past the deadline; the socket is closed)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.info("drain: a late drain ended with %r", task.exception())
+
+
+async def run_handler(handler: Awaitable[None], live: LiveSessions) -> None:
+    """Run one socket's handler. Cancelled at shutdown (its socket was closed at the drain
+    deadline and it still waited on the engine), it ends with one log line instead of
+    uvicorn's traceback; any other cancellation propagates."""
+    try:
+        await handler
+    except asyncio.CancelledError:
+        if not live.draining:
+            raise
+        log.info("a socket's handler was cancelled at shutdown")

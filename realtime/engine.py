@@ -1,4 +1,5 @@
-"""The engine loop: one thread that owns every model, tensor and KV pool.
+"""The engine loop: one thread that owns every model, tensor and KV pool (fast
+policies may run inline on the event loop while it idles: "Inline forwards").
 
 asyncio code never touches a tensor. It hands work to the engine with
 ``await engine.submit(...)`` (the tick lane) or ``await engine.control(...)``
@@ -14,6 +15,16 @@ One step of the loop::
                        batch ended, for the sessions of that batch to return)
                    ──> adapter.run_batch(works) ──> validate each result
                    ──> adapter.end_tick(session, committed) ──> resolve futures
+
+Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
+its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
+itself, on the event loop, when nothing is queued for it, no control is pending
+and the engine thread is not running anything: the hand-off to the engine thread
+and back would cost more than the forward (two thread wake-ups and ~0.1 ms of
+CPU). Whoever runs a model holds ``_owner``, so one thread at a time still owns
+every model; a forward over the limit sends the model back to the engine thread at
+once. Such a model is never waited for returners either: merging forwards that
+cost microseconds saves nothing.
 
 A batch that raises is re-run one work at a time, so one bad session fails
 alone. A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
@@ -45,6 +56,17 @@ T = TypeVar("T")
 # drops the GIL, up to one interval, on every hand-off and between the model's Python
 # steps while the loop sends. bench/world/serve_profile.py measures that wait.
 SWITCH_INTERVAL_S = 0.0005
+
+# How many of a model's last forwards must each be within its ``inline_forward_s``
+# before ``submit`` runs it inline (one slow forward and it is back on the engine thread).
+INLINE_WINDOW = 8
+
+try:
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD  # type: ignore[attr-defined]
+except (ImportError, AttributeError):  # not Linux
+    _RUSAGE_THREAD = None
 
 
 class EngineStopped(Exception):
@@ -79,6 +101,7 @@ class EngineStats:
 
     batches: int = 0
     works: int = 0
+    inline_works: int = 0  # of works, those run by submit itself (see "Inline forwards")
     failed_works: int = 0
     controls: int = 0
     busy_seconds: float = 0.0
@@ -109,6 +132,13 @@ class Engine:
         self._ticks: dict[str, collections.deque[_Job]] = {n: collections.deque() for n in self._adapters}
         self._controls: collections.deque[_Control] = collections.deque()
         self._cv = threading.Condition()
+        # Held by whoever runs a model or a control: the engine thread, or a submit
+        # running a fast model inline (never both; see "Inline forwards").
+        self._owner = threading.Lock()
+        self._recent: dict[str, collections.deque[float]] = {
+            n: collections.deque(maxlen=INLINE_WINDOW) for n in self._adapters}
+        self._fast: dict[str, bool] = {n: False for n in self._adapters}  # runs inline
+        self._unbatched: dict[str, bool] = {n: False for n in self._adapters}  # no returner wait
         self._stopping = False
         self._dead: str | None = None
         self._thread: threading.Thread | None = None
@@ -134,6 +164,11 @@ class Engine:
             self._thread.join(timeout)
         self._fail_all(EngineStopped("engine stopped"))
         log.info("engine stopped")
+
+    @property
+    def running(self) -> bool:
+        """The engine thread is still alive (after ``stop``: still inside a forward)."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def healthy(self) -> bool:
@@ -166,11 +201,26 @@ class Engine:
         caller gets a ``ModelError``. With ``session_id`` the adapter's
         ``end_tick(session_id, committed)`` is called either way.
         """
+        return await self.submit_future(model, work, session_id=session_id, validate=validate)
+
+    def submit_future(
+        self,
+        model: str,
+        work: Any,
+        *,
+        session_id: str | None = None,
+        validate: Callable[[Any], None] | None = None,
+    ) -> asyncio.Future:
+        """``submit`` as a future (call on the event loop): already done when the work ran
+        inline, so a caller can tell whether it is about to wait. Cancelling the future
+        drops the work if it has not started."""
         if model not in self._adapters:
             raise KeyError(model)
         self._raise_if_down()
         loop = asyncio.get_running_loop()
         job = _Job(model, work, session_id, validate, loop.create_future(), loop)
+        if self._fast[model] and self._run_inline(job):
+            return job.future
         with self._cv:
             self._ticks[model].append(job)
             awaited = self._awaited
@@ -180,7 +230,23 @@ class Engine:
                 awaited.discard(session_id)  # type: ignore[arg-type]
                 if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
                     self._cv.notify()
-        return await job.future
+        return job.future
+
+    def _run_inline(self, job: _Job) -> bool:
+        """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
+        queue = self._ticks[job.model]
+        if self._controls or queue or not self._owner.acquire(blocking=False):
+            return False
+        try:
+            # Checked again now that no one else can start: a tick queued or a control
+            # posted meanwhile goes first, on the engine thread.
+            if self._controls or queue or not self.healthy:
+                return False
+            self.stats.inline_works += 1
+            self._run_batch([job])
+        finally:
+            self._owner.release()
+        return True
 
     async def control(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread ahead of every queued tick."""
@@ -255,13 +321,14 @@ class Engine:
                     return
                 controls = list(self._controls)
                 self._controls.clear()
-            for item in controls:
-                self._run_control(item)
-            if self._dead is not None:
-                continue
-            batch = self._take_batch()
-            if batch:
-                self._run_batch(batch)
+            with self._owner:
+                for item in controls:
+                    self._run_control(item)
+                if self._dead is not None:
+                    continue
+                batch = self._take_batch()
+                if batch:
+                    self._run_batch(batch)
 
     def _run_control(self, item: _Control) -> None:
         self.stats.controls += 1
@@ -301,7 +368,7 @@ class Engine:
             limit = max(1, self._adapters[name].max_batch)
             returners = self._returners[name]
             deadline = self._free_since[name] + self._wait[name]
-            if len(queue) < limit and returners:
+            if len(queue) < limit and returners and not self._unbatched[name]:
                 awaited = set(returners).difference(j.session_id for j in queue)
                 self._awaited = awaited
                 try:
@@ -341,6 +408,8 @@ class Engine:
 
     def _forward(self, batch: list[_Job]) -> None:
         adapter = self._adapters[batch[0].model]
+        timed = adapter.inline_forward_s > 0
+        preempted = _preemptions() if timed else 0
         started = time.perf_counter()
         try:
             results = adapter.run_batch([j.work for j in batch])
@@ -363,6 +432,10 @@ class Engine:
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
             self.stats.models[batch[0].model].busy_seconds += elapsed
+            # A slow forward during which the OS preempted this thread says nothing about
+            # the model (a fast one needs no second look).
+            if timed and (elapsed <= adapter.inline_forward_s or _preemptions() == preempted):
+                self._note_forward(batch[0].model, elapsed, adapter.inline_forward_s)
         self.stats.batches += 1
         self.stats.batch_sizes[len(batch)] += 1
         model_stats = self.stats.models[batch[0].model]
@@ -385,6 +458,21 @@ class Engine:
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
         _resolve_all(done)
+
+    def _note_forward(self, model: str, elapsed: float, limit: float) -> None:
+        """Keep the model's last forward times; decide whether it runs inline and is batched.
+
+        Inline needs every one of the last INLINE_WINDOW forwards within ``limit``: one
+        slow forward and the next ones go to the engine thread. Skipping the returner
+        wait needs only their median within it, so that one forward stretched (by a
+        wait for the GIL, say) does not bring back 20 ms waits for a batch that saves
+        nothing.
+        """
+        recent = self._recent[model]
+        recent.append(elapsed)
+        full = len(recent) == INLINE_WINDOW
+        self._fast[model] = full and max(recent) <= limit
+        self._unbatched[model] = full and sorted(recent)[INLINE_WINDOW // 2] <= limit
 
     def _end(self, adapter: ModelAdapter, job: _Job, *, committed: bool) -> bool:
         if job.session_id is None:
@@ -434,6 +522,11 @@ class Engine:
                 _reject(item.loop, item.future, exc)
 
 
+def _preemptions() -> int:
+    """Involuntary context switches of the calling thread so far (Linux; 0 elsewhere)."""
+    return resource.getrusage(_RUSAGE_THREAD).ru_nivcsw if _RUSAGE_THREAD is not None else 0
+
+
 def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:
     def set_result() -> None:
         if not fut.done():
@@ -472,6 +565,9 @@ def _reject(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, exc: Ba
 
 def _call(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], None]) -> None:
     if loop is None or loop.is_closed():
+        return
+    if asyncio._get_running_loop() is loop:  # an inline forward: already on that loop's thread
+        fn()
         return
     try:
         loop.call_soon_threadsafe(fn)

@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from PIL import Image
 
+from protocols.world_v1 import JPEG_QUALITY
+
 # Encoder threads: enough to keep up with a batch's chunks, few enough to leave cores
 # to the engine and the loop. 0 encodes inline on the loop (bench_served's A/B). Below
 # 4 cores the pool has no core of its own: on 2 shared cores it halved jpeg throughput
@@ -33,7 +35,7 @@ def encode_frame(frame: np.ndarray, fmt: str) -> bytes:
         return np.ascontiguousarray(frame).tobytes()
     buf = io.BytesIO()
     if fmt == "jpeg":
-        Image.fromarray(frame).save(buf, format="JPEG", quality=92)
+        Image.fromarray(frame).save(buf, format="JPEG", quality=JPEG_QUALITY)
     elif fmt == "png":
         Image.fromarray(frame).save(buf, format="PNG", compress_level=1)
     else:

@@ -26,6 +26,10 @@ run (as realtime/server.py sets it up) with ``ws_ping_timeout=None`` (a robot st
 dead peer) and ``ws_max_size`` above ``MAX_MESSAGE_BYTES`` so that an over-limit
 body is answered with a readable error rather than a bare 1009 close.
 
+Drain (SIGTERM, ``drain``): a request in flight is answered, then the socket closes with
+1001; an idle robot's socket closes with 1001 at once; a request that arrives during the
+drain is not started (the real client's ``recv`` raises ``ConnectionClosedOK``).
+
 Sessions: a request's ``session_id`` names the robot's state in the policy;
 without one the connection's own id is used (``<conn>/<i>`` for the i-th entry of
 a batch). An explicit id is held by one connection at a time, and every session a
@@ -46,9 +50,20 @@ from starlette.websockets import WebSocket
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
-from realtime.connection import (CLOSE_ADMIN, ENGINE_ERRORS, Connection, Failure, LiveSession, LiveSessions, Received, engine_failure, new_session_id)
+from realtime.connection import (
+    CLOSE_ADMIN,
+    ENGINE_ERRORS,
+    Connection,
+    Failure,
+    LiveSession,
+    LiveSessions,
+    Received,
+    engine_failure,
+    new_session_id,
+    run_handler,
+)
 from realtime.engine import Engine
-from realtime.limits import GOODBYE_TIMEOUT_S, IdleClock, Slot, client_address
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +83,7 @@ async def openpi_endpoint(websocket: WebSocket) -> None:
     """The Starlette WebSocket endpoint. Needs ``app.state.engine`` (a started
     ``Engine``) and ``app.state.inventory`` (an ``Inventory`` with one adapter of
     kind "policy"; the first one is served)."""
-    await OpenPIConnection(websocket).run()
+    await run_handler(OpenPIConnection(websocket).run(), websocket.app.state.live_sessions)
 
 
 KIND = "policy"
@@ -92,6 +107,14 @@ class OpenPIConnection:
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
         self.busy = False  # a request is being handled (a disconnect then cancels it)
+        # Set while no request is being handled and answered (a drain waits for it).
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+        self.draining = False
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
+        # The next receive, started while a request waits on the engine (see _watch).
+        self.pending: asyncio.Future | None = None
+        self.task: asyncio.Task | None = None
         self.policy_call = state.metrics.policy_call
         self.client = client_address(ws)
         self.slots = state.client_slots
@@ -100,8 +123,10 @@ class OpenPIConnection:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
-        await self.conn.accept()
-        pending: asyncio.Future | None = None
+        if not await self.conn.accept():
+            return
+        self.live.attach(self)
+        self.task = asyncio.current_task()
         try:
             if self.adapter is None:
                 raise _Refused("no robot policy is loaded on this server")
@@ -114,34 +139,36 @@ class OpenPIConnection:
             self.metadata = self.adapter.metadata
             await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
-            pending = asyncio.ensure_future(self._receive())
-            me = asyncio.current_task()
             while True:
-                if not await self._arrived(pending):
-                    await self._idle_close()
+                message = await self._next()
+                if message is IDLE:
+                    if not self.draining:  # a drain closes the socket itself (1001), never as idle
+                        await self._idle_close()
                     return
-                message = pending.result()
-                if message is None:
-                    return
+                if message is None or self.draining:
+                    return  # a request that arrives during the drain is not started
                 received = time.perf_counter()
                 # The request runs in this task (no task per request: tens of microseconds
-                # a call); the next receive watches for a disconnect meanwhile.
-                pending = asyncio.ensure_future(self._receive())
-                pending.add_done_callback(functools.partial(self._on_next_message, me))
+                # a call).
                 self.busy = True
+                self.quiet.clear()
                 try:
-                    reply = await self.handle(message)
-                except asyncio.CancelledError:
-                    if self.left:  # cancelled by _on_next_message, not by a server shutdown
-                        me.uncancel()
-                        log.info("session %s: robot left during inference", self.conn_id)
-                        return
-                    raise
+                    try:
+                        reply = await self.handle(message)
+                    except asyncio.CancelledError:
+                        if self.left:  # cancelled by _on_next_message, not by a server shutdown
+                            self.task.uncancel()
+                            log.info("session %s: robot left during inference", self.conn_id)
+                            return
+                        raise
+                    finally:
+                        self.busy = False
+                    # A robot that does not take its reply within the idle timeout is dropped.
+                    # A reply taken is activity, whether the policy ran inline or in the engine.
+                    if await self.conn.send(reply, timeout=self.idle.timeout_s if self.idle.enabled else None):
+                        self.idle.touch()
                 finally:
-                    self.busy = False
-                # A robot that does not take its reply within the idle timeout is dropped.
-                if await self.conn.send(reply, timeout=self.idle.timeout_s if self.idle.enabled else None):
-                    self.idle.touch()
+                    self.quiet.set()
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
             await self._refuse(str(exc), exc.code, exc.reason)
@@ -153,30 +180,37 @@ class OpenPIConnection:
             log.exception("session %s: unexpected error", self.conn_id)
             await self._refuse(f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            if self.pending is not None and not self.pending.done():
+                self.pending.cancel()
+            if self.draining:  # before the handler returns (uvicorn then drops the socket)
+                await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
+            self.quiet.set()
             self._release()
             if self.slot is not None:
                 self.slot.release()
+            self.live.detach(self)
 
-    async def _arrived(self, pending: asyncio.Future) -> bool:
-        """Wait for the robot's next message (or its disconnect) in ``pending``; False if
-        none came within the idle timeout (no inference runs meanwhile: this is the
-        only wait between requests)."""
-        if not self.idle.enabled:
-            await asyncio.wait({pending})
-            return True
-        while not pending.done():
-            left = self.idle.left()
-            if left <= 0:
-                return False
-            await asyncio.wait({pending}, timeout=left)
+    async def _next(self) -> Received | None | Idle:
+        """The robot's next message (None: it left), or ``IDLE`` if none came within the
+        idle timeout (no inference runs meanwhile: this is the only wait between requests).
+        A watch started during the previous request (``_watch``) may hold it already."""
+        if self.pending is None:
+            return await receive_or_idle(self.idle, self._receive, lambda: False)
+        pending = self.pending
+        if self.idle.enabled:
+            while not pending.done():
+                left = self.idle.left()
+                if left <= 0:
+                    return IDLE  # the watch is cancelled as the connection ends
+                await asyncio.wait({pending}, timeout=left)
+        message, self.pending = await pending, None
         self.idle.touch()
-        return True
+        return message
 
     async def _idle_close(self) -> None:
         """No request for the idle timeout: the text ``idle_timeout: ...`` (the real client
         raises it should it read again) and close CLOSE_IDLE_TIMEOUT, reason "idle timeout"."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
         timeout = self.idle.timeout_s
         log.info("session %s: idle for %g s (no request): closing", self.conn_id, timeout)
         await self.conn.send(f"{wire.IDLE_TIMEOUT}: no request for {timeout:g} s (the server's idle timeout, "
@@ -187,6 +221,14 @@ class OpenPIConnection:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
         # over-limit body (MAX_MESSAGE_BYTES) with a readable error.
         return self.conn.receive(None, None)
+
+    def _watch(self) -> None:
+        """The request is about to wait (on the engine): receive the robot's next message
+        meanwhile, so that a disconnect is noticed at once. A request answered without
+        waiting (a fast policy run inline) needs no watch: nothing is left to cancel."""
+        if self.pending is None:
+            self.pending = asyncio.ensure_future(self._receive())
+            self.pending.add_done_callback(functools.partial(self._on_next_message, self.task))
 
     def _on_next_message(self, task: asyncio.Task, pending: asyncio.Future) -> None:
         """The robot's next message arrived while a request may still run in ``task``.
@@ -202,6 +244,15 @@ class OpenPIConnection:
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text)
         await self.conn.close(code, reason)
+
+    async def drain(self) -> None:
+        """Server shutdown: the request in flight, if any, is answered; then close 1001."""
+        self.draining = True
+        if self.idle_closing:
+            return  # the idle close under way closes the socket (4408); one close, not two
+        await self.quiet.wait()
+        log.info("session %s: drained", self.conn_id)
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed one of this connection's sessions: the robot's connection
@@ -258,7 +309,10 @@ class OpenPIConnection:
         work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
         started = time.perf_counter()
         try:
-            result: PolicyResult = await self.engine.submit(self.model, work, session_id=sid)
+            answer = self.engine.submit_future(self.model, work, session_id=sid)
+            if not answer.done():
+                self._watch()
+            result: PolicyResult = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
         self.used[sid].ticked(self.used[sid].chunk_index + 1)
@@ -276,6 +330,7 @@ class OpenPIConnection:
         assert self.model is not None
         # Connection-scoped batch sessions (<conn>/<i>) reset with the connection.
         sids = [sid] if sid != self.conn_id else [s for s in self.used if s.split("/")[0] == self.conn_id]
+        self._watch()
         for s in sids:
             try:
                 await self.engine.reset(self.model, s)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Iterator
@@ -38,8 +40,13 @@ WS_PING_INTERVAL_S = 20.0
 WS_PER_MESSAGE_DEFLATE = False
 
 
-# How long SIGTERM waits for running ticks to finish before uvicorn closes what is left (1012).
-DRAIN_TIMEOUT_S = 20.0
+# After the drain (ServerConfig.drain_timeout_s), how long the handlers of sockets closed
+# at the deadline may take to let go before they are cancelled (and as long again to end
+# once cancelled). With the lifespan's engine stop (realtime/app.py ENGINE_STOP_TIMEOUT_S,
+# 2 s) that is at most 4 s; SHUTDOWN_GRACE_S, the documented bound on the exit after the
+# drain deadline, leaves a second for uvicorn's own shutdown and the interpreter's exit.
+CLOSE_GRACE_S = 1.0
+SHUTDOWN_GRACE_S = 5.0
 
 
 # One line format for the app's loggers and uvicorn's (uvicorn.error, uvicorn.access):
@@ -96,22 +103,44 @@ class _Server(uvicorn.Server):
     the process with a ``KeyboardInterrupt`` traceback (SIGINT) or killed by SIGTERM.
     A server that has drained has finished its job: ``realtime serve`` exits 0.
 
-    Its shutdown drains first (docs/deploy.md): stop listening (a proxy sends new
-    sessions to another replica), let every live session that can drain end once its
-    running tick is committed and sent, closing its socket with 1001; then uvicorn's
-    own shutdown (sockets still open get 1012) and the lifespan's.
+    Its shutdown drains first (docs/reliability.md, "Drain"):
+
+    1. stop listening: a new connection is refused by the kernel, an upgrade already
+       on its way gets 503, ``/healthz`` answers 503 (a proxy sends new sessions to
+       another replica);
+    2. every open socket of every kind finishes its in-flight work (a world tick
+       committed and sent, the utterance being spoken, a policy call answered) and
+       closes with 1001; past ``drain_timeout_s`` the ones left close with 1001 anyway;
+    3. their handlers get CLOSE_GRACE_S to let go, then are cancelled;
+    4. uvicorn's own shutdown (nothing of ours is left open) and the lifespan's
+       (the engine stops).
     """
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()
-        live = getattr(getattr(self.config.app, "state", None), "live_sessions", None)
+        state = getattr(self.config.app, "state", None)
+        live = getattr(state, "live_sessions", None)
         if live is not None:  # not this project's app (e.g. a bare ASGI app in a test)
-            try:
-                await asyncio.wait_for(live.drain(), DRAIN_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                log.warning("drain: sessions still open after %.0f s", DRAIN_TIMEOUT_S)
+            started = time.monotonic()
+            await live.drain(state.config.drain_timeout_s)
+            await self._let_go(CLOSE_GRACE_S)
+            log.info("drain: done in %.2f s", time.monotonic() - started)
         await super().shutdown(sockets)
+
+    async def _let_go(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` for the connections' handlers to end, then cancel the
+        rest (each ends quietly: realtime/connection.py ``run_handler``)."""
+        tasks = [t for t in self.server_state.tasks if not t.done()]
+        if not tasks:
+            return
+        _, stuck = await asyncio.wait(tasks, timeout=grace_s)
+        if stuck:
+            log.warning("drain: %d handlers still waiting %.1f s after their sockets closed: cancelled",
+                        len(stuck), grace_s)
+            for task in stuck:
+                task.cancel()
+            await asyncio.wait(stuck, timeout=grace_s)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -139,6 +168,20 @@ def run(app: Any, *, sock: socket.socket, log_level: str = "info") -> None:
     tune_malloc()
     host, port = sock.getsockname()[:2]
     _Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run(sockets=[sock])
+    # The process ends when the last non-daemon thread does: name any that would hold it.
+    left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
+    if left:
+        log.warning("threads still running at exit: %s", left)
+    engine = getattr(getattr(app, "state", None), "engine", None)
+    if engine is not None and engine.running:
+        # A forward still running past the drain deadline (the engine thread is a daemon,
+        # but with torch loaded the interpreter's exit waits for it all the same): every
+        # socket is closed and the engine stopped, so nothing is left to lose by not waiting.
+        log.warning("exiting while the engine thread is still inside a forward")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -12,6 +12,12 @@ lane (a queued window of it comes back cancelled), and ``response.cancelled`` is
 sent only once the speaker has let go of the utterance, so no audio of it can
 follow. At most one window is in flight per session, so audio stops within one
 decoder window.
+
+Drain (SIGTERM, ``drain``): the utterance being spoken finishes as far as its text has
+come (its queued sentences are spoken; ``response.done`` if its ``input.done`` came), every
+other utterance (queued after it, or text not yet flushed) is reported
+``response.cancelled``, every message but ``session.close`` is answered ``going_away``,
+and the socket closes with 1001.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any, Awaitable
 
 from starlette.websockets import WebSocket
 
@@ -38,6 +44,7 @@ from realtime.connection import (
     TooLarge,
     engine_failure,
     new_session_id,
+    run_handler,
 )
 from realtime.engine import Engine
 from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
@@ -61,6 +68,14 @@ class _UtteranceEnd:
     sentences: int
 
 
+@dataclass(frozen=True)
+class _Drained:
+    """The drain's marker, behind what is left to speak: report ``unfinished`` cancelled."""
+
+    unfinished: tuple[int, ...]
+    reached: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
+
+
 class TTSConnection:
     def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions, idle: IdleClock) -> None:
         self.conn = conn
@@ -79,7 +94,7 @@ class TTSConnection:
         self.current: int | None = None  # the utterance the speaker is speaking
         # Unbounded as a queue, bounded by what feeds it: at most MAX_PENDING_TEXT_CHARS of
         # sentence text (``queued_chars``) plus one _UtteranceEnd per input.done.
-        self.queue: asyncio.Queue[_Sentence | _UtteranceEnd] = asyncio.Queue()
+        self.queue: asyncio.Queue[_Sentence | _UtteranceEnd | _Drained] = asyncio.Queue()
         self.queued_chars = 0
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
         self.first_audio = conn.ws.app.state.metrics.tts_first_audio
@@ -87,6 +102,9 @@ class TTSConnection:
         self.idle = idle  # touched by each client message and each audio frame or event sent
         self.synthesizing = False  # a window of this session is in the engine (not idle)
         self.speaker: asyncio.Task | None = None
+        self.draining = False
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
+        self.ended = asyncio.Event()  # the reader has finished (the socket is gone)
 
     async def send(self, text: str) -> None:
         if await self.conn.send(text):
@@ -115,6 +133,35 @@ class TTSConnection:
             await self.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {reason}")
         await self.conn.close(CLOSE_INTERNAL)
 
+    async def drain(self) -> None:
+        """Server shutdown: finish the utterance being spoken (module docstring), then
+        close with 1001. The utterance being spoken is the speaker's, or the one at the
+        head of the queue when the speaker is between two of its sentences."""
+        self.draining = True
+        if self.idle_closing:
+            return  # the idle close under way closes the socket (4408); one close, not two
+        items = _drain(self.queue)
+        head = next((i.utterance_index for i in items if not isinstance(i, _Drained)), None)
+        finishing = self.current if self.current is not None else head
+        keep = [i for i in items if not isinstance(i, _Drained) and i.utterance_index == finishing]
+        unfinished = {i.utterance_index for i in items if not isinstance(i, _Drained)}
+        if self.sentence > 0 or self.segmenter.buffered.strip():
+            unfinished.add(self.utterance)  # its input.done never came
+        if finishing is not None and not any(isinstance(i, _UtteranceEnd) for i in keep):
+            unfinished.add(finishing)  # cut short after its queued sentences
+        unfinished -= {i.utterance_index for i in keep if isinstance(i, _UtteranceEnd)}
+        unfinished -= self.cancelled  # the client cancelled these itself and heard so
+        self.cancelled.update(unfinished - {finishing})
+        self.segmenter.clear()
+        self.queued_chars = sum(len(i.text) for i in keep if isinstance(i, _Sentence))
+        marker = _Drained(tuple(sorted(unfinished)))
+        for item in (*keep, marker):
+            self.queue.put_nowait(item)
+        log.info("session %s: draining: finishing utterance %s, %d items left to speak", self.session_id,
+                 finishing, len(keep))
+        await _first(marker.reached.wait(), self.ended.wait())
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
+
     async def run(self) -> None:
         speaker = self.speaker = asyncio.create_task(self._speak())
         entry = self.live.add(KIND, self.session_id, self.model, owner=self)
@@ -128,6 +175,8 @@ class TTSConnection:
                     await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
                     continue
                 if frame is IDLE:
+                    if self.draining:
+                        continue  # the drain finishes the utterance and closes (1001), never as idle
                     await self.idle_close()
                     break
                 if frame is None:
@@ -141,11 +190,18 @@ class TTSConnection:
                     await self._cancel(notify=False)
                     await self.send(wire.encode(wire.SessionClosed()))
                     break
+                if self.draining:
+                    await self.error(wire.GOING_AWAY, "the server is shutting down: nothing more is spoken; "
+                                                      "the socket closes once the utterance being spoken ends")
+                    continue
                 await self.handle(parsed)
         finally:
+            self.ended.set()
             speaker.cancel()
-            await self._release()
+            # Not awaited: behind a long forward the release would hold this handler.
+            self.engine.post_release(self.model, self.session_id)
             self.live.remove(entry)
+            self.live.detach(self)
             log.info("session %s: tts session closed", self.session_id)
             await self.conn.close()
 
@@ -157,6 +213,7 @@ class TTSConnection:
         with CLOSE_IDLE_TIMEOUT (the reader then ends the session as on a disconnect). A
         speaker stuck on a client that does not read is stopped first; such a client takes
         nothing and is dropped after GOODBYE_TIMEOUT_S."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
         timeout = self.idle.timeout_s
         log.info("session %s: idle for %g s (no message, nothing spoken): closing", self.session_id, timeout)
         if self.speaker is not None:
@@ -204,7 +261,10 @@ class TTSConnection:
 
     async def _cancel(self, *, notify: bool) -> None:
         """Barge-in: stop the utterance being spoken and everything queued or buffered."""
-        cancelled = {item.utterance_index for item in _drain(self.queue)}
+        items = _drain(self.queue)
+        cancelled = {item.utterance_index for item in items if not isinstance(item, _Drained)}
+        for marker in (item for item in items if isinstance(item, _Drained)):
+            self.queue.put_nowait(marker)  # a drain waits for it
         self.queued_chars = 0
         if self.current is not None:
             cancelled.add(self.current)
@@ -227,6 +287,11 @@ class TTSConnection:
     async def _speak(self) -> None:
         while True:
             item = await self.queue.get()
+            if isinstance(item, _Drained):
+                for index in item.unfinished:
+                    await self.send(wire.encode(wire.ResponseCancelled(index)))
+                item.reached.set()
+                continue
             if isinstance(item, _Sentence):
                 self.queued_chars -= len(item.text)
             async with self.speaking:
@@ -285,6 +350,16 @@ class TTSConnection:
         await self.send(wire.encode(wire.AudioDone(utt, k, samples)))
 
 
+async def _first(*waits: Awaitable[object]) -> None:
+    """Wait until the first of ``waits`` is done; cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _drain(queue: asyncio.Queue) -> list:
     items = []
     while not queue.empty():
@@ -295,7 +370,8 @@ def _drain(queue: asyncio.Queue) -> list:
 async def tts_endpoint(ws: WebSocket) -> None:
     state = ws.app.state
     conn = Connection(ws)
-    await conn.accept()
+    if not await conn.accept():
+        return
     names = state.inventory.names(KIND)
     if not names:
         reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
@@ -317,6 +393,8 @@ async def tts_endpoint(ws: WebSocket) -> None:
         return
     try:
         idle = IdleClock(state.config.limits.idle_timeout_s)
-        await TTSConnection(conn, state.engine, names[0], state.live_sessions, idle).run()
+        session = TTSConnection(conn, state.engine, names[0], state.live_sessions, idle)
+        state.live_sessions.attach(session)
+        await run_handler(session.run(), state.live_sessions)
     finally:
         slot.release()

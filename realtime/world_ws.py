@@ -7,14 +7,19 @@ Two tasks per connection, both on the event loop:
 - the driver runs the session's ticks while the client holds credits: snapshot
   (``Session.begin_tick``) -> ``engine.submit`` -> commit -> send ``chunk`` and
   its frames. It spends one credit per chunk, so a slow client stops the driver
-  instead of growing a buffer.
+  instead of growing a buffer. A session created with ``stream_frames`` gets its
+  frames as the model makes them (``chunk.frames``, ``FrameStream``) and the
+  ``chunk`` after them as the commit, or an ``error`` if the tick fails.
 
 The model is a ``WorldAdapter``: it turns a snapshot into its tick, checks its own
 chunks (identities, frame shape) on the engine thread, and declares the geometry
 sent in ``session.created``. Socket mechanics, error mapping and the live-session
 registry are ``realtime/connection.py``'s.
 
-Close: a cleanup that fails leaves the session a CLEANUP_FAILED tombstone (its id
+Close: the client's ``session.close``, its disconnect, an admin close and the server's
+drain may overlap; the first runs the close and the others wait for it (``close_session``),
+so one close answers the client and none finds the session already gone. A cleanup that
+fails leaves the session a CLEANUP_FAILED tombstone (its id
 cannot be reused); ``session.close`` again on the same connection retries it, and so
 does ``session.close`` with its ``session_id`` from a new connection after a disconnect.
 """
@@ -25,15 +30,25 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from starlette.websockets import WebSocket
 
-from models.world.base import WorldAdapter, WorldChunk
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON
-from realtime.connection import CLOSE_ADMIN, ENGINE_ERRORS, WORLD_CODES, Connection, Failure, LiveSession, TooLarge, engine_failure
+from realtime.connection import (
+    CLOSE_ADMIN,
+    ENGINE_ERRORS,
+    WORLD_CODES,
+    Connection,
+    Failure,
+    LiveSession,
+    TooLarge,
+    engine_failure,
+    run_handler,
+)
 from realtime.engine import Engine
 from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, Slot, client_address, receive_or_idle
 from realtime.media import encode_chunk
@@ -78,11 +93,15 @@ class WorldConnection:
         self.seed = 0
         self.options: dict[str, Any] = {}
         self.image: np.ndarray | None = None  # the session's first image, if it has one
+        self.stream_frames = False
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
         self._sending: asyncio.Task | None = None  # the driver's chunk send in progress
         self._stopping = False
+        self.draining = False  # the server drains: an idle timeout no longer closes (drain does)
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
+        self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
@@ -96,7 +115,9 @@ class WorldConnection:
 
     # ------------------------------------------------------------------ reader
     async def run(self) -> None:
-        await self.conn.accept()
+        if not await self.conn.accept():
+            return
+        self.live.attach(self)
         try:
             while True:
                 try:
@@ -106,6 +127,8 @@ class WorldConnection:
                     await self.conn.close(wire.CLOSE_TOO_BIG)
                     break
                 if frame is IDLE:
+                    if self.draining:
+                        continue  # the drain ends the session and closes (1001), never as idle
                     await self.idle_close()
                     break
                 if frame is None:
@@ -119,9 +142,12 @@ class WorldConnection:
                 except _IdleClosed:
                     break
         finally:
-            await self.close_session(notify=False)
-            if self.slot is not None:  # a tombstone left behind no longer counts against the client
-                self.slot.release()
+            try:
+                await self.close_session(notify=False)
+            finally:
+                if self.slot is not None:  # a tombstone left behind no longer counts against the client
+                    self.slot.release()
+                self.live.detach(self)
 
     def _receive(self) -> Any:
         return self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
@@ -135,6 +161,7 @@ class WorldConnection:
         the session ends as on ``session.close`` (its dropped events reported in
         ``session.closed``), and the socket closes with CLOSE_IDLE_TIMEOUT. A client that
         does not read takes none of it and is dropped after GOODBYE_TIMEOUT_S."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
         timeout = self.idle.timeout_s
         session = self.session
         sid = session.session_id if session is not None else "-"
@@ -223,6 +250,7 @@ class WorldConnection:
         self.session, self.options = session, options
         self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
+        self.stream_frames = req.stream_frames
         self.entry = self.live.add(KIND, sid, model, owner=self)
         log.info("session %s: created on %s (format %s, credits %d)", sid, model, self.format, self.credits)
         await self.send(
@@ -256,7 +284,8 @@ class WorldConnection:
             raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
                                                       f"announced {spec.bytes}") from None
         if frame is IDLE:  # announced, never sent
-            await self.idle_close()
+            if not self.draining:  # else the drain closes the socket (1001)
+                await self.idle_close()
             raise _IdleClosed()
         if frame is None:
             raise SessionError(ErrorCode.BAD_REQUEST, "image: the connection closed before the image arrived")
@@ -295,6 +324,8 @@ class WorldConnection:
         dropped = session.reset()
         self._evicted = None
         await self.engine.reset(self.model, session.session_id)
+        if self.session is not session or session.state is not SessionState.ACTIVE:
+            return  # a close (admin, drain) took the session meanwhile; it answers the client
         self._mark("active", 0)
         log.info("session %s: reset (dropped events %s)", session.session_id, list(dropped))
         await self.send(wire.reset_done(session.session_id, list(dropped)))
@@ -313,34 +344,50 @@ class WorldConnection:
             await self.send(wire.closed(sid, dropped))
 
     async def close_session(self, *, notify: bool) -> list[int] | None:
-        """Close this connection's session (client close or disconnect); the dropped
-        event ids, or None if there was none or its cleanup failed (then it stays
-        on this connection as a tombstone, so ``session.close`` retries it)."""
+        """Close this connection's session (client close, disconnect, admin, drain); the
+        dropped event ids, or None if there was none, its cleanup failed (then it stays
+        on this connection as a tombstone, so ``session.close`` retries it) or another
+        close was already running: this one waits for that close to end and leaves the
+        answer to it, so overlapping closes end the session once and answer once."""
+        if self._closing is not None:
+            await asyncio.shield(self._closing)
+            return None
         session = self.session
         if session is None:
             return None
-        sid = session.session_id
-        await self._stop_driver()
-        dropped = list(session.pending_event_ids)
-        if not await self._cleanup(sid, self.model):
-            self._mark("cleanup_failed")
-            if notify:
-                await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
-            elif self.entry is not None:
-                self.entry.owner = None  # the connection is gone; the tombstone stays, closable by id
-            return None
-        self._forget()
-        return dropped
+        self._closing = asyncio.get_running_loop().create_future()
+        try:
+            sid = session.session_id
+            await self._stop_driver()
+            dropped = list(session.pending_event_ids)
+            if not await self._cleanup(sid, self.model):
+                self._mark("cleanup_failed")
+                if notify:
+                    await self.send_error(wire.INTERNAL, f"cleanup of {sid} failed; retry session.close")
+                elif self.entry is not None:
+                    self.entry.owner = None  # the connection is gone; the tombstone stays, closable by id
+                return None
+            self._forget()
+            return dropped
+        finally:
+            closing, self._closing = self._closing, None
+            closing.set_result(None)
 
     async def drain(self) -> None:
-        """Server shutdown: close the session once its running tick is committed and
-        sent (no ``session.closed``: the socket itself closes, with 1001)."""
-        session = self.session
-        if session is None:
+        """Server shutdown: the session closes once its running tick is committed and
+        sent; ``session.closed`` lists the accepted events no chunk applied, then the
+        socket closes with 1001 (at once on a connection without a session). A connection
+        whose idle close is under way is left to it: one close, not two."""
+        self.draining = True
+        if self.idle_closing:
             return
-        await self.close_session(notify=False)
-        log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
-        await self.conn.close(wire.CLOSE_GOING_AWAY)
+        session = self.session
+        if session is not None:
+            dropped = await self.close_session(notify=False)
+            if dropped is not None:
+                await self.send(wire.closed(session.session_id, dropped))
+            log.info("session %s: drained after %d committed chunks", session.session_id, session.chunk_index)
+        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed the session: ``closed_by_admin``, then its running tick
@@ -446,7 +493,9 @@ class WorldConnection:
         try:
             await task
         except asyncio.CancelledError:
-            pass
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this task is being cancelled (shutdown), not only the driver
 
     async def _drive(self) -> None:
         """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
@@ -456,6 +505,7 @@ class WorldConnection:
         assert session is not None and adapter is not None
         sid = session.session_id
         sending: asyncio.Task | None = None
+        stream: FrameStream | None = None
         try:
             while not self._stopping:
                 if self.credits <= 0 or session.state is not SessionState.ACTIVE:
@@ -464,12 +514,29 @@ class WorldConnection:
                     continue
                 request = session.begin_tick()
                 started = time.perf_counter()
-                work = adapter.tick(request, self.seed, self.options)
+                try:
+                    # The format travels on the tick: the model may encode jpeg on its device.
+                    work = adapter.tick(request, self.seed, self.options, format=self.format)
+                except Exception as exc:  # noqa: BLE001 - the model's own bug fails its session, told
+                    # Uncaught, it would end this task silently and the client would wait forever.
+                    log.warning("session %s: %s.tick failed: %r", sid, self.model, exc)
+                    pending = list(session.pending_event_ids)
+                    session.fail_tick(f"tick could not be built: {exc!r}")
+                    self._mark("failed")
+                    await _finish(sending)
+                    await self._report_failure(pending, Failure.MODEL, f"{type(exc).__name__}: {exc}")
+                    return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
+                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
+                                     taken=self.idle.touch) if self.stream_frames else None
+                if stream is not None:
+                    work = dataclasses.replace(work, frame_sink=stream.sink)
                 try:
                     chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
                 except ENGINE_ERRORS as exc:
+                    if stream is not None:  # what was streamed goes out before the error
+                        await stream.finish()
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:
                         return  # reset/close purged it; they take it from here
@@ -483,6 +550,8 @@ class WorldConnection:
                 try:
                     committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
+                    if stream is not None:
+                        await stream.finish()
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
                     return
@@ -491,21 +560,87 @@ class WorldConnection:
                 self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
-                sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk.frames, tick_ms))
+                # The commit goes out after the streamed frames (_send_chunk finishes the stream).
+                sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms, stream))
+                stream = None
         finally:
             await _finish(sending)
+            if stream is not None:  # a tick the driver left unfinished (cancelled)
+                stream.cancel()
 
-    async def _send_chunk(self, request: TickRequest, frames: np.ndarray, tick_ms: float) -> None:
-        # Encoded off the loop (realtime/media.py); chunk N+1's send starts only after
-        # this one's, so chunks stay in order.
-        payloads = await encode_chunk(frames, self.format)
+    async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float,
+                          stream: "FrameStream | None" = None) -> None:
+        # Encoded by the model on its device (WorldChunk.encoded) or here off the loop
+        # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
+        # stay in order. A streamed chunk's frames go first.
+        frames = chunk.frames
+        try:
+            streamed = await stream.finish() if stream is not None else None
+        except asyncio.CancelledError:
+            if stream is not None:  # an idle close cancels the send; the pump must not outlive it
+                stream.cancel()
+            raise
+        if stream is not None:
+            payloads = []
+        elif chunk.encoded is not None:
+            payloads = list(chunk.encoded)
+        else:
+            payloads = await encode_chunk(frames, self.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,
+            streamed=streamed,
         )
         # One locked send: no other message comes between a chunk and its frames.
         if await self.conn.send(wire.dumps(header), *payloads):
             self.idle.touch()  # the client took a chunk: it is not idle
+
+
+class FrameStream:
+    """One tick's frames sent as the model makes them, before the tick commits (``stream_frames``).
+
+    ``sink`` is the tick's ``WorldTick.frame_sink``: the engine thread calls it and it
+    only queues onto the event loop. A pump sends each batch of frames as a
+    ``chunk.frames`` message and its binary frames once the previous chunk is fully out
+    (``after``), so a chunk's frames never overtake the commit before them. The
+    engine resolves the tick after its last sink call, and both go through
+    ``call_soon_threadsafe`` in order, so ``finish`` (on the loop, after the tick)
+    sees every frame queued.
+    """
+
+    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry,
+                 after: asyncio.Task | None, taken: Callable[[], None] | None = None) -> None:
+        self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
+        self.taken = taken  # called when the client took a batch of frames (it is not idle)
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
+        self.count = 0
+        self._pump = asyncio.create_task(self._run(after))
+
+    def sink(self, first: int, frames: np.ndarray) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (first, frames))
+
+    async def _run(self, after: asyncio.Task | None) -> None:
+        await _finish(after)
+        r, g = self.request, self.geometry
+        while (item := await self.queue.get()) is not None:
+            first, frames = item
+            payloads = await encode_chunk(frames, self.format)
+            header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
+                                       frames=len(payloads), format=self.format, height=g.height, width=g.width)
+            if await self.conn.send(wire.dumps(header), *payloads) and self.taken is not None:
+                self.taken()
+            self.count += len(payloads)
+
+    async def finish(self) -> int:
+        """Send what is queued and stop; returns how many frames went out."""
+        self.queue.put_nowait(None)
+        await asyncio.shield(self._pump)
+        return self.count
+
+    def cancel(self) -> None:
+        """Stop the pump if the driver ends without finishing the tick (no-op after ``finish``)."""
+        self._pump.cancel()
 
 
 async def _finish(task: asyncio.Task | None) -> None:
@@ -520,4 +655,4 @@ def _metadata(chunk: WorldChunk) -> ChunkMetadata:
 
 
 async def world_endpoint(ws: WebSocket) -> None:
-    await WorldConnection(ws).run()
+    await run_handler(WorldConnection(ws).run(), ws.app.state.live_sessions)

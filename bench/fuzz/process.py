@@ -26,11 +26,11 @@ PROBLEM = re.compile(r"Traceback|Exception in |exception was never retrieved|\bE
 
 
 class ServerProcess:
-    """``python -m realtime serve`` on the tiny world, the dummy policy and (``tts``) the voice."""
+    """``python -m realtime serve`` on the tiny world, the dummy policy and (``tts``) the voice, on ``device``."""
 
     def __init__(self, *, tts: bool = False, policy: str = "dummy", models: str = "tiny",
-                 start_timeout_s: float = 120.0, serve_args: tuple[str, ...] = ()) -> None:
-        self.tts, self.policy, self.models = tts, policy, models
+                 device: str = "cpu", start_timeout_s: float = 120.0, serve_args: tuple[str, ...] = ()) -> None:
+        self.tts, self.policy, self.models, self.device = tts, policy, models, device
         self.serve_args = serve_args  # more ``realtime serve`` options
         self.start_timeout_s = start_timeout_s
         self.port = free_port()
@@ -41,7 +41,7 @@ class ServerProcess:
 
     def __enter__(self) -> ServerProcess:
         cmd = [sys.executable, "-m", "realtime", "serve", "--models", self.models, "--policy", self.policy,
-               "--device", "cpu", "--port", str(self.port), "--log-level", "info"]
+               "--device", self.device, "--port", str(self.port), "--log-level", "info"]
         if not self.tts:
             cmd.append("--no-tts")
         cmd += self.serve_args

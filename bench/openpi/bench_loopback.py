@@ -67,7 +67,7 @@ def pct(xs: list[float]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- servers (child processes)
-def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
+def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: bool = True) -> None:
     sys.path.insert(0, REPO)
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime.app import build_app
@@ -81,6 +81,8 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
                           limits=LimitsConfig(max_sessions_per_client=0))
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
+    if not inline:  # "ours-hop": every forward handed to the engine thread and back
+        policy.inline_forward_s = 0.0
     inventory.adapters[policy.name] = policy
     # The same process set-up and uvicorn settings as ``realtime serve``.
     from realtime.server import bind_socket, run
@@ -91,29 +93,19 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None) -> None:
 def serve_reference(port: int, infer_ms: float) -> None:
     import logging
 
-    from openpi_client import base_policy
-    from openpi_server import WebsocketPolicyServer
-
-    class DummyPolicy(base_policy.BasePolicy):  # the probe's bench_server.py
-        def __init__(self, infer_ms: float = 0.0) -> None:
-            self._actions = np.zeros((50, 32), np.float32)
-            self._sleep = infer_ms / 1000.0
-
-        def infer(self, obs: dict) -> dict:
-            if self._sleep:
-                time.sleep(self._sleep)
-            return {"actions": self._actions}
+    sys.path.insert(0, REPO)
+    from bench.openpi.reference_server import METADATA, InstantPolicy, ReferencePolicyServer
 
     logging.basicConfig(level=logging.WARNING)
-    WebsocketPolicyServer(DummyPolicy(infer_ms), host="127.0.0.1", port=port,
-                          metadata={"action_horizon": 50, "action_dim": 32}).serve_forever()
+    ReferencePolicyServer(InstantPolicy(infer_ms), host="127.0.0.1", port=port, metadata=METADATA).serve_forever()
 
 
 class Server:
     """A server child process; ``uri`` is what a robot passes as ``host``."""
 
     def __init__(self, kind: str, infer_ms: float, batch_wait_ms: float | None = None) -> None:
-        """``kind``: "ours" (realtime/ as committed) or "reference" (openpi-server)."""
+        """``kind``: "ours" (realtime/ as committed), "ours-hop" (the same with the policy's
+        inline forwards off) or "reference" (bench/openpi/reference_server.py)."""
         self.kind = kind
         self.port = _free_port()
         args = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", kind, "--port", str(self.port),
@@ -122,7 +114,7 @@ class Server:
             args += ["--batch-wait-ms", str(batch_wait_ms)]
         self.proc = subprocess.Popen(args, cwd=REPO)
         self.base = f"127.0.0.1:{self.port}"
-        self.uri = f"ws://{self.base}{PATH}" if kind == "ours" else f"ws://{self.base}"
+        self.uri = f"ws://{self.base}{PATH}" if kind.startswith("ours") else f"ws://{self.base}"
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -254,7 +246,7 @@ def throughput(server: Server, robots: int, seconds: float, max_calls: int) -> d
 
 def batch_sizes(server: Server) -> dict[int, int] | None:
     """Forwards per batch size so far, from our server's /metrics (None for the reference)."""
-    if server.kind != "ours":
+    if not server.kind.startswith("ours"):
         return None
     with urllib.request.urlopen(f"http://{server.base}/metrics", timeout=10) as resp:
         text = resp.read().decode()
@@ -302,7 +294,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import version
 
     out = {"python": platform.python_version()}
-    for pkg in ("numpy", "msgpack", "websockets", "uvicorn", "starlette", "openpi-client", "openpi-server"):
+    for pkg in ("numpy", "msgpack", "websockets", "uvicorn", "starlette", "openpi-client"):
         out[pkg] = version(pkg)
     return out
 
@@ -384,7 +376,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report["notes"] = (
         "ours = realtime/ as committed: the engine waits, at most config.policy.batch_wait_ms (20) after the "
         "policy's last batch ended, only for that batch's robots to queue again; a lone robot never waits. "
-        "reference = openpi-server in its own process, same dummy policy, same client. "
+        "reference = openpi's WebsocketPolicyServer as restated in bench/openpi/reference_server.py, in its own "
+        "process, same dummy policy, same client. "
         f"Load average (1, 5, 15 min) at start {load_start} on {os.cpu_count()} cores shared with other jobs."
     )
     return report
@@ -392,7 +385,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--role", choices=["bench", "ours", "reference"], default="bench", help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["bench", "ours", "ours-hop", "reference"], default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--infer-ms", type=float, default=50.0, help="policy time per forward for the throughput run")
     ap.add_argument("--batch-wait-ms", type=float, default=None, help=argparse.SUPPRESS)
@@ -404,8 +397,8 @@ def main() -> None:
     ap.add_argument("--max-calls", type=int, default=5000, help="calls per robot in the throughput run (at most)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    if args.role == "ours":
-        serve_ours(args.port, args.infer_ms, args.batch_wait_ms)
+    if args.role in ("ours", "ours-hop"):
+        serve_ours(args.port, args.infer_ms, args.batch_wait_ms, inline=args.role == "ours")
         return
     if args.role == "reference":
         serve_reference(args.port, args.infer_ms)

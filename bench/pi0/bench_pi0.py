@@ -1,16 +1,18 @@
-"""Native pi0 at full size (random bf16 weights made on the GPU) served over OpenPI, same run:
+"""Native pi0 at full size (random bf16 weights made on the GPU), eager vs fast, bare vs served, one run:
 
-1. bare: ``Pi0Policy.infer_batch`` at 1, 8, 32 robots (host prep, upload, prefix,
-   Euler loop, download), with the prefix vs action-expert split from CUDA events,
-   and the expert loop eager vs as a CUDA graph at one robot;
+1. bare: ``Pi0Policy.infer_batch`` (host prep, upload, prefix, Euler loop, download) at
+   1, 8 and 32 robots, **eager** (no graphs, eager layers) beside **fast** (the served
+   default: the whole call as one CUDA graph per bucket over torch.compile'd layers),
+   with the fast path's prefix vs action-expert split from CUDA events, the fast path at
+   every batch bucket, and at one robot graphs without compiled layers (what compiling adds);
 2. served: the real server (uvicorn + the engine) on loopback and robots that are
-   separate processes with the real ``openpi-client`` (bench/pi0/robots.py): one
-   robot (vs bare), then 8 and 32 robots batched (``max_batch`` 32) and one at a
-   time (the same weights behind a ``max_batch`` 1 adapter);
+   separate processes with the real ``openpi-client`` (bench/pi0/robots.py): one robot
+   (vs bare fast), then 8 and 32 robots batched (``max_batch`` 32) and one at a time
+   (the same weights behind a ``max_batch`` 1 adapter);
 3. memory: weights, and per batch bucket the static K/V buffers plus the peak of a call.
 
     python -m bench.pi0.bench_pi0 --device cuda --out bench/results/pi0_h200.json
-    python -m bench.pi0.bench_pi0 --tiny --seconds 1 --out /tmp/pi0_cpu.json   # CPU smoke test
+    python -m bench.pi0.bench_pi0 --tiny --seconds 0.5 --out /tmp/pi0_cpu.json   # CPU smoke test
 
 Progress goes to stderr; every phase is bounded by --seconds / --calls.
 """
@@ -36,6 +38,7 @@ if REPO not in sys.path:
 import torch  # noqa: E402
 
 from bench.pi0.robots import make_obs, pct  # noqa: E402
+from bench.report import emit  # noqa: E402
 from models.policy.base import PolicyWork  # noqa: E402
 from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size  # noqa: E402
 from models.policy.pi0.inputs import PromptTokenizer, Stats  # noqa: E402
@@ -70,9 +73,10 @@ def tiny_config():
     )
 
 
-def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | None = None) -> CountingPi0:
+def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | None = None,
+                compile: bool | None = None) -> CountingPi0:
     p = CountingPi0(model, tok, state_stats=Stats("IDENTITY"), action_stats=Stats("IDENTITY"), device=dev,
-                    max_batch=max_batch, name=name, use_graphs=use_graphs)
+                    max_batch=max_batch, name=name, use_graphs=use_graphs, compile=compile)
     p.sizes = []
     return p
 
@@ -109,16 +113,31 @@ def _time(policy: Pi0Policy, works: list[PolicyWork], calls: int, seconds: float
     return lat, prefix, expert
 
 
-def bare(policy: Pi0Policy, n: int, size: int, calls: int, seconds: float, dev: torch.device) -> dict[str, Any]:
+def bare(policy: Pi0Policy, n: int, size: int, calls: int, seconds: float, dev: torch.device,
+         split: bool = True) -> dict[str, Any]:
     """The adapter's forward alone: as served (whole call graphed on CUDA), then split."""
     works = works_for(policy, n, size, f"bare{n}")
     lat, _, _ = _time(policy, works, calls, seconds, dev, split=False)
     out: dict[str, Any] = {"robots": n, "call_ms": pct(lat), "calls_per_s": round(n * 1000.0 / float(np.median(lat)), 2)}
-    if dev.type == "cuda":
+    if dev.type == "cuda" and split and policy.runner.use_graphs:
         # The split needs an event between the two halves: prefix eager, expert loop graphed.
         lat2, prefix, expert = _time(policy, works, max(10, calls // 4), seconds / 2, dev, split=True)
-        out["split_run"] = {"note": "prefix eager + expert loop as a CUDA graph, CUDA events between them",
+        out["split_run"] = {"note": "prefix ungraphed (its layers as in the fast path) + expert loop as a CUDA "
+                                    "graph, CUDA events between them",
                             "call_ms": pct(lat2), "prefix_ms": pct(prefix), "expert_loop_ms": pct(expert)}
+    return out
+
+
+def agreement(fast: Pi0Policy, eager: Pi0Policy, sizes: list[int], size: int) -> dict[str, Any]:
+    """The same robots (same noise) through both paths: how far the fast actions are from eager."""
+    out = {}
+    for n in sizes:
+        works = works_for(fast, n, size, f"agree{n}")
+        a = np.stack([r["actions"] for r in fast.infer_batch(works)])
+        b = np.stack([r["actions"] for r in eager.infer_batch(works)])
+        out[str(n)] = {"max_abs_diff": round(float(np.abs(a - b).max()), 5),
+                       "eager_max_abs": round(float(np.abs(b).max()), 4),
+                       "rel_rms_diff": round(float(np.sqrt(((a - b) ** 2).mean() / max((b ** 2).mean(), 1e-12))), 5)}
     return out
 
 
@@ -191,6 +210,12 @@ def hardware(dev: torch.device) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    t_start = time.perf_counter()
+
+    def save(res: dict[str, Any]) -> None:
+        if args.out:
+            emit(res, args.out, echo=False)
+
     dev = torch.device(args.device)
     cfg = tiny_config() if args.tiny else full_size()
     size = cfg.image_resolution[0]
@@ -208,16 +233,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     log(f"{params / 1e9:.3f} B parameters, {weights_bytes / 2**30:.2f} GiB, built in {build_s:.1f} s")
 
-    batched = make_policy(model, tok, dev, 32, "pi0")
-    single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time")
-    eager = make_policy(model, tok, dev, 1, "pi0-eager", use_graphs=False)
-    t = time.perf_counter()
-    batched.warmup()
-    single.warmup()
-    log(f"warm-up (graph capture for buckets {batched.runner.buckets}) {time.perf_counter() - t:.1f} s")
+    # Fast = the served default on the device (graphs + compiled layers on CUDA). On CPU
+    # (--tiny) graphs do not exist, so "fast" compiles the layers only when --cpu-compile.
+    # All policies exist before any graph is captured (they share the model's fused tensors).
+    cpu_compile = True if (dev.type != "cuda" and args.cpu_compile) else None
+    fast = make_policy(model, tok, dev, args.max_batch, "pi0", compile=cpu_compile)
+    single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time", compile=cpu_compile)
+    eager = make_policy(model, tok, dev, args.max_batch, "pi0-eager", use_graphs=False, compile=False)
+    graphs_only = make_policy(model, tok, dev, 1, "pi0-graphs-eager-layers", compile=False)
 
     res: dict[str, Any] = {
         "benchmark": "pi0_native",
+        "complete": False,  # rewritten after every phase, so a run cut short still leaves its figures
         "command": " ".join([os.path.basename(sys.executable), "-m", "bench.pi0.bench_pi0", *sys.argv[1:]]),
         "hardware": hardware(dev), "versions": versions(),
         "model": {"config": "tiny" if args.tiny else "pi0 full size (PaliGemma 3B + Gemma 300M expert)",
@@ -225,40 +252,76 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "parameters": params, "cameras": len(cfg.image_features), "prefix_tokens": cfg.prefix_len,
                   "suffix_tokens": cfg.suffix_len, "chunk": [cfg.chunk_size, cfg.max_action_dim],
                   "steps": cfg.num_inference_steps, "build_s": round(build_s, 2)},
-        "request_bytes": len(wire.pack(make_obs(0, list(batched.client_keys), size, cfg.state_dim))),
+        "paths": {
+            "eager": "no CUDA graphs, eager layers (Pi0Runner use_graphs=False, compile=False)",
+            "graphs_eager_layers": "prefix + Euler loop as one CUDA graph, eager layers (compile=False)",
+            "fast": "served default: prefix + Euler loop as one CUDA graph per bucket, torch.compile'd layers",
+            "buckets": list(fast.runner.buckets),
+        },
+        "request_bytes": len(wire.pack(make_obs(0, list(fast.client_keys), size, cfg.state_dim))),
         "memory": {"weights_gib": round(weights_bytes / 2**30, 3),
                    "resident_after_build_gib": None if resident is None else round(resident / 2**30, 3)},
     }
-    log("bare forwards")
-    res["bare"] = {str(n): bare(batched if n > 1 else single, n, size, args.calls, args.seconds, dev)
-                   for n in (1, 8, 32)}
-    res["bare_eager_expert_loop_1"] = bare(eager, 1, size, args.calls, args.seconds, dev)
-    log(f"bare: {json.dumps({k: v['call_ms']['p50'] for k, v in res['bare'].items()})}")
-    res["memory"]["per_batch"] = memory(batched, size, dev)
+    sizes = [n for n in (1, 8, 32) if n <= args.max_batch]
+    # Cheapest first: eager and graphs-with-eager-layers need no compiler.
+    log("bare eager")
+    res["bare_eager"] = {str(n): bare(eager, n, size, args.calls, args.seconds, dev, split=False) for n in sizes}
+    save(res)
+    t = time.perf_counter()
+    graphs_only.warmup()
+    res["paths"]["graphs_eager_layers_warmup_s"] = round(time.perf_counter() - t, 1)
+    res["bare_graphs_eager_layers_1"] = bare(graphs_only, 1, size, args.calls, args.seconds, dev, split=False)
+    save(res)
+    t = time.perf_counter()
+    fast.warmup()
+    single.warmup()
+    warm_s = time.perf_counter() - t
+    res["paths"].update(fast_layers_compiled=fast.runner.fns.compiled, fast_warmup_s=round(warm_s, 1))
+    log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
+        f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
+    res["fast_vs_eager"] = agreement(fast, eager, [n for n in (1, 8) if n <= args.max_batch], size)
+    log(f"fast vs eager: {json.dumps(res['fast_vs_eager'])}")
+    log("bare fast")
+    res["bare"] = {str(n): bare(fast if n > 1 else single, n, size, args.calls, args.seconds, dev) for n in sizes}
+    save(res)
+    res["bare_fast_per_bucket"] = {
+        str(b): {k: v for k, v in bare(fast, b, size, args.calls, args.seconds / 2, dev, split=False).items()
+                 if k in ("call_ms", "calls_per_s")}
+        for b in fast.runner.buckets}
+    log("bare p50 ms: eager " + json.dumps({k: v["call_ms"]["p50"] for k, v in res["bare_eager"].items()})
+        + ", fast " + json.dumps({k: v["call_ms"]["p50"] for k, v in res["bare"].items()})
+        + f", graphs with eager layers (1) {res['bare_graphs_eager_layers_1']['call_ms']['p50']}")
+    res["memory"]["per_batch"] = memory(fast, size, dev)
     if dev.type == "cuda":
         res["memory"]["peak_gib"] = round(torch.cuda.max_memory_reserved(dev) / 2**30, 2)
+    save(res)
 
     fleets: dict[str, Any] = {}
     log("served: one robot")
-    fleets["1"] = {"batched": served(batched, 1, args.seconds, size, args.batch_wait_ms)}
-    for n in (8, 32):
+    fleets["1"] = {"batched": served(fast, 1, args.seconds, size, args.batch_wait_ms)}
+    for n in sizes[1:]:
         log(f"served: {n} robots, batched then one at a time")
-        fleets[str(n)] = {"batched": served(batched, n, args.seconds, size, args.batch_wait_ms),
+        fleets[str(n)] = {"batched": served(fast, n, args.seconds, size, args.batch_wait_ms),
                           "one_at_a_time": served(single, n, args.seconds, size, args.batch_wait_ms)}
         f = fleets[str(n)]
         f["speedup"] = round(f["batched"]["calls_per_s"] / max(f["one_at_a_time"]["calls_per_s"], 1e-9), 2)
         log(f"  {n}: {f['batched']['calls_per_s']} vs {f['one_at_a_time']['calls_per_s']} calls/s "
             f"({f['speedup']}x), p99 {f['batched']['latency_ms']['p99']} ms")
+        res["served"] = fleets
+        save(res)
     res["served"] = fleets
     one_served = fleets["1"]["batched"]["latency_ms"]["p50"]
     one_bare = res["bare"]["1"]["call_ms"]["p50"]
     res["goals"] = {
         "one_robot_served_p50_ms": one_served, "goal_one_robot_ms": 20.0,
-        "one_robot_bare_p50_ms": one_bare, "served_over_bare": round(one_served / one_bare, 3), "goal_ratio": 1.1,
-        "speedup_8": fleets["8"]["speedup"], "speedup_32": fleets["32"]["speedup"], "goal_speedup": 4.0,
-        "p99_32_batched_ms": fleets["32"]["batched"]["latency_ms"]["p99"],
+        "one_robot_bare_fast_p50_ms": one_bare, "one_robot_bare_eager_p50_ms": res["bare_eager"]["1"]["call_ms"]["p50"],
+        "served_over_bare": round(one_served / one_bare, 3), "goal_ratio": 1.1,
+        **{f"speedup_{n}": fleets[str(n)]["speedup"] for n in sizes[1:]}, "goal_speedup": 4.0,
+        **({"p99_32_batched_ms": fleets["32"]["batched"]["latency_ms"]["p99"]} if "32" in fleets else {}),
     }
-    log(f"goals: {json.dumps(res['goals'])}")
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
+    res["complete"] = True
+    log(f"goals: {json.dumps(res['goals'])} (whole run {res['wall_s']} s)")
     return res
 
 
@@ -269,17 +332,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--batch-wait-ms", type=float, default=20.0)
+    ap.add_argument("--max-batch", type=int, default=32, help="the batched adapter's max_batch (robots up to 32)")
+    ap.add_argument("--cpu-compile", action="store_true", help="on CPU, compile the fast path's layers (slow)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     res = run(args)
-    text = json.dumps(res, indent=2)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        log(f"wrote {args.out}")
-    else:
-        print(text)
+    emit(res, args.out, echo=not args.out, log=log)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Mixed load for a fixed time against a real ``realtime serve`` process (CPU).
+"""Mixed load for a fixed time against a real ``realtime serve`` process (CPU, or ``--device cuda``).
 
     PYTHONPATH=$PWD python -m bench.soak.run_soak --seconds 300 --out bench/results/soak_cpu.json
+    python3 -m bench.soak.run_soak --device cuda --seconds 600 --worlds 32 --robots 8 --voices 0 \
+        --out bench/results/soak_h200.json   # the GPU soak (H200)
 
 8 world sessions (the maze world on kv/'s paged cache, a held-key event every 4
 chunks), 8 robots (the real ``openpi-client``, dummy policy) and 4 speech sessions
@@ -178,25 +180,37 @@ async def soak(server: ServerProcess, seconds: float, worlds: int, robots: int, 
     }
 
 
+def machine(device: str) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                            "platform": platform.platform(), "torch": torch.__version__, "device": device}
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--worlds", type=int, default=8)
     parser.add_argument("--robots", type=int, default=8)
     parser.add_argument("--voices", type=int, default=4)
+    parser.add_argument("--device", default="cpu", help="the server's --device (cuda for the GPU soak)")
     parser.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     # Every simulated client is on loopback, one address: no per-client limit.
-    with ServerProcess(tts=args.voices > 0, policy="dummy", models="maze",
+    with ServerProcess(tts=args.voices > 0, policy="dummy", models="maze", device=args.device,
                        serve_args=("--max-sessions-per-client", "0")) as server:
         result = asyncio.run(soak(server, args.seconds, args.worlds, args.robots, args.voices))
     ok = (result["failed_requests"] == 0 and not result["chunk_gaps"] and not result["lost_events"]
           and result["kv_blocks_used_at_end"] == 0 and result["tick_failures_total"] == 0
           and not result["log_problems"])
     result = {"command": shlex.join(["python", "-m", "bench.soak.run_soak", *(argv if argv is not None else sys.argv[1:])]),
-              "ok": ok, "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version(),
-                                    "platform": platform.platform()},
+              "ok": ok, "machine": machine(args.device),
               "note": args.note, **result}
     text = json.dumps(result, indent=2)
     print(text)

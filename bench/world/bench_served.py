@@ -17,77 +17,27 @@ Progress goes to stderr; the JSON holds hardware, versions and the command.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from bench.world.serve_profile import ServeProfile
-from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 from bench.report import emit
+from bench.world.serve_profile import ServeProfile
+from bench.world.served_client import ClientFailure, ClientFleet
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 
 
 def log(msg: str) -> None:
     print(f"[bench_served {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- client process
-async def _client(url: str, sid: str, keys: list[str], credits: int, warmup: float, seconds: float,
-                  out: dict[str, Any], fmt: str = "rgb8") -> None:
-    import websockets
-
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.create", "session_id": sid, "credits": credits,
-                                  "format": fmt, "seed": hash(sid) % 1000}))
-        created = json.loads(await ws.recv())
-        assert created["type"] == "session.created", created
-        await ws.send(json.dumps({"type": "event", "event_id": 0, "controls": [
-            {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": keys}}]}))
-        start = time.perf_counter()
-        frames, ticks, gaps, last = 0, [], [], None
-        expected = 0
-        while True:
-            msg = await ws.recv()
-            if isinstance(msg, bytes):
-                continue
-            data = json.loads(msg)
-            if data["type"] != "chunk":
-                continue
-            assert data["chunk_index"] == expected, (data["chunk_index"], expected)
-            expected += 1
-            for _ in range(data["frames"]):
-                await ws.recv()
-            await ws.send('{"type":"credit","chunks":1}')
-            now = time.perf_counter()
-            if now - start >= warmup:
-                frames += data["frames"]
-                ticks.append(data["tick_ms"])
-                if last is not None:
-                    gaps.append((now - last) * 1000)
-                last = now
-            if now - start >= warmup + seconds:
-                break
-        out[sid] = {"frames": frames, "ticks": ticks, "gaps": gaps}
-        await ws.send(json.dumps({"type": "session.close"}))
-
-
-def _client_process(url: str, ids: list[int], credits: int, warmup: float, seconds: float,
-                    queue: mp.Queue, fmt: str = "rgb8") -> None:
-    async def main() -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        keys = [["w"], ["j"], ["l"], ["w", "d"]]
-        await asyncio.gather(*(_client(url, f"s{i}", keys[i % 4], credits, warmup, seconds, out, fmt)
-                               for i in ids))
-        return out
-
-    queue.put(asyncio.run(main()))
 
 
 # ---------------------------------------------------------------- server side
@@ -135,8 +85,6 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
     """Time the adapter alone on a batch of n sessions (commit each tick)."""
     import torch
 
-    from models.base import WorldTick
-
     def tick(i: int, k: int) -> WorldTick:
         return WorldTick(f"bare{i}", f"bare{i}:{k}", k, (), None,
                          tuple(frozenset("w") for _ in range(model.geometry.frames_per_chunk)), seed=i)
@@ -162,8 +110,49 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
     return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
 
 
-def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
-    """(variant, format, encode workers, switch interval s, sessions) for every row, in order."""
+@dataclass(frozen=True)
+class RowPlan:
+    """One row: a variant (``FORMAT[/mod...]``) at one session count."""
+
+    variant: str
+    format: str
+    encode_workers: int
+    switch_s: float
+    sessions: int
+    jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
+
+
+MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
+        "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool"}
+
+
+def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
+    """``fn()`` on the engine thread (its control lane), from this thread; its value or error.
+
+    The bare model must not run beside the engine thread: the served sessions' releases
+    may still be running there, on the same KV pool.
+    """
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def job() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    engine.post_control(job)
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the engine did not run the bare model in {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _plan(args: argparse.Namespace) -> list[RowPlan]:
+    """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
     import realtime.engine
     import realtime.media
 
@@ -171,17 +160,24 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, str, int, float, int]]:
     for spec in args.variants or [args.format]:
         head, _, counts = spec.partition("@")
         fmt, *mods = head.split("/")
-        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - {"inline", "gil5"}:
-            raise SystemExit(f"bad variant {spec!r}")
+        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - set(MODS) or {"nvjpeg", "pil"} <= set(mods):
+            raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)}")
         workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
         switch = 0.005 if "gil5" in mods else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [(head, fmt, workers, switch, n) for n in sessions]
+        rows += [RowPlan(head, fmt, workers, switch, n, path) for n in sessions]
     return rows
 
 
 def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
-    """The capacity formula (kv.plan_capacity) at the device's free memory: how many sessions fit."""
+    """The capacity formula (kv.plan_capacity) at the memory the server planned from: how
+    many sessions fit, beside the pool this run built and the device memory in use now.
+
+    The memory is the model's own plan's ``available_bytes`` (free after its weights
+    loaded, before its pool), so the prediction is for a server started fresh; the
+    device's free memory now (the pool allocated) would under-count by the pool.
+    """
     geometry = getattr(model, "kv_geometry", None)
     if geometry is None:
         return None
@@ -189,19 +185,40 @@ def _kv_capacity(model: Any, device: str) -> dict[str, Any] | None:
 
     from kv import plan_capacity
 
-    free = torch.cuda.mem_get_info()[0] if device.startswith("cuda") and torch.cuda.is_available() else None
-    if free is None:
+    built = getattr(model, "plan", None)
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    available = getattr(built, "available_bytes", None) or (torch.cuda.mem_get_info()[0] if cuda else None)
+    if available is None:
         return {"available_bytes": None}
-    plan = plan_capacity(geometry, available_bytes=free, fraction=0.9, ticks_in_flight=model.max_batch)
-    return {"available_bytes": free, "fraction": 0.9, "sessions": plan.capacity,
-            "required_one_bytes": plan.required_one_bytes}
+    plan = plan_capacity(geometry, available_bytes=available, fraction=0.9, ticks_in_flight=model.max_batch)
+    out: dict[str, Any] = {"available_bytes": available, "fraction": 0.9, "sessions": plan.capacity,
+                           "required_one_bytes": plan.required_one_bytes,
+                           "per_session_bytes": plan_capacity(geometry, None, requested_sessions=2,
+                                                              ticks_in_flight=model.max_batch).required_bytes
+                           - plan.required_one_bytes}
+    if built is not None:
+        out["built_pool"] = {"sessions": built.capacity, "required_bytes": built.required_bytes}
+    if cuda:
+        out["allocated_bytes_now"] = torch.cuda.memory_allocated()
+    return out
 
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def main() -> None:
+def _gpu_memory() -> dict[str, int] | None:
+    """Device memory now: allocated by torch, its peak since the last reset, and used in all."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated_bytes": torch.cuda.memory_allocated(), "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "used_bytes": total - free, "total_bytes": total}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="maze")
     parser.add_argument("--device", default="cpu")
@@ -212,6 +229,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=128)
     parser.add_argument("--batch-wait-ms", type=float, default=1.0)
+    parser.add_argument("--bare-repeats", type=int, default=20)
     parser.add_argument("--instant-ms", type=float, default=0.0,
                         help="with --model instant: each batch sleeps this long (GPU time stand-in)")
     parser.add_argument("--client-procs", type=int, default=1,
@@ -231,26 +249,87 @@ def main() -> None:
                              "gil5 runs with Python's 5 ms switch interval, @ its own session counts "
                              "(default: --format at --sessions)")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def _row(variant: str, fmt: str, workers: int, switch_s: float, n: int, args: argparse.Namespace,
+         sessions: dict[str, dict[str, Any]], engine_delta: dict[str, float], phases: dict[str, Any],
+         bare: dict[str, float], model: Any, load0: float) -> dict[str, Any]:
+    per_session = [r["frames"] / args.seconds for r in sessions.values()]
+    ticks = [t for r in sessions.values() for t in r["ticks"]]
+    gaps = [g for r in sessions.values() for g in r["gaps"]]
+    batches, works, busy = engine_delta["batches"], engine_delta["works"], engine_delta["busy"]
+    total = sum(per_session)
+    return {
+        "variant": variant,
+        "format": fmt,
+        "encode_workers": workers,
+        "switch_interval_ms": 1000 * switch_s,
+        "sessions": n,
+        "frames_per_s_per_session_mean": statistics.mean(per_session),
+        "frames_per_s_per_session_min": min(per_session),
+        "frames_per_s_total": total,
+        "tick_ms_p50": pct(ticks, 50),
+        "tick_ms_p99": pct(ticks, 99),
+        "frame_gap_ms_p99": pct(gaps, 99),
+        "bare_tick_ms_p50": bare["tick_ms_p50"],
+        "bare_frames_per_s_total": bare["frames_per_s_total"],
+        "served_over_bare_throughput": total / bare["frames_per_s_total"],
+        "engine_batches_per_s": batches / args.seconds,
+        "engine_mean_batch": works / max(batches, 1),
+        # time inside adapter.run_batch per batch, and the share of wall time spent there
+        "engine_batch_ms_mean": 1000 * busy / max(batches, 1),
+        "engine_busy_share": busy / args.seconds,
+        # one batch's cycle split into model / engine post / hand-off + loop / wake (serve_profile.py)
+        "profile": phases,
+        "gpu_memory": _gpu_memory(),
+        "load_avg_1m": [load0, os.getloadavg()[0]],
+        "predicted_frames_per_s_per_session": 1000 * model.geometry.frames_per_chunk / bare["tick_ms_p50"],
+    }
+
+
+def _capacity(model: Any, device: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where memory and compute run out: the capacity formula beside the measured curve.
+
+    Memory: ``kv.plan_capacity`` at the device's free memory (sessions whose KV fits).
+    Compute: the bare model's best total frames/s over the model's own fps (sessions
+    it can serve in real time). Measured: the first session count whose slowest
+    session fell below the model's fps.
+    """
+    fps = model.geometry.fps
+    best_bare = max((r["bare_frames_per_s_total"] for r in rows), default=float("nan"))
+    served = sorted((r for r in rows if r["format"] == "rgb8" and "error" not in r), key=lambda r: r["sessions"])
+    below = next((r["sessions"] for r in served if r["frames_per_s_per_session_min"] < fps), None)
+    return {
+        "model_fps": fps,
+        "memory": _kv_capacity(model, device),
+        "compute_sessions_at_model_fps": best_bare / fps,
+        "measured_first_sessions_below_model_fps": below,
+        "measured_max_sessions_tried": served[-1]["sessions"] if served else None,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every row of ``args`` against one server in this process; the report (see the module doc)."""
     import torch
 
+    import realtime.engine
+    import realtime.media
+    from models.world.device_jpeg import DeviceJpeg
     from realtime.app import build_app
     from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
-    # Room for every session of the largest run plus the bare-model sessions.
-    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r[4] for r in _plan(args)),
-                         args.instant_ms)
-    import realtime.engine
-
     if args.switch_interval_ms is not None:
         realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
-    import realtime.media
-
     if args.encode_workers is not None:
         realtime.media.ENCODE_WORKERS = args.encode_workers
+    plan = _plan(args)
+    # Room for every session of the largest run plus the bare-model sessions.
+    model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r.sessions for r in plan),
+                         args.instant_ms)
+    measured_jpeg = DeviceJpeg()  # the path picked by measurement on the first CUDA jpeg batch
     profile = ServeProfile()
     profile.attach(model)
     inventory = Inventory()
@@ -259,24 +338,52 @@ def main() -> None:
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024),
                           limits=LimitsConfig(max_sessions_per_client=0))
-    rows = []
+    rows: list[dict[str, Any]] = []
+
+    def report() -> dict[str, Any]:
+        return {
+            "benchmark": "world sessions through the real server and engine vs the bare adapter",
+            "command": " ".join([sys.executable.split("/")[-1], "-m", "bench.world.bench_served", *sys.argv[1:]]),
+            "model": args.model,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_count": mp.cpu_count(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "credits": args.credits,
+            "client_procs": args.client_procs,
+            "per_message_deflate": args.deflate,
+            "seconds": args.seconds,
+            # the measured pick for CUDA frames (None: no jpeg row had CUDA frames to measure)
+            "cuda_frames_jpeg": measured_jpeg.measurement,
+            "capacity": _capacity(model, args.device, [r for r in rows if "error" not in r]),
+            # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
+            "adapter": {k: v for k, v in model.describe().items() if k != "config"},
+            "rows": rows,
+            "complete": len(rows) == len(plan),
+        }
+
     app = build_app(config, inventory)
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         bares: dict[int, dict[str, float]] = {}
-        for variant, fmt, workers, switch_s, n in _plan(args):
+        for p in plan:
+            variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
             sys.setswitchinterval(switch_s)
+            model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
-            ctx = mp.get_context("spawn")
-            queue: mp.Queue = ctx.Queue()
-            k = max(1, min(args.client_procs, n))
-            procs = [ctx.Process(target=_client_process,
-                                 args=(url, list(range(j, n, k)), args.credits, args.warmup, args.seconds, queue, fmt))
-                     for j in range(k)]
-            for proc in procs:
-                proc.start()
-            # Engine batches over (roughly) the measured window: do the sessions tick together?
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            fleet = ClientFleet(url, n, args.client_procs, args.credits, args.warmup, args.seconds, fmt)
+            try:
+                fleet.start()  # every session created; their windows start now
+            except ClientFailure as exc:
+                log(f"{variant}: {n} sessions FAILED to start: {exc}")
+                rows.append({"variant": variant, "format": fmt, "sessions": n, "error": str(exc)})
+                continue
+            # Engine batches over the clients' measured window: do the sessions tick together?
             time.sleep(args.warmup)
             stats = app.state.engine.stats
             batches0, works0, busy0 = stats.batches, stats.works, stats.busy_seconds
@@ -284,68 +391,35 @@ def main() -> None:
             profile.start()
             time.sleep(args.seconds)
             phases = profile.stop()
-            batches, works = stats.batches - batches0, stats.works - works0
-            busy = stats.busy_seconds - busy0
-            result: dict[str, Any] = {}
-            for _ in procs:
-                result.update(queue.get(timeout=args.warmup + args.seconds + 300))
-            for proc in procs:
-                proc.join(30)
-            per_session = [r["frames"] / args.seconds for r in result.values()]
-            ticks = [t for r in result.values() for t in r["ticks"]]
-            gaps = [g for r in result.values() for g in r["gaps"]]
+            delta = {"batches": stats.batches - batches0, "works": stats.works - works0,
+                     "busy": stats.busy_seconds - busy0}
+            try:
+                sessions = fleet.results()
+            except ClientFailure as exc:
+                log(f"{variant}: {n} sessions FAILED: {exc}")
+                rows.append({"variant": variant, "format": fmt, "sessions": n, "error": str(exc)})
+                continue
             if n not in bares:
                 log(f"{n} sessions: bare model ...")
-                bares[n] = _bare(model, n, repeats=20)
-            bare = bares[n]
-            total = sum(per_session)
-            row = {
-                "variant": variant,
-                "format": fmt,
-                "encode_workers": workers,
-                "switch_interval_ms": 1000 * switch_s,
-                "sessions": n,
-                "frames_per_s_per_session_mean": statistics.mean(per_session),
-                "frames_per_s_per_session_min": min(per_session),
-                "frames_per_s_total": total,
-                "tick_ms_p50": pct(ticks, 50),
-                "tick_ms_p99": pct(ticks, 99),
-                "frame_gap_ms_p99": pct(gaps, 99),
-                "bare_tick_ms_p50": bare["tick_ms_p50"],
-                "bare_frames_per_s_total": bare["frames_per_s_total"],
-                "served_over_bare_throughput": total / bare["frames_per_s_total"],
-                "engine_batches_per_s": batches / args.seconds,
-                "engine_mean_batch": works / max(batches, 1),
-                # time inside adapter.run_batch per batch, and the share of wall time spent there
-                "engine_batch_ms_mean": 1000 * busy / max(batches, 1),
-                "engine_busy_share": busy / args.seconds,
-                # one batch's cycle split into model / engine post / hand-off + loop / wake (serve_profile.py)
-                "profile": phases,
-                "load_avg_1m": [load0, os.getloadavg()[0]],
-                "predicted_frames_per_s_per_session": 1000 * model.geometry.frames_per_chunk / bare["tick_ms_p50"],
-            }
+                bares[n] = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats))
+            row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
+            if fmt == "jpeg":
+                # "pil" also when the frames are on the host: the server's pool encodes them.
+                row["cuda_frames_jpeg_path"] = model.device_jpeg.path
             log(json.dumps(row))
             rows.append(row)
-    report = {
-        "benchmark": "world sessions through the real server and engine vs the bare adapter",
-        "command": " ".join([sys.executable.split("/")[-1], "-m", "bench.world.bench_served", *sys.argv[1:]]),
-        "model": args.model,
-        "device": args.device,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": mp.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "credits": args.credits,
-        "client_procs": args.client_procs,
-        "per_message_deflate": args.deflate,
-        "seconds": args.seconds,
-        "kv_capacity": _kv_capacity(model, args.device),
-        # how the adapter ran (e.g. MazeWorld's cuda_graphs / graph_buckets)
-        "adapter": {k: v for k, v in model.describe().items() if k != "config"},
-        "rows": rows,
-    }
+            if args.out:  # what is done so far survives a timeout of the whole run
+                emit(report(), args.out, echo=False)
+    return report()
+
+
+def main() -> None:
+    args = parse_args()
+    report = run(args)
     emit(report, args.out)
+    failed = [r for r in report["rows"] if "error" in r]
+    if failed:
+        raise SystemExit(f"{len(failed)} row(s) failed: see their 'error' in the report")
 
 
 if __name__ == "__main__":

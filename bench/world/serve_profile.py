@@ -50,8 +50,10 @@ class ServeProfile:
             if self.recording and self.batches:
                 self.batches[-1]["post"] = clock()
 
-        def timed_tick(request, seed):  # type: ignore[no-untyped-def]
-            work = tick(request, seed)
+        # The same arguments as the seam's ``tick`` (request, seed, options, ...): a wrapper
+        # that named them once broke every served tick when ``options`` was added.
+        def timed_tick(*args, **kwargs):  # type: ignore[no-untyped-def]
+            work = tick(*args, **kwargs)
             if self.recording:
                 self.returns.append(clock())
             return work

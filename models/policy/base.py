@@ -54,6 +54,12 @@ class PolicyAdapter(ModelAdapter[PolicyWork, PolicyResult]):
 
     kind = "policy"
     metadata: PolicyMetadata
+    # A policy that answers in well under a millisecond (a scripted or cached policy, a
+    # small MLP on the CPU) is cheaper to run where the request was decoded than to hand
+    # to the engine thread: the hand-off and back costs ~0.1 ms of CPU and two thread
+    # wake-ups per call (bench/results/openpi_fleet.json). 0.5 ms is about what decoding
+    # one observation costs the event loop anyway. GPU policies (tens of ms) never qualify.
+    inline_forward_s = 0.0005
 
     @abc.abstractmethod
     def infer_batch(self, works: Sequence[PolicyWork]) -> list[Mapping[str, Any]]:

@@ -28,6 +28,16 @@ frames are uint8 ``[frames_per_chunk, height, width, 3]``. A chunk that breaks t
 fails its batch with a ``ModelError`` before the engine commits anything, so the
 identity check of the tick transaction lives here, once.
 
+Frames as they exist: a tick may carry a ``frame_sink`` (the endpoint sets one for a
+session created with ``stream_frames``). A model with ``streams_frames = True``
+calls ``work.frame_sink(first, frames)`` on the engine thread as soon as frames of
+the chunk exist (uint8 ``[n, height, width, 3]``, in order, from index 0);
+``run_batch`` hands a non-streaming model's frames to the sink when its batch ends,
+and checks that what a model streamed is exactly its chunk's frames (a
+``ModelError`` otherwise). Streamed frames are provisional: the tick commits only
+after ``run_batch`` returns, so a failed tick sends an error after them instead of
+the commit.
+
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
 model's schemas need: the endpoint never reads controls itself. A model with
@@ -39,9 +49,10 @@ any, to every chunk-0 tick (``WorldTick.image``): a reset starts from it again.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,9 +62,13 @@ from sessions.reducers import ControlReducer
 
 if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
     from kv.residency import Residency
+    from models.world.device_jpeg import DeviceJpeg
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
+
+# Called with (index of the first frame, uint8 frames [n, H, W, 3]) as a chunk's frames exist.
+FrameSink = Callable[[int, np.ndarray], None]
 
 
 def action_bits(keys: frozenset[str]) -> list[float]:
@@ -125,6 +140,11 @@ class WorldTick:
     options: Mapping[str, Any] = field(default_factory=dict)
     # The session's first image (uint8 [height, width, 3]) on chunk-0 ticks, else None.
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # The wire format the session asked for (world.v1 ``format``): run_batch may encode
+    # ``jpeg`` frames that the model made on CUDA there, in one batch (device_jpeg.py).
+    format: str = "rgb8"
+    # Where the chunk's frames go as they exist (engine thread), or None: all at the end.
+    frame_sink: FrameSink | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -135,10 +155,15 @@ class WorldChunk:
     request_id: str
     chunk_index: int
     applied_event_ids: tuple[int, ...]
-    frames: np.ndarray = field(repr=False)  # [F, H, W, 3] uint8
+    # [F, H, W, 3] uint8. ``generate`` may return a torch tensor (e.g. on CUDA);
+    # ``run_batch`` hands every chunk on as numpy.
+    frames: np.ndarray = field(repr=False)
+    # The frames already encoded in the tick's ``format`` (one payload per frame), or
+    # None: the server encodes them (realtime/media.py).
+    encoded: tuple[bytes, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def answering(cls, tick: WorldTick, frames: np.ndarray) -> "WorldChunk":
+    def answering(cls, tick: WorldTick, frames: Any) -> "WorldChunk":
         """The chunk that answers ``tick`` with ``frames``."""
         return cls(tick.session_id, tick.request_id, tick.chunk_index, tick.applied_event_ids, frames)
 
@@ -151,6 +176,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
     uses_prompts: bool = False
     create_options: tuple[CreateOption, ...] = ()
+    # Whether ``generate`` feeds each tick's ``frame_sink`` as frames are decoded.
+    streams_frames: bool = False
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Every declared option, from ``options`` or its default; ``ValueError`` for an
@@ -214,8 +241,10 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         """Fresh control reducers for a new session of this model."""
         return default_reducers(self.geometry.frames_per_chunk)
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> WorldTick:
-        """The tick the model sees for a session's snapshot ``request`` (``options``: checked ones)."""
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> WorldTick:
+        """The tick the model sees for a session's snapshot ``request`` (``options``: checked
+        ones; ``format``: the session's wire format, ``WorldTick.format``)."""
         return WorldTick(
             session_id=request.session_id,
             request_id=request.request_id,
@@ -225,15 +254,92 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             actions=tuple(frozenset(keys) for keys in request.controls["keys"]),
             seed=seed,
             options=dict(options or {}),
+            format=format,
         )
 
+    # How ``jpeg`` ticks' CUDA frames are encoded (models/world/device_jpeg.py): made on
+    # the first such batch; a bench or test may set one with a forced path.
+    device_jpeg: "DeviceJpeg | None" = None
+
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        streams = [None if w.frame_sink is None else _Streamed(w.frame_sink, self.geometry) for w in works]
+        if self.streams_frames and any(streams):
+            works = [w if s is None else dataclasses.replace(w, frame_sink=s) for w, s in zip(works, streams)]
         chunks = self.generate(works)
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
+        chunks = self._to_host(works, list(chunks))
         for work, chunk in zip(works, chunks):
             check_chunk(work, chunk, self.geometry, self.name)
+        for chunk, streamed in zip(chunks, streams):
+            if streamed is None:
+                continue
+            if self.streams_frames:
+                streamed.check(chunk.frames, self.name)
+            else:  # checked above: all of its frames at once
+                streamed(0, chunk.frames)
         return list(chunks)
+
+    def _to_host(self, works: Sequence[WorldTick], chunks: list[WorldChunk]) -> list[WorldChunk]:
+        """Chunks whose frames are torch tensors -> numpy, in one device-to-host copy; the
+        ``jpeg`` ones on CUDA encoded there first when that path is the faster one."""
+        on_device = [i for i, c in enumerate(chunks) if isinstance(c, WorldChunk)
+                     and not isinstance(c.frames, np.ndarray) and hasattr(c.frames, "is_cuda")]
+        if not on_device:
+            return chunks
+        import torch
+
+        shape = self.geometry.frames_shape
+        for i in on_device:
+            f = chunks[i].frames
+            if f.dtype != torch.uint8 or tuple(f.shape) != shape:
+                raise ModelError(f"world {self.name}: frames must be uint8 {list(shape)}, got {f.dtype} {list(f.shape)}")
+        jpeg = [i for i in on_device if works[i].format == "jpeg" and chunks[i].frames.is_cuda]
+        encoded: dict[int, tuple[bytes, ...]] = {}
+        if jpeg:
+            if self.device_jpeg is None:
+                from models.world.device_jpeg import DeviceJpeg
+
+                self.device_jpeg = DeviceJpeg()
+            payloads = self.device_jpeg.encode([f for i in jpeg for f in chunks[i].frames])
+            if payloads is not None:
+                per = shape[0]
+                encoded = {i: tuple(payloads[k * per:(k + 1) * per]) for k, i in enumerate(jpeg)}
+        host = torch.stack([chunks[i].frames for i in on_device]).cpu().numpy()
+        out = list(chunks)
+        for k, i in enumerate(on_device):
+            out[i] = dataclasses.replace(chunks[i], frames=host[k], encoded=encoded.get(i))
+        return out
+
+
+class _Streamed:
+    """A tick's frame sink that keeps what went through it, for the end-of-batch check."""
+
+    def __init__(self, sink: FrameSink, geometry: WorldGeometry) -> None:
+        self.sink, self.geometry = sink, geometry
+        self.parts: list[np.ndarray] = []
+        self.count = 0
+        self.error: str | None = None
+
+    def __call__(self, first: int, frames: np.ndarray) -> None:
+        g = self.geometry
+        if first != self.count or not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 \
+                or frames.ndim != 4 or frames.shape[1:] != g.frames_shape[1:] \
+                or self.count + len(frames) > g.frames_per_chunk:
+            # Nothing malformed reaches the wire; the batch fails at its end.
+            self.error = self.error or (f"streamed frames {first}.. {getattr(frames, 'dtype', None)} "
+                                        f"{list(getattr(frames, 'shape', ()))} after {self.count} frames")
+            return
+        self.parts.append(frames)
+        self.count += len(frames)
+        self.sink(first, frames)
+
+    def check(self, frames: np.ndarray, name: str) -> None:
+        if self.error is None and (self.count != len(frames)
+                                   or not np.array_equal(np.concatenate(self.parts), frames)):
+            self.error = f"streamed {self.count} frames that are not the chunk's {len(frames)}"
+        if self.error is not None:
+            raise ModelError(f"world {name}: {self.error}")
 
 
 def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str) -> None:

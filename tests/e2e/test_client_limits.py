@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -288,6 +289,27 @@ def test_an_idle_robot_is_closed_but_not_during_a_long_inference(server):
     main()
 
 
+def test_a_robot_answered_inline_is_not_idle_while_it_calls():
+    """An instant policy runs on the event loop (no wait on the engine, no watch on the next
+    receive): each request and each reply taken is still activity; silence then is idle."""
+    built = app()
+    with serve(built) as addr:
+        robot = WebsocketClientPolicy(host=f"ws://{addr}/v1/realtime/robot/openpi")
+        started = time.monotonic()
+        calls = 0
+        while time.monotonic() - started < 6 * IDLE_S:  # three timeouts' worth, a call every 0.1 s
+            assert robot.infer({**OBS, "session_id": "inline-r"})["actions"].shape == (5, 3)
+            calls += 1
+            time.sleep(0.1)
+        assert built.state.engine.stats.inline_works > 0 and calls >= 10
+        assert ("policy", "inline-r") in live(addr)
+        # Then nothing: the idle text, then close 4408.
+        assert robot._ws.recv(timeout=IDLE_S + 5).startswith("idle_timeout: no request for 0.5 s")
+        with pytest.raises(websockets.ConnectionClosed) as info:
+            robot._ws.recv(timeout=5)
+        assert info.value.rcvd.code == CLOSE_IDLE_TIMEOUT
+
+
 @pytest.mark.parametrize("server", [{"idle_s": 0.0}], indirect=True)
 def test_a_timeout_of_zero_never_closes(server):
     async def main():
@@ -301,6 +323,75 @@ def test_a_timeout_of_zero_never_closes(server):
         await voice.close()
 
     run(main())
+
+
+def test_a_drain_longer_than_the_idle_timeout_closes_every_kind_with_1001_never_as_idle(caplog):
+    """The drain and the idle timeout on one socket: a voice mid-utterance keeps the drain
+    going for several idle timeouts, and meanwhile no socket (idle or not) is closed as
+    idle; each kind gets its drain goodbye and close 1001, once."""
+    caplog.set_level(logging.INFO, logger="realtime")
+    server = serve(app(drain_timeout_s=10.0))
+    addr = server.__enter__()
+    try:
+        async def main() -> float:
+            speaking, _ = await tts(addr)
+            quiet_voice, _ = await tts(addr)
+            idle_world, _ = await world(addr, "drain-idle", credits=0)
+            await idle_world.send(json.dumps({"type": "event", "event_id": 1, "prompt": "left"}))
+            assert (await text(idle_world))["type"] == "event.accepted"
+            robot = await websockets.connect(f"ws://{addr}/v1/realtime/robot/openpi", max_size=None)
+            assert isinstance(await robot.recv(), bytes)  # the policy's metadata
+            await speaking.send(json.dumps({"type": "input.text", "text": "Hello there."}))
+            await speaking.send(json.dumps({"type": "input.done"}))
+            assert (await text(speaking))["type"] == "audio.start"
+            started = time.monotonic()
+            stopping = asyncio.ensure_future(asyncio.to_thread(server.__exit__, None, None, None))
+            said = await asyncio.gather(*(rest(ws) for ws in (speaking, quiet_voice, idle_world, robot)))
+            drained = time.monotonic() - started
+            await stopping
+            assert [m["type"] for m in said[0]] == ["audio.done", "response.done"]
+            assert said[1] == [] and said[3] == []
+            assert said[2] == [{"type": "session.closed", "session_id": "drain-idle", "dropped_event_ids": [1]}]
+            for ws in (speaking, quiet_voice, idle_world, robot):
+                assert (ws.close_code, ws.close_reason) == (1001, "server shutting down")
+            return drained
+
+        drained = run(main())
+    finally:
+        server.__exit__(None, None, None)  # no-op once stopped
+    # The rest of the utterance (two 0.8 s windows) kept the drain going past the idle timeout.
+    assert drained > 3 * IDLE_S
+    assert not [r.getMessage() for r in caplog.records if "idle for" in r.getMessage()]
+
+
+def test_a_stalled_world_client_during_a_drain_is_dropped_by_the_drain_not_as_idle(caplog):
+    """A client that stops reading just before SIGTERM: the drain, not the idle timeout
+    (1.5 s, shorter than the drain's 1 s deadline plus its 2 s close), ends it; the close
+    frame it cannot take does not hold the server's shutdown."""
+    caplog.set_level(logging.INFO, logger="realtime")
+    server = serve(app(idle_s=1.5, drain_timeout_s=1.0))
+    addr = server.__enter__()
+    try:
+        async def main() -> float:
+            ws, created = await world(addr, "stalled-drain", credits=64, model="wall")
+            assert created["type"] == "session.created"
+            ws.transport.pause_reading()
+            await asyncio.sleep(0.5)  # the server's sends back up
+            started = time.monotonic()
+            await asyncio.to_thread(server.__exit__, None, None, None)
+            stopped = time.monotonic() - started
+            ws.transport.resume_reading()
+            with pytest.raises(websockets.ConnectionClosed):
+                while True:
+                    await ws.recv()
+            return stopped
+
+        stopped = run(main())
+    finally:
+        server.__exit__(None, None, None)  # no-op once stopped
+    assert stopped < 1.0 + 2.0 + 4.0  # the deadline, the close frame's timeout, a loaded machine
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [line for line in lines if "idle for" in line], lines
 
 
 # --------------------------------------------------------------------------- per-client limit

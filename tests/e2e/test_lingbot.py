@@ -191,3 +191,43 @@ def _as(pose: np.ndarray):
     import torch
 
     return torch.from_numpy(np.asarray(pose, dtype=np.float64))
+
+
+def test_streamed_frames_come_one_by_one_as_decoded_and_equal_the_plain_chunks(server):
+    addr, lingbot, _ = server
+    image = _png(24, 24)
+
+    async def transcript(sid: str, stream: bool) -> list:
+        async with websockets.connect(url(addr), max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.create", "session_id": sid, "model": "lingbot",
+                                      "prompt": "a cave", "seed": 7, "format": "rgb8", "credits": 0,
+                                      "stream_frames": stream, "image": {"format": "png", "bytes": len(image)}}))
+            await ws.send(image)
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "event", "event_id": 1,
+                                      "controls": [{**KEYS, "data": {"mode": "state", "held": ["w"]}}]}))
+            assert json.loads(await ws.recv())["type"] == "event.accepted"
+            await ws.send(json.dumps({"type": "credit", "chunks": 2}))
+            out: list = []
+            while sum(isinstance(m, dict) and m["type"] == "chunk" for m in out) < 2:
+                msg = await ws.recv()
+                out.append(msg if isinstance(msg, bytes) else json.loads(msg))
+                if isinstance(out[-1], dict) and out[-1]["type"] == "chunk":
+                    out += [await ws.recv() for _ in range(out[-1]["frames"])]
+            await ws.send(json.dumps({"type": "session.close"}))
+            return out
+
+    async def main():
+        streamed = await transcript("st", True)
+        plain = await transcript("pl", False)
+        parts = [(m["chunk_index"], m["first"], m["frames"]) for m in streamed
+                 if isinstance(m, dict) and m["type"] == "chunk.frames"]
+        # Chunk 0: its first decoded frame stands for the 3 held before it too, then one by one.
+        assert parts == [(0, 0, 4)] + [(0, i, 1) for i in range(4, 12)] + [(1, i, 1) for i in range(12)]
+        commits = [m for m in streamed if isinstance(m, dict) and m["type"] == "chunk"]
+        assert [(c["chunk_index"], c["frames"], c["streamed"]) for c in commits] == [(0, 0, 12), (1, 0, 12)]
+        assert isinstance(streamed[-1], dict) and streamed[-1]["type"] == "chunk"
+        assert [m for m in streamed if isinstance(m, bytes)] == [m for m in plain if isinstance(m, bytes)]
+        assert len([m for m in plain if isinstance(m, bytes)]) == 24
+
+    run(main())

@@ -354,3 +354,22 @@ def test_pipelined_requests_are_answered_in_order(tiny_server):
     replies = [msgpack_numpy.unpackb(robot._ws.recv()) for _ in range(2)]
     assert [r["actions"].shape for r in replies] == [(5, 3), (5, 3)]
     assert "prev_total_ms" not in replies[0]["server_timing"] and "prev_total_ms" in replies[1]["server_timing"]
+
+
+def test_an_instant_policy_is_answered_inline_and_still_checked():
+    """A policy that answers in microseconds runs on the event loop once measured (no hop
+    to the engine thread); its replies, bounds and errors are the same as ever."""
+    policy = DummyPolicy(metadata=TINY_META, infer_ms=0, max_batch=8)
+    app = policy_app(policy)
+    with serve(app) as addr:
+        robot = client(addr)
+        replies = [robot.infer(tiny_obs()) for _ in range(40)]
+        assert app.state.engine.stats.inline_works > 0
+        with pytest.raises(RuntimeError) as info:
+            robot.infer(tiny_obs(state=np.zeros(3, np.float32)))
+        with pytest.raises(ConnectionClosed) as closed:
+            robot._ws.recv(timeout=5)
+    assert all(r["actions"].shape == (5, 3) and not r["actions"].any() for r in replies)
+    assert all(sorted(r["server_timing"]) == ["infer_ms", "prev_total_ms"] for r in replies[1:])
+    assert str(info.value) == "Error in inference server:\ninvalid request: 'state' must have shape [2], got [3]"
+    assert closed.value.rcvd.code == 1011

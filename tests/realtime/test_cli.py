@@ -135,3 +135,15 @@ def test_client_limits_reach_the_config_with_documented_defaults(capsys):
     for option, default in [("--idle-timeout-s SECONDS", "300.0"), ("--max-sessions-per-client N", "32"),
                             ("--forwarded-allow-ips ADDRESSES", "127.0.0.1,::1")]:
         assert f"(default: {default})" in listed.split(option, 2)[2].split(" --", 1)[0], option
+
+
+def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
+    from realtime.cli import OPENMP_DEFAULTS, openmp_defaults
+
+    env: dict[str, str] = {"PATH": "/bin"}
+    openmp_defaults(env)
+    assert env == {"PATH": "/bin", **OPENMP_DEFAULTS} == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+        env = dict(chosen)
+        openmp_defaults(env)
+        assert env == chosen

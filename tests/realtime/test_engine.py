@@ -324,3 +324,91 @@ def test_a_failing_control_job_reaches_its_caller_only():
         return await engine.submit("doubler", 3, session_id="x")
 
     assert with_engine(BadRelease(), main) == 6
+
+
+# ----------------------------------------------------------------------------- inline forwards
+class FastDoubler(Doubler):
+    """A Doubler that may run inline; records the thread of every forward."""
+
+    inline_forward_s = 0.05
+
+    def __init__(self) -> None:
+        super().__init__(name="fast", max_batch=4)
+        self.threads: list[int] = []
+
+    def run_batch(self, works: Sequence[int]) -> list[int]:
+        self.threads.append(threading.get_ident())
+        return super().run_batch(works)
+
+
+def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forward():
+    from realtime.engine import INLINE_WINDOW
+
+    model = FastDoubler()
+
+    async def main(engine: Engine):
+        me = threading.get_ident()
+        # Forwards preempted by the OS are not counted, so on a busy host measuring may
+        # take a few more than INLINE_WINDOW.
+        k = 0
+        while engine.stats.inline_works == 0 and k < 200:
+            assert await engine.submit("fast", k, session_id="r") == 2 * k
+            k += 1
+        first = model.threads.index(me)
+        assert first >= INLINE_WINDOW and me not in model.threads[:first]
+        assert engine.submit_future("fast", 5, session_id="r").done()  # answered at once
+        assert model.threads[-1] == me
+        model.delay = 0.1  # over inline_forward_s: the forward after it goes to the engine thread
+        for _ in range(3):  # (again if the OS preempted the slow one)
+            await engine.submit("fast", 6, session_id="r")
+            model.delay = 0.0
+            await engine.submit("fast", 7, session_id="r")
+            if model.threads[-1] != me:
+                break
+            model.delay = 0.1
+        return me, k
+
+    me, calls = with_engine(model, main)
+    assert model.threads[-2] == me and model.threads[-1] != me  # the slow one ran inline, the next did not
+    assert model.ended[-1] == ("r", True)
+    assert all(committed for _, committed in model.ended)
+
+
+def test_inline_never_overtakes_a_control_or_a_queued_tick():
+    from realtime.engine import INLINE_WINDOW
+
+    model = FastDoubler()
+
+    async def main(engine: Engine):
+        for k in range(INLINE_WINDOW):
+            await engine.submit("fast", k, session_id="r")
+        hold = threading.Event()
+        order: list[str] = []
+        engine.post_control(lambda: (hold.wait(5), order.append("control")))
+        await asyncio.sleep(0.05)  # the engine thread is in the control
+        pending = engine.submit_future("fast", 100, session_id="a")
+        assert not pending.done()  # queued behind the control, not run here
+        second = engine.submit_future("fast", 101, session_id="b")
+        assert not second.done()  # a tick is queued: the next waits its turn too
+        hold.set()
+        assert await pending == 200 and await second == 202
+        order.append("ticks")
+        return order
+
+    assert with_engine(model, main) == ["control", "ticks"]
+    assert model.batches[-1] == [100, 101]
+
+
+def test_a_model_without_inline_forward_s_always_runs_on_the_engine_thread():
+    model = Doubler(max_batch=4)
+    seen: list[int] = []
+    run = model.run_batch
+    model.run_batch = lambda works: (seen.append(threading.get_ident()), run(works))[1]  # type: ignore[method-assign]
+
+    async def main(engine: Engine):
+        for k in range(20):
+            await engine.submit("doubler", 100 + k, session_id="r")
+        return threading.get_ident(), engine.stats.inline_works
+
+    me, inline = with_engine(model, main)
+    assert inline == 0 and me not in seen

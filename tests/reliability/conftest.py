@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class FaultServer:
-    def __init__(self, *, tts: bool = False, port: int | None = None) -> None:
+    def __init__(self, *, tts: bool = False, port: int | None = None, drain_timeout_s: float | None = None) -> None:
         self.tts = tts
+        self.drain_timeout_s = drain_timeout_s
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="faulty-serve-", suffix=".log", delete=False)
@@ -34,6 +35,8 @@ class FaultServer:
         cmd = [sys.executable, "-m", "tests.reliability.faulty_server", "--port", str(self.port)]
         if self.tts:
             cmd.append("--tts")
+        if self.drain_timeout_s is not None:
+            cmd += ["--drain-timeout", str(self.drain_timeout_s)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         started = time.monotonic()
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)

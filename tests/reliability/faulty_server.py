@@ -79,7 +79,7 @@ class SlowPolicy(DummyPolicy):
         return super().infer_batch(works)
 
 
-def build(tts: bool = False) -> Any:
+def build(tts: bool = False, drain_timeout_s: float = 20.0) -> Any:
     inventory = Inventory()
     inventory.add(FaultyMaze(device="cpu", steps=1, window=2, max_batch=8, max_sessions=16))
     inventory.add(SlowPolicy(metadata=METADATA, name="slow-policy"))
@@ -88,7 +88,8 @@ def build(tts: bool = False) -> Any:
 
         inventory.add(PiperTTS.load(device="cpu", max_batch=1))
     config = ServerConfig(engine=EngineConfig(batch_wait_ms=2.0), world=WorldConfig(models=("maze",)),
-                          policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=tts))
+                          policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=tts),
+                          drain_timeout_s=drain_timeout_s)
     return build_app(config, inventory)
 
 
@@ -96,10 +97,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tts", action="store_true")
+    parser.add_argument("--drain-timeout", type=float, default=20.0)
     args = parser.parse_args()
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sock = bind_socket("127.0.0.1", args.port)
-    run(build(args.tts), sock=sock, log_level="info")
+    run(build(args.tts, args.drain_timeout), sock=sock, log_level="info")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 (config.json, model.safetensors, tokenizer.json; optional normaliser files) and
 ``options`` any object with ``device``, ``max_batch``, ``steps`` and
 ``gpu_memory_fraction`` (``frames_per_chunk`` is for world models and unused here),
-plus an optional ``image_key_map`` (client key -> checkpoint camera feature).
+plus an optional ``image_key_map`` (client key -> checkpoint camera feature) and an
+optional ``compile`` (False: CUDA graphs over the eager layers; see runner.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ __all__ = ["CheckpointError", "Pi0Config", "build", "load_policy", "parse_config
 
 def load_policy(path: str, *, device: str = "cpu", max_batch: int = 32, steps: int | None = None,
                 image_key_map: dict[str, str] | None = None, gpu_memory_fraction: float | None = None,
-                name: str = "pi0", use_graphs: bool | None = None) -> Any:
-    """The checkpoint folder ``path`` as a ``Pi0Policy`` (bf16 on CUDA, float32 on CPU)."""
+                name: str = "pi0", use_graphs: bool | None = None, compile: bool | None = None) -> Any:
+    """The checkpoint folder ``path`` as a ``Pi0Policy`` (bf16 on CUDA, float32 on CPU).
+
+    ``use_graphs`` / ``compile``: None is the default of the device (CUDA graphs of the whole
+    call with compiled layers on CUDA, eager on CPU); see runner.py."""
     import torch
 
     from models.policy.pi0.inputs import ACTION_STATS_GLOB, STATE_STATS_GLOB, PromptTokenizer, load_stats
@@ -42,6 +46,7 @@ def load_policy(path: str, *, device: str = "cpu", max_batch: int = 32, steps: i
         state_stats=load_stats(path, STATE_STATS_GLOB, cfg.state_feature, cfg.state_norm, cfg.state_dim),
         action_stats=load_stats(path, ACTION_STATS_GLOB, "action", cfg.action_norm, cfg.action_dim),
         device=dev, max_batch=max_batch, steps=steps, image_key_map=image_key_map, name=name, use_graphs=use_graphs,
+        compile=compile,
     )
     if dev.type == "cuda":
         policy.warmup()
@@ -61,4 +66,5 @@ def build(path: str | None, options: Any) -> Any:
         steps=getattr(options, "steps", None),
         image_key_map=getattr(options, "image_key_map", None),
         gpu_memory_fraction=getattr(options, "gpu_memory_fraction", None),
+        compile=getattr(options, "compile", None),
     )

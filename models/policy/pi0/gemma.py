@@ -34,7 +34,8 @@ class GemmaRMSNorm(nn.Module):
         self.scale: torch.Tensor | None = None  # 1 + weight, set by fuse()
 
     def fuse(self) -> None:
-        self.scale = (1.0 + self.weight.detach().float()).to(self.weight.dtype)
+        if self.scale is None:
+            self.scale = (1.0 + self.weight.detach().float()).to(self.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.scale is not None:

@@ -37,7 +37,8 @@ from torch import nn
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from models.policy.pi0.config import LAYER_NORM_EPS, Pi0Config
-from models.policy.pi0.gemma import GemmaLayer, GemmaStack, apply_rope, rope
+from models.policy.pi0.gemma import GemmaLayer, GemmaStack, rope
+from models.policy.pi0.layers import EAGER, LayerFns, LayerWeights, project
 
 
 def make_att_2d_masks(pad: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
@@ -130,6 +131,11 @@ class Pi0Model(nn.Module):
         self.action_time_mlp_in = nn.Linear(2 * w, w)
         self.action_time_mlp_out = nn.Linear(w, w)
         self.action_out_proj = nn.Linear(w, cfg.max_action_dim)
+        # Set by fuse(): per-layer weight tuples, the action half of action_time_mlp_in,
+        # and per step count the time half (time_bias).
+        self._weights: tuple[tuple[LayerWeights, ...], tuple[LayerWeights, ...]] | None = None
+        self._time_in_a: torch.Tensor | None = None
+        self._time_bias: dict[int, torch.Tensor] = {}
 
     @property
     def vlm(self) -> GemmaStack:
@@ -177,44 +183,56 @@ class Pi0Model(nn.Module):
         embs = torch.cat([*pieces, lang.to(self.dtype)], dim=1)
         return embs, torch.cat([*pads, token_valid], dim=1)
 
-    def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor) -> None:
+    def prefix_kv(self, embs: torch.Tensor, pad: torch.Tensor, kv: torch.Tensor, fns: LayerFns = EAGER) -> None:
         """Run Gemma-2B over the prefix; write each layer's rotated K and V into
-        ``kv[layer, 0 / 1, :, :L]`` (kv: [depth, 2, B, kv_len, head_dim], one K/V head)."""
-        spec, length = self.cfg.vlm, embs.shape[1]
+        ``kv[layer, 0 / 1, :, :L]`` (kv: [depth, 2, B, kv_len, head_dim], one K/V head).
+        ``fns``: the layer functions (layers.py), eager or compiled."""
+        spec = self.cfg.vlm
+        weights = self.layer_weights()[0]
         # The prefix is bidirectional: only padding keys are hidden. A padding query sees
         # the real keys (at least <bos>), so no row is empty and no NaN is made.
         bias = _bias(pad[:, None, None, :], self.dtype)
         cos, sin = rope(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim, self.dtype)
         x = embs
-        last = len(self.vlm.layers) - 1
-        for i, layer in enumerate(self.vlm.layers):
-            q, k, v = _qkv(layer, x, spec.num_heads, spec.head_dim, cos, sin)
-            kv[i, 0, :, :length] = k
-            kv[i, 1, :, :length] = v
-            if i == last:
-                break  # the last layer's output feeds nothing the actions use
-            x = _finish(layer, x, _attend(q, k, v, bias))
+        for i, w in enumerate(weights[:-1]):
+            x = fns.prefix(x, w, kv[i], cos, sin, bias, spec.num_heads)
+        # The last layer's output feeds nothing the actions use: its K/V are all that is needed.
+        project(x, weights[-1], kv[len(weights) - 1], 0, cos, sin, spec.num_heads)
 
     # ------------------------------------------------------------------ suffix
-    def velocity(self, x_t: torch.Tensor, t: torch.Tensor, state_emb: torch.Tensor, kv: torch.Tensor,
-                 bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """One expert pass: x_t [B, chunk, A] float32 at time t [B] -> velocity [B, chunk, A] float32.
+    def velocity(self, x_t: torch.Tensor, step_bias: torch.Tensor, state_emb: torch.Tensor, kv: torch.Tensor,
+                 bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
+        """One expert pass: x_t [B, chunk, A] float32 -> velocity [B, chunk, A] float32.
 
-        ``state_emb`` [B, 1, W] and the attention inputs are the same for every step."""
-        cfg, spec, dt = self.cfg, self.cfg.expert, self.dtype
-        temb = time_embedding(t, spec.width, cfg.min_period, cfg.max_period).to(dt)
-        a = self.action_in_proj(x_t.to(dt))
-        at = torch.cat([a, temb[:, None, :].expand_as(a)], dim=2)
-        at = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(at)))
+        ``step_bias`` [W] is this step's row of ``time_bias`` (the time half of
+        ``action_time_mlp_in``); ``state_emb`` [B, 1, W] and the attention inputs are the
+        same for every step."""
+        cfg, spec = self.cfg, self.cfg.expert
+        weights = self.layer_weights()[1]
+        a = self.action_in_proj(x_t.to(self.dtype))
+        # action_time_mlp_in(cat[a, time]) = W_a a + (W_t time + b); the bracket is per step only.
+        at = self.action_time_mlp_out(F.silu(F.linear(a, self._time_in_a, step_bias)))
         x = torch.cat([state_emb, at], dim=1)
-        start, end = cfg.prefix_len, cfg.prefix_len + cfg.suffix_len
-        for i, layer in enumerate(self.expert.layers):
-            q, k, v = _qkv(layer, x, spec.num_heads, spec.head_dim, cos, sin)
-            kv[i, 0, :, start:end] = k
-            kv[i, 1, :, start:end] = v
-            x = _finish(layer, x, _attend(q, kv[i, 0], kv[i, 1], bias))
+        for i, w in enumerate(weights):
+            x = fns.expert(x, w, kv[i], cfg.prefix_len, cos, sin, bias, spec.num_heads)
         out = self.expert.norm(x[:, -cfg.chunk_size:])
         return self.action_out_proj(out).float()
+
+    def time_bias(self, steps: int) -> torch.Tensor:
+        """[steps, W]: ``W_t time_embedding(t_i) + b`` of ``action_time_mlp_in`` at each Euler
+        time t_i = 1 - i / steps (the same for every robot; cached per step count, computed
+        outside any graph capture by the runner)."""
+        hit = self._time_bias.get(steps)
+        if hit is None:
+            cfg, w = self.cfg, self.cfg.expert.width
+            lin = self.action_time_mlp_in
+            # t_i = 1 + i * dt as a float32, as sample()'s clock reads it.
+            t = torch.tensor([1.0 + i * (-1.0 / steps) for i in range(steps)], dtype=torch.float32,
+                             device=lin.weight.device)
+            temb = time_embedding(t, w, cfg.min_period, cfg.max_period).to(self.dtype)
+            hit = F.linear(temb, lin.weight[:, w:], lin.bias)
+            self._time_bias[steps] = hit
+        return hit
 
     def suffix_inputs(self, state: torch.Tensor, prefix_pad: torch.Tensor,
                       ar: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -224,7 +242,7 @@ class Pi0Model(nn.Module):
         so that this runs inside a CUDA graph capture)."""
         cfg = self.cfg
         mask = suffix_mask(prefix_pad, ar, cfg.suffix_len, cfg.kv_len)
-        # Query rows are (token, head) pairs, token-major: see _attend.
+        # Query rows are (token, head) pairs, token-major: see layers.attend.
         bias = _bias(mask.repeat_interleave(cfg.expert.num_heads, dim=1)[:, None], self.dtype)
         pos = prefix_pad.long().sum(dim=1, keepdim=True) + torch.arange(cfg.suffix_len, device=prefix_pad.device)[None]
         cos, sin = rope(pos, cfg.expert.head_dim, self.dtype)
@@ -232,12 +250,12 @@ class Pi0Model(nn.Module):
         return state_emb, bias, cos, sin
 
     def sample(self, noise: torch.Tensor, steps: int, state_emb: torch.Tensor, kv: torch.Tensor,
-               bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+               bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
         """Euler from t = 1 (noise) to t = 0 in ``steps`` steps -> actions [B, chunk, A] float32."""
         x, dt = noise.float(), -1.0 / steps
+        tb = self.time_bias(steps)
         for i in range(steps):
-            t = torch.full((x.shape[0],), 1.0 + i * dt, device=x.device)
-            x = euler_step(x, self.velocity(x, t, state_emb, kv, bias, cos, sin), dt)
+            x = euler_step(x, self.velocity(x, tb[i], state_emb, kv, bias, cos, sin, fns), dt)
         return x
 
     def kv_buffer(self, batch: int, device: torch.device | str) -> torch.Tensor:
@@ -245,11 +263,31 @@ class Pi0Model(nn.Module):
         return torch.zeros(spec.depth, 2, batch, cfg.kv_len, spec.head_dim, dtype=self.dtype, device=device)
 
     def fuse(self) -> None:
-        """Fused q|k|v and gate|up matrices (views keep the checkpoint's names); see gemma.py."""
+        """Fused q|k|v and gate|up matrices (views keep the checkpoint's names); see gemma.py.
+        Also the action half of ``action_time_mlp_in`` as its own matrix (``velocity``).
+        Idempotent: policies sharing one model keep pointing at the same fused tensors,
+        which their captured CUDA graphs read."""
+        if self._weights is not None:
+            return
         for stack in (self.vlm, self.expert):
             for layer in stack.layers:
                 layer.fuse()
             stack.norm.fuse()
+        w = self.cfg.expert.width
+        self._time_in_a = self.action_time_mlp_in.weight.detach()[:, :w].contiguous()
+        self._time_bias.clear()
+        self._weights = tuple(tuple(_layer_weights(layer) for layer in stack.layers) for stack in (self.vlm, self.expert))
+
+    def layer_weights(self) -> tuple[tuple[LayerWeights, ...], tuple[LayerWeights, ...]]:
+        """(Gemma-2B's, the expert's) layers as ``LayerWeights``; fuses on first use."""
+        if self._weights is None:
+            self.fuse()
+        return self._weights
+
+
+def _layer_weights(layer: GemmaLayer) -> LayerWeights:
+    return LayerWeights(layer.input_layernorm.scale, layer.self_attn.qkv, layer.self_attn.o_proj.weight,
+                        layer.post_attention_layernorm.scale, layer.mlp.gate_up, layer.mlp.down_proj.weight)
 
 
 def suffix_mask(prefix_pad: torch.Tensor, ar: torch.Tensor, suffix_len: int, kv_len: int) -> torch.Tensor:
@@ -261,35 +299,9 @@ def suffix_mask(prefix_pad: torch.Tensor, ar: torch.Tensor, suffix_len: int, kv_
 
 
 def euler_step(x: torch.Tensor, v: torch.Tensor, dt: float) -> torch.Tensor:
-    return x + dt * v
-
-
-def _qkv(layer: GemmaLayer, x: torch.Tensor, nh: int, d: int, cos: torch.Tensor,
-         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> q [B, T, H, D] and k, v [B, T, D] (one K/V head), q and k rotated."""
-    b, t, _ = x.shape
-    qkv = layer.self_attn.project(layer.input_layernorm(x)).view(b, t, nh + 2, d)
-    qk = apply_rope(qkv[:, :, :nh + 1], cos, sin)
-    return qk[:, :, :nh], qk[:, :, nh], qkv[:, :, nh + 1]
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Multi-query attention with the query heads folded into the rows.
-
-    With one K/V head, H heads over T tokens are one head over T * H rows (row
-    t * H + h is token t's head h), so q [B, T, H, D] becomes [B, 1, T*H, D] with no
-    transpose, K/V [B, L, D] need no copy per head, and the output reshapes straight to
-    [B, T, H * D]. ``bias`` [B, 1, T*H or 1, L]: 0 where visible, -inf where hidden."""
-    b, t, h, d = q.shape
-    out = F.scaled_dot_product_attention(q.reshape(b, 1, t * h, d), k[:, None], v[:, None], attn_mask=bias)
-    return out.view(b, t, h * d)
+    return torch.add(x, v, alpha=dt)  # x + dt * v in one kernel
 
 
 def _bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool mask -> additive bias (fill kernels only: this runs inside graph captures)."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-def _finish(layer: GemmaLayer, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-    x = x + layer.self_attn.o_proj(att)
-    return x + layer.mlp(layer.post_attention_layernorm(x))

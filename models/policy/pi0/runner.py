@@ -1,6 +1,7 @@
 """One pi0 call for a batch of robots: the prefix once, then the Euler loop (a CUDA graph on CUDA).
 
-Batches are padded up to a bucket (1, 2, 4, 8, 16, 32, ... up to ``max_batch``) so
+Batches are padded up to a bucket (1, 2, 4, 8, then every 8 up to ``max_batch``: the
+prefix's arithmetic grows with the padded batch, so 17 robots pay for 24, not 32) so
 that every shape in a call is fixed per bucket: the prefix is always
 ``cameras * 256 + 48`` tokens (the prompt is padded to 48) and the suffix 51. Each
 bucket owns static buffers (the per-layer K/V of prefix + suffix, the prefix's
@@ -15,6 +16,13 @@ inputs in and replays one graph. The prefix is some 800 kernels (SigLIP's 27
 layers over every camera, Gemma-2B's 18), so at one robot its launch time is
 comparable to its arithmetic. If the prefix cannot be captured (a library change),
 it falls back to eager and says so once.
+
+With ``compile`` (the default with graphs) the Gemma layers of both stacks run as
+``torch.compile``d functions (layers.py) inside those graphs: inductor fuses each
+layer's element-wise kernels, the graph removes the launches. Compilation happens in
+the warm-up runs before a capture (two traces per stack: batch 1, then one symbolic in
+the batch for every larger bucket). If compiling or capturing the compiled layers
+fails, the runner says so once and carries on with the eager layers in its graphs.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.policy.pi0 import layers
 from models.policy.pi0.model import Pi0Model, suffix_ar
 
 log = logging.getLogger(__name__)
@@ -33,11 +42,12 @@ MAX_GRAPHS = 24
 
 
 def buckets_for(max_batch: int) -> tuple[int, ...]:
-    """Powers of two below ``max_batch``, then ``max_batch``: 12 -> (1, 2, 4, 8, 12)."""
+    """1, 2, 4, 8, then multiples of 8 below ``max_batch``, then ``max_batch``:
+    12 -> (1, 2, 4, 8, 12); 32 -> (1, 2, 4, 8, 16, 24, 32)."""
     out, b = [], 1
     while b < max_batch:
         out.append(b)
-        b *= 2
+        b = b * 2 if b < 8 else b + 8
     return (*out, max_batch)
 
 
@@ -59,11 +69,13 @@ class Pi0Runner:
     """Owns the device buffers; ``run`` is called by the engine thread only."""
 
     def __init__(self, model: Pi0Model, device: torch.device, max_batch: int, *, use_graphs: bool | None = None,
-                 graph_prefix: bool = True) -> None:
+                 graph_prefix: bool = True, compile: bool | None = None) -> None:
         self.model, self.device = model, device
         self.buckets = buckets_for(max_batch)
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.graph_prefix = graph_prefix and self.use_graphs
+        want_compile = self.use_graphs if compile is None else compile
+        self.fns: layers.LayerFns = layers.compiled() if want_compile else layers.EAGER
         self._buckets: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_count = 0
@@ -98,10 +110,10 @@ class Pi0Runner:
         m = self.model
         if present is not None and bk.inputs is not None:
             embs, pad = m.embed_prefix(bk.inputs[0], present, bk.inputs[1], bk.inputs[2])
-            m.prefix_kv(embs, pad, bk.kv)
+            m.prefix_kv(embs, pad, bk.kv, self.fns)
             bk.prefix_pad.copy_(pad)
         state_emb, mask, cos, sin = m.suffix_inputs(bk.state, bk.prefix_pad, bk.ar)
-        return m.sample(bk.noise, steps, state_emb, bk.kv, mask, cos, sin)
+        return m.sample(bk.noise, steps, state_emb, bk.kv, mask, cos, sin, self.fns)
 
     def _graph(self, bk: _Bucket, steps: int,
                present: tuple[int, ...] | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor] | None:
@@ -109,6 +121,27 @@ class Pi0Runner:
         hit = table.get(steps)
         if hit is not None or not self.use_graphs or self.graph_count >= MAX_GRAPHS:
             return hit
+        try:
+            return self._capture(bk, steps, present, table)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure: keep serving with eager layers
+            if not self.fns.compiled:
+                raise
+            log.warning("pi0: compiled layers failed (%s: %s); graphs use the eager layers from now on",
+                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self._drop_compiled()
+            return self._capture(bk, steps, present, table)
+
+    def _drop_compiled(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.fns = layers.EAGER
+        for bucket in self._buckets.values():
+            bucket.graphs.clear()
+            bucket.whole.clear()
+        self.graph_count = 0
+
+    def _capture(self, bk: _Bucket, steps: int, present: tuple[int, ...] | None,
+                 table: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        self.model.time_bias(steps)  # cached outside the capture, so the graph reads a fixed tensor
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -120,8 +153,9 @@ class Pi0Runner:
             out = self._loop(bk, steps, present)
         table[steps] = (graph, out)
         self.graph_count += 1
-        log.info("pi0: captured %s for batch %d, %d steps (%d graphs)",
-                 "the whole call" if present is not None else "the expert loop", bk.size, steps, self.graph_count)
+        log.info("pi0: captured %s for batch %d, %d steps (%d graphs, %s layers)",
+                 "the whole call" if present is not None else "the expert loop", bk.size, steps, self.graph_count,
+                 "compiled" if self.fns.compiled else "eager")
         return table[steps]
 
     def run(self, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor, token_valid: torch.Tensor,
@@ -141,7 +175,7 @@ class Pi0Runner:
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             ev[0].record()
         embs, pad = m.embed_prefix(images, present, tokens, token_valid)
-        m.prefix_kv(embs, pad, bk.kv)
+        m.prefix_kv(embs, pad, bk.kv, self.fns)
         bk.prefix_pad.copy_(pad)
         bk.state.copy_(state)
         bk.noise.copy_(noise)
@@ -161,7 +195,8 @@ class Pi0Runner:
             for s in distinct:
                 rows = torch.tensor([i for i, x in enumerate(steps) if x == s], device=self.device)
                 kv = bk.kv.index_select(2, rows)
-                out[rows] = m.sample(bk.noise[rows], s, state_emb[rows], kv, mask[rows], cos[rows], sin[rows])
+                out[rows] = m.sample(bk.noise[rows], s, state_emb[rows], kv, mask[rows], cos[rows], sin[rows],
+                                     self.fns)
         if timing:
             ev[2].record()
             ev[2].synchronize()

@@ -79,10 +79,12 @@ class LingBotWorld(WorldAdapter):
     control_schemas = (KEYS_SCHEMA, ACTIONS_SCHEMA, TRAJECTORY_SCHEMA)
     uses_prompts = True
     takes_image = True
+    streams_frames = True   # each frame goes to the tick's frame_sink as soon as it is decoded
 
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
                  checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
         self.pipeline = pipeline
+        pipeline.device_frames = pipeline.device.type == "cuda"  # jpeg may be encoded there (base)
         self.name = name
         self.max_batch = max_batch
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
@@ -111,8 +113,9 @@ class LingBotWorld(WorldAdapter):
         return {**default_reducers(self.geometry.frames_per_chunk),
                 **lingbot_reducers(self.frames_per_block, self.trajectory_root)}
 
-    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None) -> LingBotTick:
-        base = super().tick(request, seed, options)
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> LingBotTick:
+        base = super().tick(request, seed, options, format=format)
         controls = request.controls
         return LingBotTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
                            camera_keys=controls.get(ACTIONS_TRACK), trajectory=controls.get(TRAJECTORY_TRACK))
@@ -140,7 +143,8 @@ class LingBotWorld(WorldAdapter):
         out = []
         for w, f in zip(works, frames):
             if len(f) < F:  # a session's first block: hold its first frame
-                f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
+                f = (np.concatenate([np.repeat(f[:1], F - len(f), 0), f]) if isinstance(f, np.ndarray)
+                     else torch.cat([f[:1].expand(F - len(f), *f.shape[1:]), f]))
             out.append(WorldChunk.answering(w, f))
         return out
 
@@ -150,7 +154,24 @@ class LingBotWorld(WorldAdapter):
         if camera_keys:
             keys = [a | b for a, b in zip(keys, camera_keys)]
         _, trajectory = block_controls(None, getattr(w, "trajectory", None))
-        return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory)
+        return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory,
+                            on_frame=self._on_frame(w))
+
+    def _on_frame(self, w: WorldTick) -> Callable[[int, np.ndarray], None] | None:
+        """The tick's frame sink at chunk indexes: a first block's first frame is also the
+        held frames before it (see ``generate``), so the rest move up by as many."""
+        sink = w.frame_sink
+        if sink is None:
+            return None
+        F = self.geometry.frames_per_chunk
+        pad = F - self.pipeline.decoder.output_frames(0, self.frames_per_block) if w.chunk_index == 0 else 0
+
+        def on_frame(i: int, frame: np.ndarray) -> None:
+            if pad and i == 0:
+                sink(0, np.repeat(frame, pad + 1, 0))
+            else:
+                sink(i + pad, frame)
+        return on_frame
 
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.pipeline.end(session_id, committed)

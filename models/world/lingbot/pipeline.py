@@ -9,7 +9,8 @@ Per block of ``num_frames_per_block`` latent frames and each row (session)::
         x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
         x = (1 - s') x0 + s' * fresh noise                # s' = the next step's sigma
     transformer([x0, cond], 0, camera, update_cache=True) # the clean pass keeps the block's K/V
-    frames = decoder.decode(state, x0)                    # uint8, 9 frames then 12 per block
+    frames = decoder.frames(state, x0)                    # uint8, 9 frames then 12 per block,
+                                                          # each to the request's on_frame as it exists
 
 The prompt is encoded (UMT5, zero-padded to 512 tokens) and projected to every
 layer's text K/V once, when the session opens, and again only when a block asks
@@ -89,6 +90,8 @@ class BlockRequest:
     prompt: str | None = None
     keys: Sequence[Iterable[str]] = ()
     trajectory: tuple[torch.Tensor, torch.Tensor, bool] | None = None
+    # Called with (frame index, uint8 [1, H, W, 3]) as each frame of the block is decoded.
+    on_frame: Callable[[int, np.ndarray], None] | None = field(default=None, compare=False)
 
 
 class LingBotPipeline:
@@ -123,6 +126,10 @@ class LingBotPipeline:
         self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
         # Called with a session id whose state the residency dropped (host budget full).
         self.on_drop: Callable[[str], None] | None = None
+        # run() returns each block's frames as a uint8 tensor on the device instead of numpy:
+        # the world base then copies a batch to the host at once and may encode jpeg there
+        # (models/world/device_jpeg.py). The adapter turns it on for CUDA.
+        self.device_frames = False
 
     @classmethod
     def from_checkpoint(cls, root: str | Path, *, device: torch.device | str = "cpu",
@@ -308,8 +315,19 @@ class LingBotPipeline:
         for row, (r, s, g, cs) in enumerate(zip(requests, states, gens, cam_states)):
             z = (x0[row:row + 1].float() * std + mean).to(vae_dtype)
             decoded.append(r.session_id)
-            video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
-            pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-            frames.append(pixels.permute(1, 2, 3, 0).cpu().numpy())
+            if r.on_frame is None:
+                video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
+                pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+                block = pixels.permute(1, 2, 3, 0)                                              # [T, H, W, 3]
+                frames.append(block if self.device_frames else block.cpu().numpy())
+            else:
+                pixels = []
+                # Frame by frame, so the first one is out after one latent frame's decode.
+                for i, frame in enumerate(self.decoder.frames(self._decode_state(r.session_id), z)):
+                    px = ((frame[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+                    px = px.permute(1, 2, 0).cpu().numpy()[None]                       # [1, H, W, 3]
+                    r.on_frame(i, px)
+                    pixels.append(px)
+                frames.append(np.concatenate(pixels))
             new_states.append(replace(s, camera=cs, rng_state=g.get_state(), blocks=s.blocks + 1))
         return frames, new_states

@@ -37,7 +37,8 @@ SCHEDULER_CONFIG = {
 }
 
 
-def _tokenizer():
+def tiny_tokenizer():
+    """The tiny checkpoint's T5 tokenizer: a 30-piece Unigram vocabulary (letters and the word marker)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers.processors import TemplateProcessing
     from transformers import T5TokenizerFast
@@ -72,7 +73,7 @@ def write_tiny_checkpoint(root: str | Path, seed: int = 0, *, shard_bytes: int =
             p.normal_(0.0, 0.1)
     save_transformer(model, root / "transformer", max_shard_bytes=shard_bytes)
 
-    tokenizer = _tokenizer()
+    tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(root / "tokenizer")
     te = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=TINY_TRANSFORMER.text_dim,
                                      d_kv=4, d_ff=32, num_layers=1, num_heads=2,

@@ -321,7 +321,10 @@ class MazeWorld(WorldAdapter):
         sessions = [self._open(w) for w in works]
         ids = [w.session_id for w in works]
         F = self.frames_per_chunk
-        out = np.empty((len(works), F, H, W, 3), dtype=np.uint8)
+        # On CUDA the frames stay there: the world base copies the batch to the host in one
+        # go, and encodes jpeg ticks' frames there first when nvJPEG is the faster path.
+        out: Any = (torch.empty((len(works), F, H, W, 3), dtype=torch.uint8, device=self.device)
+                    if self.device.type == "cuda" else np.empty((len(works), F, H, W, 3), dtype=np.uint8))
         acts = torch.tensor([[action_bits(a) for a in w.actions] for w in works], dtype=torch.float32,
                             device=self.device)                                  # [B, F, 8]
         self.residency.ensure_resident(ids)
@@ -336,10 +339,10 @@ class MazeWorld(WorldAdapter):
             old = [i for i, s in enumerate(sessions) if s.frames > 0]
             if new:
                 frames = self._start([ids[i] for i in new], [sessions[i] for i in new])
-                out[new, j] = frames
+                out[_rows(out, new), j] = frames
             if old:
                 frames = self._generate([ids[i] for i in old], [sessions[i] for i in old], acts[old, j])
-                out[old, j] = frames
+                out[_rows(out, old), j] = frames
             for s in sessions:
                 s.open_tx = True
                 s.pending = F
@@ -363,7 +366,7 @@ class MazeWorld(WorldAdapter):
         idx = torch.zeros(B, dtype=torch.long, device=self.device)
         self.model.forward_frame(to_model(first, self.dtype), zeros, torch.zeros(B, 8, device=self.device),
                                  idx, idx == 0, ctx)
-        return first.cpu().numpy()
+        return _frames(first)
 
     def _runner(self, rows: int) -> FrameRunner:
         r = self._runners.get(rows)
@@ -384,14 +387,28 @@ class MazeWorld(WorldAdapter):
             idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)
             # Drawn as denoise_frame draws it: graph and eager consume the generator alike.
             noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
-            return self._runner(rows).run(batch, acts, idx, noise).cpu().numpy()
+            return _frames(self._runner(rows).run(batch, acts, idx, noise))
         batch = self._begin(ids)
         ctx = PagedContext(self.cache, batch)
         idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)
         x0 = denoise_frame(self.model, ctx, acts, idx, self.sampler, self.gen)
         zeros = torch.zeros(B, device=self.device)
         self.model.forward_frame(x0.to(self.dtype), zeros, acts, idx, idx == 0, ctx)  # clean pass: kept K/V
-        return to_u8(x0).cpu().numpy()
+        return _frames(to_u8(x0))
+
+
+def _frames(x: torch.Tensor) -> Any:
+    """[B, H, W, 3] uint8 frames as ``_run`` stores them: on CUDA the tensor itself (a
+    graph's static output is copied into the batch's frames right away), else numpy."""
+    return x if x.is_cuda else x.cpu().numpy()
+
+
+def _rows(out: Any, rows: list[int]) -> Any:
+    """Row indexes for ``out``: a slice when they are contiguous (the usual batch: every
+    session new, or none), else a list (torch copies it to the device)."""
+    if rows == list(range(rows[0], rows[-1] + 1)):
+        return slice(rows[0], rows[-1] + 1)
+    return rows
 
 
 def build(path: str | None, options: BuildOptions) -> MazeWorld:

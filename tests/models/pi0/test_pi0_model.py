@@ -298,7 +298,8 @@ def test_normalisation_round_trip_and_checkpoint_stats(folder, tmp_path, policy)
 
 
 def test_folded_multi_query_attention_equals_per_head_softmax():
-    from models.policy.pi0.model import _attend, _bias
+    from models.policy.pi0.layers import attend as _attend
+    from models.policy.pi0.model import _bias
 
     g = torch.Generator().manual_seed(0)
     b, t, h, d, keys = 2, 3, 4, 8, 5

@@ -105,3 +105,20 @@ def test_factory_needs_a_checkpoint(tmp_path):
     from models.world.lingbot.weights import CheckpointError
     with pytest.raises(CheckpointError, match="not a folder"):
         build(str(tmp_path / "nope"), SimpleNamespace(**OPTIONS))
+
+
+def test_device_frames_come_out_as_the_host_frames(tiny_checkpoint):
+    # On CUDA the pipeline keeps frames on the device (the base copies a batch at once and may
+    # encode jpeg there); the same path with CPU tensors gives the numpy path's frames exactly.
+    host, dev = (build(str(tiny_checkpoint), SimpleNamespace(**OPTIONS)) for _ in range(2))
+    dev.pipeline.device_frames = True
+    chunks = []
+    for w in (host, dev):
+        first = w.run_batch([_tick("s", 0, prompt="a cave")])[0]
+        w.end_tick("s", committed=True)
+        second = w.run_batch([_tick("s", 1, keys=("d",))])[0]
+        w.end_tick("s", committed=True)
+        chunks.append((first, second))
+    for a, b in zip(*chunks):
+        assert isinstance(b.frames, np.ndarray) and b.frames.shape == (12, 16, 16, 3)
+        np.testing.assert_array_equal(a.frames, b.frames)

@@ -169,12 +169,12 @@ def test_streaming_decode_state_is_counted_swapped_with_the_session_and_freed(co
     np.testing.assert_array_equal(a1, r1)
     # Block by block equals diffusers' one-shot decode of the same latents.
     lat = []
-    real = pipe.decoder.decode
-    pipe.decoder.decode = lambda st, z: lat.append(z) or real(st, z)
+    real = pipe.decoder.frames   # the pipeline decodes frame by frame (each frame sent as it exists)
+    pipe.decoder.frames = lambda st, z: lat.append(z) or real(st, z)
     pipe.reset("a")
     assert state.latent_frames == 0
     blocks = [pipe.generate([BlockRequest("a", keys=[{"w"}] * 3)])[0] for _ in range(2)]
-    pipe.decoder.decode = real
+    pipe.decoder.frames = real
     video = components.vae.decode(torch.cat(lat, 2)).sample[0].clamp(-1, 1)
     oneshot = ((video + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
     np.testing.assert_array_equal(np.concatenate(blocks), oneshot)

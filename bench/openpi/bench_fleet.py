@@ -1,0 +1,235 @@
+"""OpenPI robot fleets on loopback: calls/s of our endpoint vs the reference, interleaved.
+
+Both servers run at once, each in its own process, for the whole run, serving an
+instant policy (zeros 50x32 float32, no delay: what is measured is the protocol's
+own cost): ours is ``realtime/`` as ``realtime serve`` runs it (uvicorn, the
+OpenPI endpoint, the engine thread, ``DummyPolicy``), the reference is openpi's
+``WebsocketPolicyServer`` as restated in ``bench/openpi/reference_server.py``.
+
+Robots are the real ``openpi-client`` ``WebsocketClientPolicy``, one process each
+(a fleet of robots is a fleet of processes), kept alive between measurements and
+told where to connect: each measurement opens fresh connections, makes a few
+warm-up calls, then every robot calls as fast as it is answered from one shared
+start instant for ``--seconds``. Calls that end after the window are not counted.
+
+Rounds interleave the servers, ``for round: for clients in --clients: ours, reference``
+with the order flipped every round, so the shared machine's load falls on both
+alike. Per (server, clients): calls/s over all rounds (calls / seconds), the
+per-round figures, p50/p99 per call, and the server process's CPU time per call
+(/proc utime + stime). Ratios ours / reference: of the totals and the median of
+the per-round ratios.
+
+    python -m bench.openpi.bench_fleet --clients 1 4 16 --rounds 5 --seconds 3 --with-hop \
+        --out bench/results/openpi_fleet.json
+
+Bounded: rounds x clients x 2 measurements of --seconds (+ ~1 s set-up each).
+Progress goes to stderr. The load average is recorded at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from bench.openpi.bench_loopback import Server, hardware, log, make_obs, pct, versions  # noqa: E402
+
+NAMES = ("ours", "reference")
+# With --with-hop: ours again with the policy's inline forwards off (every forward handed
+# to the engine thread and back), to show what running a fast policy inline is worth.
+HOP = "ours-hop"
+WARMUP_CALLS = 5
+
+
+# ---------------------------------------------------------------- robots (child processes)
+def _robot_main(conn: Any, idx: int) -> None:
+    """One robot process: for each command (uri, start_at, seconds), connect, warm up,
+    call from start_at for seconds, and send back the latencies (ms) of counted calls."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    obs = make_obs(idx)
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            return
+        uri, seconds = cmd
+        try:
+            robot = WebsocketClientPolicy(host=uri)
+            for _ in range(WARMUP_CALLS):
+                robot.infer(obs)
+            conn.send(("ready", time.monotonic()))
+            start_at = conn.recv()
+            end_at = start_at + seconds
+            while time.monotonic() < start_at:
+                time.sleep(0.0005)
+            lat: list[float] = []
+            while True:
+                t0 = time.monotonic()
+                if t0 >= end_at:
+                    break
+                reply = robot.infer(obs)
+                t1 = time.monotonic()
+                if t1 > end_at:
+                    break
+                lat.append((t1 - t0) * 1000)
+            if reply["actions"].shape != (50, 32):
+                raise AssertionError(f"actions {reply['actions'].shape}")
+            robot._ws.close()
+            conn.send(("done", lat))
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON
+            conn.send(("error", repr(exc)))
+
+
+class Fleet:
+    """``n`` robot processes, reused for every measurement."""
+
+    def __init__(self, n: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for i in range(n):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_robot_main, args=(there, i), daemon=True)
+            proc.start()
+            self.conns.append(here)
+            self.procs.append(proc)
+
+    def measure(self, uri: str, robots: int, seconds: float) -> dict[str, Any]:
+        conns = self.conns[:robots]
+        for c in conns:
+            c.send((uri, seconds))
+        errors = []
+        for c in conns:
+            kind, value = c.recv()
+            if kind == "error":
+                errors.append(value)
+        if errors:
+            return {"errors": errors}
+        start_at = time.monotonic() + 0.2
+        for c in conns:
+            c.send(start_at)
+        lats = []
+        for c in conns:
+            kind, value = c.recv()
+            if kind == "error":
+                errors.append(value)
+            else:
+                lats.append(value)
+        return {"errors": errors, "lat": lats}
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(10)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- main
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    log(f"load average at start: {load_start}")
+    names = NAMES + ((HOP,) if args.with_hop else ())
+    servers = {name: Server(name, 0.0) for name in names}
+    fleet = Fleet(max(args.clients))
+    raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in names}
+    try:
+        for r in range(args.rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for clients in args.clients:
+                for name in order:
+                    server = servers[name]
+                    cpu0 = cpu_seconds(server.proc.pid)
+                    m = fleet.measure(server.uri, clients, args.seconds)
+                    cpu = cpu_seconds(server.proc.pid) - cpu0
+                    if m["errors"]:
+                        raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")
+                    calls = sum(len(x) for x in m["lat"])
+                    raw[name][clients].append({"calls": calls, "calls_per_s": calls / args.seconds,
+                                               "server_cpu_s": cpu, "lat": [y for x in m["lat"] for y in x]})
+                    log(f"round {r} {name:>9} {clients:>2} clients: {calls / args.seconds:8.1f} calls/s, "
+                        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call")
+    finally:
+        fleet.close()
+        for s in servers.values():
+            s.stop()
+
+    results: dict[str, Any] = {}
+    for clients in args.clients:
+        row: dict[str, Any] = {}
+        for name in names:
+            rs = raw[name][clients]
+            calls = sum(x["calls"] for x in rs)
+            row[name] = {
+                "calls_per_s": round(calls / (args.seconds * len(rs)), 1),
+                "rounds_calls_per_s": [round(x["calls_per_s"], 1) for x in rs],
+                "rtt_ms": pct([y for x in rs for y in x["lat"]]),
+                "server_cpu_ms_per_call": round(1000 * sum(x["server_cpu_s"] for x in rs) / max(calls, 1), 4),
+            }
+        per_round = [o["calls_per_s"] / f["calls_per_s"] for o, f in zip(raw["ours"][clients], raw["reference"][clients])]
+        row["ratio_calls_per_s_ours_over_reference"] = round(row["ours"]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
+        if args.with_hop:
+            row["ratio_calls_per_s_ours_hop_over_reference"] = round(
+                row[HOP]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
+        row["ratio_median_of_rounds"] = round(statistics.median(per_round), 3)
+        row["ratio_rounds"] = [round(x, 3) for x in per_round]
+        for q in ("p50", "p99"):
+            row[f"ratio_{q}_ours_over_reference"] = round(row["ours"]["rtt_ms"][q] / row["reference"]["rtt_ms"][q], 3)
+        results[str(clients)] = row
+        log(f"{clients:>2} clients: ours {row['ours']['calls_per_s']} vs reference {row['reference']['calls_per_s']} "
+            f"calls/s: {row['ratio_calls_per_s_ours_over_reference']}x (median of rounds "
+            f"{row['ratio_median_of_rounds']}x)")
+    load_end = [round(x, 2) for x in os.getloadavg()]
+    return {
+        "benchmark": "openpi_fleet",
+        "command": "python -m bench.openpi.bench_fleet " + " ".join(sys.argv[1:]),
+        "hardware": hardware(),
+        "versions": versions(),
+        "observation": {"cameras": 3, "image": [224, 224, 3], "state": 32, "prompt": True},
+        "policy": "instant: actions zeros (50, 32) float32, no delay (ours: DummyPolicy; reference: its probe's)",
+        "clients": "openpi-client WebsocketClientPolicy, one process per robot",
+        "rounds": args.rounds,
+        "seconds_per_measurement": args.seconds,
+        "results": results,
+        "goals": {f"calls_per_s_at_least_reference_{c}_clients": results[str(c)]["ratio_calls_per_s_ours_over_reference"] >= 1.0
+                  for c in args.clients},
+        "load_average": {"start": load_start, "end": load_end},
+        "notes": (f"All servers up for the whole run; measurements interleaved, order flipped each round. "
+                  "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
+                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back). "
+                  f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
+                  "shared with other jobs: robots, both servers and everything else share them."),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
+    ap.add_argument("--with-hop", action="store_true", help=f"also measure {HOP!r} (inline forwards off)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    report = run(args)
+    from bench.report import emit
+
+    emit(report, args.out, log=log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""One Gemma layer of pi0 as a pure function over tensors, the unit that torch.compile traces.
+
+Both stacks run the same layer (norm, fused q|k|v, rope, multi-query attention over a
+K/V cache layer, o, norm, gate|up, down); they differ in where their K/V go and which
+keys they see::
+
+    prefix  (Gemma-2B):   writes kv[:, :, 0:L]        attends kv[:, :, :L]       (bidirectional, pads hidden)
+    suffix  (Gemma-300M): writes kv[:, :, L:L+S]      attends kv[:, :, :kv_len]  (pi0's mask as a bias)
+
+The weights arrive as a ``LayerWeights`` tuple rather than through the module, so that a
+compiled layer is traced once per stack and reused by all 18 layers (a module argument
+would be guarded on its identity and recompiled per layer). ``kv`` is one layer of the
+cache, ``[2, B, kv_len, head_dim]``: one argument, so the compiled function never sees two
+aliasing inputs; it writes its keys in place, which torch.compile keeps as a fused store.
+
+``compiled()`` wraps the two layer functions with ``torch.compile`` (inductor, no
+cudagraphs of its own: the runner captures the whole call in its own CUDA graph, see
+runner.py). Inductor fuses the element-wise work of a layer (rms-norm, rope and the K/V
+store, residual adds, gelu * up) into a few kernels, which is what the expert's 10 steps
+x 18 layers at batch 1 are bound by (launches, not arithmetic).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from models.policy.pi0.config import RMS_EPS
+from models.policy.pi0.gemma import apply_rope
+
+log = logging.getLogger(__name__)
+
+
+class LayerWeights(NamedTuple):
+    """A fused Gemma layer (gemma.py's ``fuse``): norm scales are ``1 + weight``."""
+
+    in_scale: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    post_scale: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
+            nh: int) -> torch.Tensor:
+    """Norm, q|k|v, rope; k and v stored at ``kv[:, :, start:start+T]`` -> rotated q [B, T, H, D]."""
+    b, t, width = x.shape
+    d = kv.shape[-1]
+    h = F.rms_norm(x, (width,), w.in_scale, RMS_EPS)
+    qkv = F.linear(h, w.qkv).view(b, t, nh + 2, d)
+    qk = apply_rope(qkv[:, :, :nh + 1], cos, sin)
+    kv[0, :, start:start + t] = qk[:, :, nh]
+    kv[1, :, start:start + t] = qkv[:, :, nh + 1]
+    return qk[:, :, :nh]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Multi-query attention with the query heads folded into the rows.
+
+    With one K/V head, H heads over T tokens are one head over T * H rows (row
+    t * H + h is token t's head h), so q [B, T, H, D] becomes [B, 1, T*H, D] with no
+    transpose, K/V [B, L, D] need no copy per head, and the output reshapes straight to
+    [B, T, H * D]. ``bias`` [B, 1, T*H or 1, L]: 0 where visible, -inf where hidden."""
+    b, t, h, d = q.shape
+    out = F.scaled_dot_product_attention(q.reshape(b, 1, t * h, d), k[:, None], v[:, None], attn_mask=bias)
+    return out.view(b, t, h * d)
+
+
+def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """o projection, residual, norm, gelu-gated MLP, residual."""
+    x = x + F.linear(att, w.o)
+    h = F.rms_norm(x, (x.shape[-1],), w.post_scale, RMS_EPS)
+    gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.gelu(gate, approximate="tanh") * up, w.down)
+
+
+def prefix_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 bias: torch.Tensor, nh: int) -> torch.Tensor:
+    """A Gemma-2B layer over the prefix [B, L, W]: K/V to ``kv[:, :, :L]``, which it attends."""
+    length = x.shape[1]
+    q = project(x, w, kv, 0, cos, sin, nh)
+    return finish(x, attend(q, kv[0, :, :length], kv[1, :, :length], bias), w)
+
+
+def expert_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos: torch.Tensor,
+                 sin: torch.Tensor, bias: torch.Tensor, nh: int) -> torch.Tensor:
+    """A Gemma-300M layer over the suffix [B, S, W]: K/V to ``kv[:, :, start:start+S]``; attends all of kv."""
+    q = project(x, w, kv, start, cos, sin, nh)
+    return finish(x, attend(q, kv[0], kv[1], bias), w)
+
+
+class LayerFns(NamedTuple):
+    prefix: Callable[..., torch.Tensor]
+    expert: Callable[..., torch.Tensor]
+    compiled: bool
+
+
+EAGER = LayerFns(prefix_layer, expert_layer, False)
+
+
+def compiled(backend: str = "inductor") -> LayerFns:
+    """The two layer functions under ``torch.compile`` (traced on first use; see the module docstring).
+
+    ``fullgraph=True``: a graph break would silently cost the fusion, so it fails instead and
+    the runner falls back to ``EAGER``. ``backend="aot_eager"`` traces without code
+    generation (the CPU tests' check that the layers trace whole). ``dynamic=None``: batch 1 compiles specialised, the
+    first larger bucket compiles one graph symbolic in the batch that serves all the others."""
+    opts = {"fullgraph": True, "dynamic": None, "backend": backend}
+    return LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts), True)

@@ -1,0 +1,118 @@
+"""bench_served end to end on CPU: one tiny row through the real server and client processes.
+
+The benchmark once hung on its first row (its profiler wrapped ``tick`` with the
+seam's old arguments, every tick raised on the loop, and the clients waited
+forever): a row must finish, with figures, in seconds, and a broken model must end
+a row with its reason instead of a hang.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bench.world.bench_served import InstantWorld, parse_args, run
+from bench.world.served_client import ClientFailure, ClientFleet
+from realtime.app import build_app
+from realtime.config import ServerConfig, WorldConfig
+from realtime.registry import Inventory
+from realtime.server import serve_in_thread
+
+
+def test_one_tiny_row_through_the_harness() -> None:
+    args = parse_args(["--model", "instant", "--device", "cpu", "--variants", "rgb8@1", "--seconds", "0.6",
+                       "--warmup", "0.3", "--bare-repeats", "2"])
+    t0 = time.monotonic()
+    report = run(args)
+    assert time.monotonic() - t0 < 60
+    (row,) = report["rows"]
+    assert "error" not in row, row
+    assert row["sessions"] == 1 and row["format"] == "rgb8"
+    assert row["frames_per_s_total"] > 0 and row["bare_frames_per_s_total"] > 0
+    assert row["profile"]["batches"] >= 3  # the profiler saw the served batches
+    assert 0 < row["engine_busy_share"] < 1
+    assert report["capacity"]["model_fps"] == 15.0
+    assert report["capacity"]["measured_max_sessions_tried"] == 1
+
+
+class BrokenTick(InstantWorld):
+    """A model whose ``tick`` raises: the endpoint must fail the session and say so."""
+
+    def tick(self, request, seed, options=None, **kwargs):  # type: ignore[no-untyped-def, override]
+        raise RuntimeError("broken tick")
+
+
+def test_a_broken_model_ends_the_row_with_its_reason() -> None:
+    model = BrokenTick()
+    inventory = Inventory()
+    inventory.adapters[model.name] = model
+    app = build_app(ServerConfig(world=WorldConfig(models=(model.name,))), inventory)
+    with serve_in_thread(app) as addr:
+        fleet = ClientFleet(f"ws://{addr}/v1/realtime/world", 2, 1, 4, 0.2, 0.5)
+        fleet.start()
+        t0 = time.monotonic()
+        with pytest.raises(ClientFailure, match="session_failed.*broken tick"):
+            fleet.results()
+        assert time.monotonic() - t0 < 30
+
+
+class Recording(InstantWorld):
+    """Remembers the format of every tick it generates."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.formats: list[str] = []
+
+    def generate(self, works):  # type: ignore[no-untyped-def, override]
+        self.formats += [w.format for w in works]
+        return super().generate(works)
+
+
+def test_a_jpeg_session_s_ticks_carry_its_format() -> None:
+    model = Recording()
+    inventory = Inventory()
+    inventory.adapters[model.name] = model
+    app = build_app(ServerConfig(world=WorldConfig(models=(model.name,))), inventory)
+    with serve_in_thread(app) as addr:
+        fleet = ClientFleet(f"ws://{addr}/v1/realtime/world", 1, 1, 4, 0.0, 0.3, "jpeg")
+        fleet.start()
+        (result,) = fleet.results().values()
+    assert result["frames"] > 0
+    assert model.formats and set(model.formats) == {"jpeg"}  # the model may encode on its device
+
+
+def test_the_summary_sets_each_goal_beside_its_figure() -> None:
+    from bench.world.serving_summary import curve, goals
+
+    def row(variant: str, n: int, total: float, bare: float, busy: float, p50: float) -> dict:
+        return {"variant": variant, "format": variant.split("/")[0], "sessions": n, "frames_per_s_total": total,
+                "frames_per_s_per_session_mean": total / n, "frames_per_s_per_session_min": total / n,
+                "bare_frames_per_s_total": bare, "served_over_bare_throughput": total / bare, "tick_ms_p50": p50,
+                "tick_ms_p99": 2 * p50, "engine_busy_share": busy, "gpu_memory": None,
+                "cuda_frames_jpeg_path": "nvjpeg" if variant == "jpeg" else None}
+
+    served = {"rows": [row("rgb8", 1, 96.0, 100.0, 0.97, 6.5), row("rgb8", 32, 900.0, 1000.0, 0.9, 20.0),
+                       row("jpeg", 32, 880.0, 1000.0, 0.9, 21.0),
+                       {"variant": "rgb8", "format": "rgb8", "sessions": 128, "error": "boom"}]}
+    by_name = {g["goal"]: g for g in goals(served)}
+    assert by_name["served/bare throughput @1"]["met"] is True
+    assert by_name["served/bare throughput @32"]["met"] is False
+    assert by_name["served/bare throughput @128"]["met"] is None  # the row failed: missing, not met
+    assert by_name["single-session tick p50 ms"]["met"] is True
+    jpeg = by_name["jpeg/rgb8 @32 (cuda path nvjpeg)"]
+    assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
+    assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
+    assert [p["sessions"] for p in curve(served)] == [1, 32]
+
+
+def test_the_curve_goes_into_the_readme_once_and_is_replaced_after() -> None:
+    from bench.world.serving_summary import END, START, update_readme
+
+    text = "# x\n\n## Measured\n\nfigures\n\n## More than one GPU\n\nreplicas\n"
+    once = update_readme(text, "| a |\n", "r1.json")
+    assert once.index(START) < once.index("| a |") < once.index(END) < once.index("## More than one GPU")
+    assert once.count("### Scaling on one GPU") == 1
+    twice = update_readme(once, "| b |\n", "r2.json")
+    assert "| a |" not in twice and "| b |" in twice and "r2.json" in twice
+    assert twice.count(START) == 1 and twice.count("### Scaling on one GPU") == 1
