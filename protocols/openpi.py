@@ -52,6 +52,10 @@ CLOSE_ERROR = 1011
 # The server drained (SIGTERM): the reply in flight was sent, then the socket closes (the
 # client's next recv raises websockets' ConnectionClosedOK).
 CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
+# Text frames that end a connection for a server limit start with a code, as world.v1
+# and tts.v1 name them (the close codes are protocols/close_codes.py's):
+IDLE_TIMEOUT = "idle_timeout"  # no request for the server's idle timeout; close 4408
+TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of sessions; close 1013
 # Observations per batch-form request.
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192

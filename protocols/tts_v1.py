@@ -73,6 +73,8 @@ BUFFER_FULL = "buffer_full"  # past MAX_PENDING_TEXT_CHARS of unspoken text or M
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
 INTERNAL_ERROR = "internal_error"
 CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
+IDLE_TIMEOUT = "idle_timeout"  # no message and nothing spoken for the server's idle timeout
+TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of live sessions
 GOING_AWAY = "going_away"  # input.text / input.done / session.update while the server drains (SIGTERM)
 
 # The server drained (SIGTERM): the utterance being spoken ended, then the socket closes.
@@ -83,6 +85,8 @@ ERROR_CODES = frozenset(
         BAD_REQUEST,
         UNKNOWN_TYPE,
         CLOSED_BY_ADMIN,
+        IDLE_TIMEOUT,
+        TOO_MANY_SESSIONS,
         GOING_AWAY,
         BUFFER_FULL,
         UNKNOWN_VOICE,

@@ -65,6 +65,8 @@ class ErrorCode(str, enum.Enum):
     SESSION_CLOSED = "session_closed"
     BUSY = "busy"
     CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
+    IDLE_TIMEOUT = "idle_timeout"  # no message and no chunk taken for the server's idle timeout
+    TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of live sessions
 
 
 ERROR_CODES = tuple(code.value for code in ErrorCode)
@@ -77,6 +79,8 @@ SESSION_EVICTED = ErrorCode.SESSION_EVICTED.value
 MESSAGE_TOO_LARGE = ErrorCode.MESSAGE_TOO_LARGE.value
 INTERNAL = ErrorCode.INTERNAL.value
 CLOSED_BY_ADMIN = ErrorCode.CLOSED_BY_ADMIN.value
+IDLE_TIMEOUT = ErrorCode.IDLE_TIMEOUT.value
+TOO_MANY_SESSIONS = ErrorCode.TOO_MANY_SESSIONS.value
 
 
 class ProtocolError(Exception):

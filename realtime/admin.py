@@ -9,8 +9,9 @@
 
 Both answer only clients whose address ``ServerConfig.admin_from`` allows (loopback by
 default: session ids let a caller close sessions, so they are not for the public);
-others get 403. Behind a proxy on the same host the proxy's address is loopback: the
-shipped nginx config routes only the realtime paths (deploy/nginx/).
+others get 403. Behind a trusted proxy (``ServerConfig.forwarded_allow_ips``, loopback by
+default) the address checked is the client the proxy names in X-Forwarded-For; the shipped
+nginx config answers these paths 403 on its public side besides (deploy/nginx/).
 """
 
 from __future__ import annotations

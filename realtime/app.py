@@ -18,6 +18,7 @@ from realtime.admin import ROUTES as ADMIN_ROUTES
 from realtime.config import ServerConfig
 from realtime.connection import LiveSessions
 from realtime.engine import Engine
+from realtime.limits import ClientSlots
 from realtime.metrics import CONTENT_TYPE, ServerMetrics
 from realtime.registry import Inventory, build_inventory
 from realtime.openpi_ws import openpi_endpoint
@@ -83,6 +84,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     app.state.inventory = inventory
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
     app.state.live_sessions = LiveSessions()
+    app.state.client_slots = ClientSlots(config.limits.max_sessions_per_client)
     app.state.metrics = ServerMetrics()
     return app
 

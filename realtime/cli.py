@@ -9,7 +9,7 @@ import sys
 from typing import MutableMapping
 
 from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
-from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.origins import parse_allowed
 
 DESCRIPTION = """\
@@ -76,6 +76,17 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _addresses(text: str) -> tuple[str, ...]:
+    return tuple(a.strip() for a in text.split(",") if a.strip())
+
+
 def _gib(value: float | None) -> int | None:
     return None if value is None else int(value * (1 << 30))
 
@@ -129,6 +140,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated client addresses that may list and close sessions "
                             "(GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' (default) "
                             "or '*' for anyone")
+    serve.add_argument("--idle-timeout-s", type=_non_negative, default=LimitsConfig.idle_timeout_s,
+                       metavar="SECONDS",
+                       help="close a session whose client sent nothing and took nothing this long (world: no "
+                            "message and no chunk sent; tts: no message and nothing spoken; OpenPI: no request): "
+                            "error 'idle_timeout', then close 4408; a tick, window or inference in flight is "
+                            "never idle; 0 disables")
+    serve.add_argument("--max-sessions-per-client", type=_count, default=LimitsConfig.max_sessions_per_client,
+                       metavar="N",
+                       help="live sessions one client address may hold across kinds (a world session, a tts or "
+                            "OpenPI connection each count one); more get 'too_many_sessions' (tts and OpenPI: "
+                            "then close 1013); 0: no limit")
+    serve.add_argument("--forwarded-allow-ips", type=_addresses, default=ServerConfig.forwarded_allow_ips,
+                       metavar="ADDRESSES",
+                       help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client "
+                            "(for the per-client limit and the admin check); the default trusts a proxy on this "
+                            "host, as deploy/ runs nginx; '*' trusts any peer")
     serve.add_argument("--drain-timeout", type=_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
                        help="on SIGTERM, how long in-flight work may take to finish before every socket "
                             "is closed with 1001 anyway; the process exits at most 5 s later")
@@ -169,6 +196,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         allowed_origins=args.allowed_origins,
         admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        limits=LimitsConfig(idle_timeout_s=args.idle_timeout_s, max_sessions_per_client=args.max_sessions_per_client),
         drain_timeout_s=args.drain_timeout,
         engine=EngineConfig(device=device),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,

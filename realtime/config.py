@@ -60,6 +60,24 @@ class TTSConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """What one client may hold (realtime/limits.py); 0 turns either off."""
+
+    # Seconds a session may go with no message from its client and no output taken by it
+    # (world: no chunk sent; tts: nothing spoken; OpenPI: no request) before it is closed
+    # with ``idle_timeout``. Work in flight (a tick, a window, an inference) is not idle.
+    idle_timeout_s: float = 300.0
+    # Live sessions one client address may hold across kinds: a world session, a tts.v1
+    # connection, an OpenPI connection each count one. More are refused (``too_many_sessions``).
+    max_sessions_per_client: int = 32
+
+
+# Proxies whose X-Forwarded-For names the client (uvicorn's forwarded_allow_ips): loopback,
+# where the shipped nginx runs (deploy/); uvicorn's own default.
+LOOPBACK_PROXIES = ("127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -69,6 +87,10 @@ class ServerConfig:
     # Client addresses that may list and close sessions (realtime/admin.py): exact
     # addresses, "loopback" or "*".
     admin_from: tuple[str, ...] = ("loopback",)
+    # Addresses (or networks, or "*") of proxies trusted to name the client in X-Forwarded-For:
+    # the per-client limit and the admin check then see the client, not the proxy.
+    forwarded_allow_ips: tuple[str, ...] = LOOPBACK_PROXIES
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     # SIGTERM: how long in-flight work (world ticks, utterances, policy calls) may take to
     # finish before every socket still open is closed with 1001 anyway (docs/reliability.md).
     drain_timeout_s: float = DRAIN_TIMEOUT_S

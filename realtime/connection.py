@@ -39,6 +39,8 @@ from starlette.responses import PlainTextResponse
 from protocols import tts_v1, world_v1
 from protocols.close_codes import CLOSE_GOING_AWAY
 from realtime.engine import EngineStopped, TickCancelled
+from realtime.limits import GOODBYE_TIMEOUT_S
+from realtime.transport import ABORT_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -153,34 +155,58 @@ class Connection:
             raise TooLarge(len(text.encode("utf-8")), max_text)
         return Received(text=text)
 
-    async def send(self, *frames: str | bytes) -> bool:
+    async def send(self, *frames: str | bytes, timeout: float | None = None) -> bool:
         """Send ``frames`` back to back (no other send comes between them). False if
-        the peer has gone: nobody is left to tell, the reader sees the disconnect."""
+        the peer has gone: nobody is left to tell, the reader sees the disconnect.
+        ``timeout``: a client that has not taken them by then is dropped (``abort``)."""
         if not self._open:
             return False
         try:
-            async with self._lock:
+            async with asyncio.timeout(timeout), self._lock:
                 for frame in frames:
                     if isinstance(frame, str):
                         await self.ws.send_text(frame)
                     else:
                         await self.ws.send_bytes(frame)
+        except TimeoutError:  # before _PEER_GONE: TimeoutError is an OSError
+            log.info("%s: a send not taken within %.1f s: dropping the connection", self.peer, timeout)
+            self.abort()
+            return False
         except _PEER_GONE as exc:
             self._open = False
             log.debug("send on a closed socket: %r", exc)
             return False
         return True
 
-    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
-        """Close from the server side, unless the peer closed first (then: nothing)."""
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "", timeout: float | None = None) -> None:
+        """Close from the server side, unless the peer closed first (then: nothing).
+        ``timeout``: a client that does not read cannot take the close frame; it is
+        dropped (``abort``) after that long."""
         was_open, self._open = self._open, False
         if not was_open or self.ws.application_state is not WebSocketState.CONNECTED:
             return
         try:
-            async with self._lock:
+            async with asyncio.timeout(timeout), self._lock:
                 await self.ws.close(code, reason)
+        except TimeoutError:  # before _PEER_GONE: TimeoutError is an OSError
+            log.info("%s: the close frame not taken within %.1f s: dropping the connection", self.peer, timeout)
+            self.abort()
         except _PEER_GONE as exc:
             log.debug("close raced the peer's close: %r", exc)
+
+    def abort(self) -> None:
+        """Drop the TCP connection now (realtime/transport.py): for a client that stopped
+        reading, whose sends and close frame would wait forever. The reader then sees
+        the disconnect and ends the session as usual."""
+        self._open = False
+        abort = self.ws.scope.get("extensions", {}).get(ABORT_EXTENSION, {}).get("abort")
+        if abort is not None:
+            abort()
+
+    @property
+    def peer(self) -> str:
+        client = self.ws.client
+        return f"{client.host}:{client.port}" if client is not None else "-"
 
 
 # --------------------------------------------------------------------------- registry
@@ -291,11 +317,14 @@ class LiveSessions:
         for task in late:
             # Left running: it ends on its own once its socket is closed (or is cancelled
             # with the server's other tasks); cancelling it here would cut its cleanup.
-            owner = tasks[task]
             log.warning("drain: in-flight work still running after %.1f s: closing its socket with %d",
                         timeout_s, CLOSE_GOING_AWAY)
-            await owner.conn.close(CLOSE_GOING_AWAY, "server shutting down")
             task.add_done_callback(_quiet)
+        # All at once, each bounded: a client that stopped reading cannot take the close
+        # frame either (an idle timeout no longer drops it while the server drains), so it
+        # is dropped after GOODBYE_TIMEOUT_S.
+        await asyncio.gather(*(tasks[task].conn.close(CLOSE_GOING_AWAY, "server shutting down",
+                                                      timeout=GOODBYE_TIMEOUT_S) for task in late))
 
     def sessions(self) -> list[dict[str, Any]]:
         """Per session: kind, session_id, model, state, chunk_index, last_tick."""

@@ -49,6 +49,7 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
 from realtime.connection import (
     CLOSE_ADMIN,
     ENGINE_ERRORS,
@@ -62,6 +63,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,11 @@ _CLOSE_REASON = "error: see the previous text frame"
 
 
 class _Refused(Exception):
-    """An error that ends this robot's connection with its message and close 1011."""
+    """An error that ends this robot's connection with its message and ``code`` (1011)."""
+
+    def __init__(self, message: str, code: int = wire.CLOSE_ERROR, reason: str = "") -> None:
+        super().__init__(message)
+        self.code, self.reason = code, reason or _CLOSE_REASON
 
 
 async def openpi_endpoint(websocket: WebSocket) -> None:
@@ -101,13 +107,19 @@ class OpenPIConnection:
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
         self.busy = False  # a request is being handled (a disconnect then cancels it)
-        self.idle = asyncio.Event()  # set while no request is being handled and answered
-        self.idle.set()
+        # Set while no request is being handled and answered (a drain waits for it).
+        self.quiet = asyncio.Event()
+        self.quiet.set()
         self.draining = False
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         # The next receive, started while a request waits on the engine (see _watch).
         self.pending: asyncio.Future | None = None
         self.task: asyncio.Task | None = None
         self.policy_call = state.metrics.policy_call
+        self.client = client_address(ws)
+        self.slots = state.client_slots
+        self.slot: Slot | None = None  # the connection's hold on its client's count
+        self.idle = IdleClock(state.config.limits.idle_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -120,21 +132,26 @@ class OpenPIConnection:
                 raise _Refused("no robot policy is loaded on this server")
             if not self.engine.healthy:
                 raise _Refused(f"engine unavailable: {self.engine.dead_reason or 'stopped'}")
+            self.slot = self.slots.take(self.client)
+            if self.slot is None:
+                raise _Refused(f"{wire.TOO_MANY_SESSIONS}: {self.slots.refusal(self.client)}",
+                               CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
             self.metadata = self.adapter.metadata
             await self.conn.send(self.packer.pack(self.metadata.to_wire()))
             log.info("session %s: robot connected to %s", self.conn_id, self.model)
             while True:
-                if self.pending is not None:
-                    message, self.pending = await self.pending, None
-                else:
-                    message = await self._receive()
+                message = await self._next()
+                if message is IDLE:
+                    if not self.draining:  # a drain closes the socket itself (1001), never as idle
+                        await self._idle_close()
+                    return
                 if message is None or self.draining:
                     return  # a request that arrives during the drain is not started
                 received = time.perf_counter()
                 # The request runs in this task (no task per request: tens of microseconds
                 # a call).
                 self.busy = True
-                self.idle.clear()
+                self.quiet.clear()
                 try:
                     try:
                         reply = await self.handle(message)
@@ -146,12 +163,15 @@ class OpenPIConnection:
                         raise
                     finally:
                         self.busy = False
-                    await self.conn.send(reply)
+                    # A robot that does not take its reply within the idle timeout is dropped.
+                    # A reply taken is activity, whether the policy ran inline or in the engine.
+                    if await self.conn.send(reply, timeout=self.idle.timeout_s if self.idle.enabled else None):
+                        self.idle.touch()
                 finally:
-                    self.idle.set()
+                    self.quiet.set()
                 self.prev_total_ms = (time.perf_counter() - received) * 1000.0
         except _Refused as exc:
-            await self._refuse(str(exc))
+            await self._refuse(str(exc), exc.code, exc.reason)
         except wire.WireError as exc:
             await self._refuse(f"invalid request: {exc}")
         except ConnectionError:
@@ -164,9 +184,38 @@ class OpenPIConnection:
                 self.pending.cancel()
             if self.draining:  # before the handler returns (uvicorn then drops the socket)
                 await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
-            self.idle.set()
+            self.quiet.set()
             self._release()
+            if self.slot is not None:
+                self.slot.release()
             self.live.detach(self)
+
+    async def _next(self) -> Received | None | Idle:
+        """The robot's next message (None: it left), or ``IDLE`` if none came within the
+        idle timeout (no inference runs meanwhile: this is the only wait between requests).
+        A watch started during the previous request (``_watch``) may hold it already."""
+        if self.pending is None:
+            return await receive_or_idle(self.idle, self._receive, lambda: False)
+        pending = self.pending
+        if self.idle.enabled:
+            while not pending.done():
+                left = self.idle.left()
+                if left <= 0:
+                    return IDLE  # the watch is cancelled as the connection ends
+                await asyncio.wait({pending}, timeout=left)
+        message, self.pending = await pending, None
+        self.idle.touch()
+        return message
+
+    async def _idle_close(self) -> None:
+        """No request for the idle timeout: the text ``idle_timeout: ...`` (the real client
+        raises it should it read again) and close CLOSE_IDLE_TIMEOUT, reason "idle timeout"."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
+        timeout = self.idle.timeout_s
+        log.info("session %s: idle for %g s (no request): closing", self.conn_id, timeout)
+        await self.conn.send(f"{wire.IDLE_TIMEOUT}: no request for {timeout:g} s (the server's idle timeout, "
+                             "--idle-timeout-s)", timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     def _receive(self) -> Any:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
@@ -191,15 +240,17 @@ class OpenPIConnection:
             self.left = True
             task.cancel()
 
-    async def _refuse(self, text: str) -> None:
+    async def _refuse(self, text: str, code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text)
-        await self.conn.close(wire.CLOSE_ERROR, _CLOSE_REASON)
+        await self.conn.close(code, reason)
 
     async def drain(self) -> None:
         """Server shutdown: the request in flight, if any, is answered; then close 1001."""
         self.draining = True
-        await self.idle.wait()
+        if self.idle_closing:
+            return  # the idle close under way closes the socket (4408); one close, not two
+        await self.quiet.wait()
         log.info("session %s: drained", self.conn_id)
         await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 

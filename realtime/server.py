@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import uvicorn
 
 from realtime.allocator import tune_malloc
+from realtime.config import LOOPBACK_PROXIES
 from realtime.transport import uvicorn_options
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,12 @@ def configure_logging(level: str) -> None:
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
+    # The proxies whose X-Forwarded-For names the client (the per-client session limit and
+    # the admin check count that client): the app's config, else uvicorn's own default.
+    config = getattr(getattr(app, "state", None), "config", None)
+    proxies = list(getattr(config, "forwarded_allow_ips", LOOPBACK_PROXIES))
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
+                          proxy_headers=True, forwarded_allow_ips=proxies,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
                           ws_per_message_deflate=per_message_deflate, lifespan="on", log_config=None,
                           # h11 and a bounded upgrade: every request head is limited and answered.

@@ -18,7 +18,12 @@ handshake failed to parse, and refuses a head over ``MAX_HEADER_BYTES`` in total
 431 before parsing it at all (h11 lets a head that arrived complete in one read
 through, whatever its size).
 
-3. A text frame that is not UTF-8 is the client's fault (RFC 6455: close 1007), but
+3. An endpoint can drop a connection whose client stopped reading: a send or close
+   then waits for the client forever (uvicorn's ``send`` awaits a writable transport).
+   ``WebSocketProtocol`` puts the transport's ``abort`` in the scope's extensions
+   (``ABORT_EXTENSION``); ``Connection.abort`` calls it (the idle timeout does).
+
+4. A text frame that is not UTF-8 is the client's fault (RFC 6455: close 1007), but
    uvicorn logs it with ``logger.exception``, a traceback per frame any client can
    send. ``WebSocketProtocol`` closes with 1007 and logs one INFO line instead.
 """
@@ -38,6 +43,9 @@ MAX_HEADER_BYTES = 16 * 1024
 
 # RFC 6455 section 7.4.1: data inconsistent with the message type (bad UTF-8 in text).
 CLOSE_INVALID_DATA = 1007
+
+# scope["extensions"][ABORT_EXTENSION]["abort"](): drop the TCP connection at once.
+ABORT_EXTENSION = "realtime.abort"
 
 _TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
               b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
@@ -64,6 +72,13 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.write(b"".join(self.conn.data_to_send()))
             self.transport.close()
 
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        # The app's task is created above but runs only after this returns.
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope.setdefault("extensions", {})[ABORT_EXTENSION] = {"abort": self.transport.abort}
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type == "text" and not self.close_sent:

@@ -26,12 +26,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable
+from typing import Any, Awaitable
 
 from starlette.websockets import WebSocket
 
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
 from realtime.connection import (
     CLOSE_ADMIN,
     CLOSE_INTERNAL,
@@ -46,6 +47,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class _Drained:
 
 
 class TTSConnection:
-    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions) -> None:
+    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions, idle: IdleClock) -> None:
         self.conn = conn
         self.engine = engine
         self.model = model
@@ -97,11 +99,16 @@ class TTSConnection:
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
         self.first_audio = conn.ws.app.state.metrics.tts_first_audio
         self.told_dead = False  # the client heard the engine is dead
+        self.idle = idle  # touched by each client message and each audio frame or event sent
+        self.synthesizing = False  # a window of this session is in the engine (not idle)
+        self.speaker: asyncio.Task | None = None
         self.draining = False
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self.ended = asyncio.Event()  # the reader has finished (the socket is gone)
 
     async def send(self, text: str) -> None:
-        await self.conn.send(text)
+        if await self.conn.send(text):
+            self.idle.touch()
 
     async def error(self, code: str, message: str) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
@@ -131,6 +138,8 @@ class TTSConnection:
         close with 1001. The utterance being spoken is the speaker's, or the one at the
         head of the queue when the speaker is between two of its sentences."""
         self.draining = True
+        if self.idle_closing:
+            return  # the idle close under way closes the socket (4408); one close, not two
         items = _drain(self.queue)
         head = next((i.utterance_index for i in items if not isinstance(i, _Drained)), None)
         finishing = self.current if self.current is not None else head
@@ -154,17 +163,22 @@ class TTSConnection:
         await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
 
     async def run(self) -> None:
-        speaker = asyncio.create_task(self._speak())
+        speaker = self.speaker = asyncio.create_task(self._speak())
         entry = self.live.add(KIND, self.session_id, self.model, owner=self)
         await self.send(wire.encode(self.config.updated(self.voices)))
         log.info("session %s: tts session opened on %s", self.session_id, self.model)
         try:
             while True:
                 try:
-                    frame = await self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+                    frame = await receive_or_idle(self.idle, self._receive, lambda: self.synthesizing)
                 except TooLarge as exc:
                     await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
                     continue
+                if frame is IDLE:
+                    if self.draining:
+                        continue  # the drain finishes the utterance and closes (1001), never as idle
+                    await self.idle_close()
+                    break
                 if frame is None:
                     break
                 try:
@@ -190,6 +204,24 @@ class TTSConnection:
             self.live.detach(self)
             log.info("session %s: tts session closed", self.session_id)
             await self.conn.close()
+
+    def _receive(self) -> Any:
+        return self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+
+    async def idle_close(self) -> None:
+        """No message and nothing spoken for the idle timeout: ``idle_timeout``, then close
+        with CLOSE_IDLE_TIMEOUT (the reader then ends the session as on a disconnect). A
+        speaker stuck on a client that does not read is stopped first; such a client takes
+        nothing and is dropped after GOODBYE_TIMEOUT_S."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
+        timeout = self.idle.timeout_s
+        log.info("session %s: idle for %g s (no message, nothing spoken): closing", self.session_id, timeout)
+        if self.speaker is not None:
+            self.speaker.cancel()
+        await self.conn.send(wire.error(wire.IDLE_TIMEOUT, f"no message and nothing spoken for {timeout:g} s (the "
+                                        "server's idle timeout, --idle-timeout-s): closing"),
+                             timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     async def _release(self) -> None:
         try:
@@ -288,6 +320,7 @@ class TTSConnection:
         work = SynthesizeSentence(self.session_id, utt, k, item.text, config.speed, config.sample_rate)
         samples = 0
         while True:
+            self.synthesizing = True
             try:
                 chunk = await self.engine.submit(self.model, work, session_id=self.session_id)
             except ENGINE_ERRORS as exc:
@@ -299,12 +332,16 @@ class TTSConnection:
                 if failure is not Failure.CANCELLED:
                     await self.error(TTS_CODES[failure], f"synthesis failed: {exc}")
                 return
+            finally:
+                self.synthesizing = False
+                self.idle.touch()  # its idleness counts from the window's end, not from the last send
             if utt in self.cancelled or chunk.stale:
                 return
             if chunk.samples:
                 if samples == 0:
                     self.first_audio.observe(time.perf_counter() - item.queued_at)
-                await self.conn.send(chunk.pcm)
+                if await self.conn.send(chunk.pcm):
+                    self.idle.touch()
             samples = chunk.sentence_samples
             if chunk.done:
                 break
@@ -346,6 +383,18 @@ async def tts_endpoint(ws: WebSocket) -> None:
         await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"))
         await conn.close(CLOSE_INTERNAL)
         return
-    session = TTSConnection(conn, state.engine, names[0], state.live_sessions)
-    state.live_sessions.attach(session)
-    await run_handler(session.run(), state.live_sessions)
+    client = client_address(ws)
+    slot = state.client_slots.take(client)
+    if slot is None:
+        refusal = state.client_slots.refusal(client)
+        log.info("%s: tts session refused: %s", conn.peer, refusal)
+        await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal))
+        await conn.close(CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
+        return
+    try:
+        idle = IdleClock(state.config.limits.idle_timeout_s)
+        session = TTSConnection(conn, state.engine, names[0], state.live_sessions, idle)
+        state.live_sessions.attach(session)
+        await run_handler(session.run(), state.live_sessions)
+    finally:
+        slot.release()

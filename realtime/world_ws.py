@@ -30,13 +30,14 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from starlette.websockets import WebSocket
 
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
+from protocols.close_codes import CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON
 from realtime.connection import (
     CLOSE_ADMIN,
     ENGINE_ERRORS,
@@ -49,6 +50,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import Engine
+from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, Slot, client_address, receive_or_idle
 from realtime.media import encode_chunk
 from sessions import (
     ChunkMetadata,
@@ -66,6 +68,10 @@ log = logging.getLogger(__name__)
 KIND = "world"
 
 
+class _IdleClosed(Exception):
+    """The connection was closed for idleness while a message was being handled."""
+
+
 class WorldConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
@@ -75,6 +81,10 @@ class WorldConnection:
         self.world_models: list[str] = state.inventory.names(KIND)
         self.max_pending: int = state.config.world.max_pending_events
         self.live = state.live_sessions
+        self.client = client_address(ws)
+        self.slots = state.client_slots
+        self.slot: Slot | None = None  # this session's hold on its client's count
+        self.idle = IdleClock(state.config.limits.idle_timeout_s)
         self.session: Session | None = None
         self.entry: LiveSession | None = None
         self.adapter: WorldAdapter | None = None
@@ -87,7 +97,10 @@ class WorldConnection:
         self.credits = 0
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
+        self._sending: asyncio.Task | None = None  # the driver's chunk send in progress
         self._stopping = False
+        self.draining = False  # the server drains: an idle timeout no longer closes (drain does)
+        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
@@ -108,10 +121,15 @@ class WorldConnection:
         try:
             while True:
                 try:
-                    frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
+                    frame = await receive_or_idle(self.idle, self._receive, self._busy)
                 except TooLarge:
                     await self.send_error(wire.MESSAGE_TOO_LARGE, f"text frame over {wire.MAX_TEXT_BYTES} bytes")
                     await self.conn.close(wire.CLOSE_TOO_BIG)
+                    break
+                if frame is IDLE:
+                    if self.draining:
+                        continue  # the drain ends the session and closes (1001), never as idle
+                    await self.idle_close()
                     break
                 if frame is None:
                     break
@@ -119,12 +137,48 @@ class WorldConnection:
                     await self.send_error(wire.BAD_REQUEST, "binary frames are not accepted from clients")
                     await self.conn.close(wire.CLOSE_UNSUPPORTED_DATA)
                     break
-                await self.handle_text(frame.text or "")
+                try:
+                    await self.handle_text(frame.text or "")
+                except _IdleClosed:
+                    break
         finally:
             try:
                 await self.close_session(notify=False)
             finally:
+                if self.slot is not None:  # a tombstone left behind no longer counts against the client
+                    self.slot.release()
                 self.live.detach(self)
+
+    def _receive(self) -> Any:
+        return self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
+
+    def _busy(self) -> bool:
+        """A tick of this session is in the engine: not idle, however long it takes."""
+        return self.session is not None and self.session.in_flight is not None
+
+    async def idle_close(self) -> None:
+        """The client sent nothing and took no chunk for the idle timeout: ``idle_timeout``,
+        the session ends as on ``session.close`` (its dropped events reported in
+        ``session.closed``), and the socket closes with CLOSE_IDLE_TIMEOUT. A client that
+        does not read takes none of it and is dropped after GOODBYE_TIMEOUT_S."""
+        self.idle_closing = True  # a drain from now on leaves the close to this one
+        timeout = self.idle.timeout_s
+        session = self.session
+        sid = session.session_id if session is not None else "-"
+        log.info("session %s: idle for %g s (no message, no chunk taken): closing", sid, timeout)
+        sending = self._sending
+        if sending is not None and not sending.done():
+            # A client that stopped reading never takes this chunk; the session cannot end behind it.
+            sending.cancel()
+        what = "no message and no chunk taken" if session is not None else "no message"
+        await self.conn.send(wire.dumps(wire.error(wire.IDLE_TIMEOUT, f"{what} for {timeout:g} s (the server's "
+                                                   "idle timeout, --idle-timeout-s): closing")),
+                             timeout=GOODBYE_TIMEOUT_S)
+        if session is not None:
+            dropped = await self.close_session(notify=False)
+            if dropped is not None:
+                await self.conn.send(wire.dumps(wire.closed(session.session_id, dropped)), timeout=GOODBYE_TIMEOUT_S)
+        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
 
     async def handle_text(self, text: str) -> None:
         event_id = None
@@ -177,14 +231,22 @@ class WorldConnection:
             options = adapter.check_options(req.options)
         except ValueError as exc:
             raise SessionError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        session = self.manager.create(
-            sid,
-            reducers=adapter.reducers(),
-            prompt=req.prompt,
-            max_pending=self.max_pending,
-            release=lambda: engine.post_release(model, sid),
-        )
-        await self._admit(adapter, model, sid, options)
+        slot = self.slots.take(self.client)
+        if slot is None:
+            raise SessionError(ErrorCode.TOO_MANY_SESSIONS, self.slots.refusal(self.client))
+        try:
+            session = self.manager.create(
+                sid,
+                reducers=adapter.reducers(),
+                prompt=req.prompt,
+                max_pending=self.max_pending,
+                release=lambda: engine.post_release(model, sid),
+            )
+            await self._admit(adapter, model, sid, options)
+        except BaseException:
+            slot.release()
+            raise
+        self.slot = slot
         self.session, self.options = session, options
         self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.credits = req.format, req.seed, req.credits
@@ -216,10 +278,15 @@ class WorldConnection:
         """The binary message of ``spec.bytes`` bytes that follows ``session.create``;
         ``SessionError(BAD_REQUEST)`` naming what arrived instead."""
         try:
-            frame = await self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes)
+            frame = await receive_or_idle(
+                self.idle, lambda: self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes), lambda: False)
         except TooLarge as exc:
             raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
                                                       f"announced {spec.bytes}") from None
+        if frame is IDLE:  # announced, never sent
+            if not self.draining:  # else the drain closes the socket (1001)
+                await self.idle_close()
+            raise _IdleClosed()
         if frame is None:
             raise SessionError(ErrorCode.BAD_REQUEST, "image: the connection closed before the image arrived")
         if frame.data is None:
@@ -309,7 +376,11 @@ class WorldConnection:
     async def drain(self) -> None:
         """Server shutdown: the session closes once its running tick is committed and
         sent; ``session.closed`` lists the accepted events no chunk applied, then the
-        socket closes with 1001 (at once on a connection without a session)."""
+        socket closes with 1001 (at once on a connection without a session). A connection
+        whose idle close is under way is left to it: one close, not two."""
+        self.draining = True
+        if self.idle_closing:
+            return
         session = self.session
         if session is not None:
             dropped = await self.close_session(notify=False)
@@ -357,6 +428,9 @@ class WorldConnection:
     def _forget(self) -> None:
         if self.entry is not None:
             self.live.remove(self.entry)
+        if self.slot is not None:
+            self.slot.release()
+            self.slot = None
         self.session, self.entry, self.adapter, self.image = None, None, None, None
 
     def _mark(self, state: str, chunk_index: int | None = None) -> None:
@@ -454,8 +528,8 @@ class WorldConnection:
                     return
                 if self.image is not None and request.chunk_index == 0:
                     work = dataclasses.replace(work, image=self.image)
-                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending) \
-                    if self.stream_frames else None
+                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
+                                     taken=self.idle.touch) if self.stream_frames else None
                 if stream is not None:
                     work = dataclasses.replace(work, frame_sink=stream.sink)
                 try:
@@ -483,10 +557,11 @@ class WorldConnection:
                     return
                 if self.entry is not None:
                     self.entry.ticked(committed.chunk_index)
+                self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
                 # The commit goes out after the streamed frames (_send_chunk finishes the stream).
-                sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms, stream))
+                sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms, stream))
                 stream = None
         finally:
             await _finish(sending)
@@ -499,7 +574,12 @@ class WorldConnection:
         # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
         # stay in order. A streamed chunk's frames go first.
         frames = chunk.frames
-        streamed = await stream.finish() if stream is not None else None
+        try:
+            streamed = await stream.finish() if stream is not None else None
+        except asyncio.CancelledError:
+            if stream is not None:  # an idle close cancels the send; the pump must not outlive it
+                stream.cancel()
+            raise
         if stream is not None:
             payloads = []
         elif chunk.encoded is not None:
@@ -512,7 +592,8 @@ class WorldConnection:
             streamed=streamed,
         )
         # One locked send: no other message comes between a chunk and its frames.
-        await self.conn.send(wire.dumps(header), *payloads)
+        if await self.conn.send(wire.dumps(header), *payloads):
+            self.idle.touch()  # the client took a chunk: it is not idle
 
 
 class FrameStream:
@@ -528,8 +609,9 @@ class FrameStream:
     """
 
     def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry,
-                 after: asyncio.Task | None) -> None:
+                 after: asyncio.Task | None, taken: Callable[[], None] | None = None) -> None:
         self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
+        self.taken = taken  # called when the client took a batch of frames (it is not idle)
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
         self.count = 0
@@ -546,7 +628,8 @@ class FrameStream:
             payloads = await encode_chunk(frames, self.format)
             header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
                                        frames=len(payloads), format=self.format, height=g.height, width=g.width)
-            await self.conn.send(wire.dumps(header), *payloads)
+            if await self.conn.send(wire.dumps(header), *payloads) and self.taken is not None:
+                self.taken()
             self.count += len(payloads)
 
     async def finish(self) -> int:

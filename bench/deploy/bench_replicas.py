@@ -132,7 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     if find_nginx() is None:
         sys.exit("nginx not found (as root, `make nginx` installs Debian's package)")
-    serve_args = ["--models", args.model, "--no-tts", "--policy", "", "--device", "cpu", "--log-level", "warning"]
+    serve_args = ["--models", args.model, "--no-tts", "--policy", "", "--device", "cpu", "--log-level", "warning",
+                  "--max-sessions-per-client", "0"]  # every client on loopback, one address
     rows = []
     latency: dict[str, Any] = {}
     for count in args.replicas:

@@ -29,8 +29,9 @@ class ServerProcess:
     """``python -m realtime serve`` on the tiny world, the dummy policy and (``tts``) the voice, on ``device``."""
 
     def __init__(self, *, tts: bool = False, policy: str = "dummy", models: str = "tiny",
-                 device: str = "cpu", start_timeout_s: float = 120.0) -> None:
+                 device: str = "cpu", start_timeout_s: float = 120.0, serve_args: tuple[str, ...] = ()) -> None:
         self.tts, self.policy, self.models, self.device = tts, policy, models, device
+        self.serve_args = serve_args  # more ``realtime serve`` options
         self.start_timeout_s = start_timeout_s
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -43,6 +44,7 @@ class ServerProcess:
                "--device", self.device, "--port", str(self.port), "--log-level", "info"]
         if not self.tts:
             cmd.append("--no-tts")
+        cmd += self.serve_args
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout_s

@@ -176,7 +176,9 @@ def free_port() -> int:
 
 
 def start_server(port: int, serve_args: list[str]) -> tuple[subprocess.Popen, float]:
-    cmd = [sys.executable, "-m", "realtime", "serve", "--port", str(port), "--log-level", "warning", *serve_args]
+    # Every client is on loopback, one address: no per-client limit (a variant may set one).
+    cmd = [sys.executable, "-m", "realtime", "serve", "--port", str(port), "--log-level", "warning",
+           "--max-sessions-per-client", "0", *serve_args]
     log(f"starting {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})

@@ -71,12 +71,14 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: 
     sys.path.insert(0, REPO)
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime.app import build_app
-    from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
 
     # The app gives policy models config.policy.batch_wait_ms (the engine's returner wait).
     policy_config = PolicyConfig(policy="") if batch_wait_ms is None else PolicyConfig(policy="", batch_wait_ms=batch_wait_ms)
-    config = ServerConfig(port=port, world=WorldConfig(models=()), policy=policy_config, tts=TTSConfig(enabled=False))
+    # Every simulated robot is on loopback, one address: no per-client limit.
+    config = ServerConfig(port=port, world=WorldConfig(models=()), policy=policy_config, tts=TTSConfig(enabled=False),
+                          limits=LimitsConfig(max_sessions_per_client=0))
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, infer_ms=infer_ms, max_batch=32)
     if not inline:  # "ours-hop": every forward handed to the engine thread and back

@@ -162,12 +162,13 @@ def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
 
 def served(policy: Pi0Policy, robots: int, seconds: float, size: int, batch_wait_ms: float) -> dict[str, Any]:
     from realtime.app import build_app
-    from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
     config = ServerConfig(engine=EngineConfig(device=str(policy.device), batch_wait_ms=batch_wait_ms),
-                          world=WorldConfig(models=()), policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False))
+                          world=WorldConfig(models=()), policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False),
+                          limits=LimitsConfig(max_sessions_per_client=0))  # every robot on loopback
     inventory = Inventory()
     inventory.adapters[policy.name] = policy
     policy.sizes.clear()

@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import realtime.media
     from models.world.device_jpeg import DeviceJpeg
     from realtime.app import build_app
-    from realtime.config import EngineConfig, ServerConfig, WorldConfig
+    from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
@@ -334,8 +334,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     profile.attach(model)
     inventory = Inventory()
     inventory.adapters[model.name] = model
+    # Every simulated client is on loopback, one address: no per-client limit.
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
-                          world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024))
+                          world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024),
+                          limits=LimitsConfig(max_sessions_per_client=0))
     rows: list[dict[str, Any]] = []
 
     def report() -> dict[str, Any]:

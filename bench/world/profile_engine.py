@@ -54,7 +54,7 @@ def main() -> None:
     import torch
 
     from realtime.app import build_app
-    from realtime.config import EngineConfig, ServerConfig, WorldConfig
+    from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
@@ -62,7 +62,8 @@ def main() -> None:
     inventory = Inventory()
     inventory.adapters[model.name] = model
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=20.0),
-                          world=WorldConfig(models=(model.name,), max_batch=128, max_sessions=1024))
+                          world=WorldConfig(models=(model.name,), max_batch=128, max_sessions=1024),
+                          limits=LimitsConfig(max_sessions_per_client=0))  # every client on loopback
     profiles: dict[str, cProfile.Profile] = {}
     lock = threading.Lock()
 

@@ -205,6 +205,7 @@ export class WorldPanel {
     // The old socket's session (if any) ends with it: the server closes it on disconnect.
     this.state.sessionId = null;
     this.closing = false;
+    this.#renderButtons(); // no session on the new socket yet: reset and close are off now, not at the next HUD tick
     this.pendingCreate = null;
     this.player.stop();
     this.player.clear();

@@ -148,10 +148,21 @@ def test_error_codes_are_documented_set():
         "message_too_large",
         "tts_unavailable",
         "closed_by_admin",
+        "idle_timeout",
+        "too_many_sessions",
         "going_away",
         "buffer_full",
         "internal_error",
     }
+
+
+def test_every_tts_code_is_documented():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocols_tts.md").read_text()
+    table = doc.split("### Errors", 1)[1].split("\n\n", 2)[1]
+    assert sorted(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M)) == sorted(tts_v1.ERROR_CODES)
 
 
 # --- the Python client against a scripted tts.v1 peer on loopback ------------------------

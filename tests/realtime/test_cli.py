@@ -113,6 +113,30 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None
 
 
+def test_client_limits_reach_the_config_with_documented_defaults(capsys):
+    from realtime.cli import config_from_args
+    from realtime.config import LimitsConfig, ServerConfig
+
+    default = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"]))
+    assert default.limits == LimitsConfig(idle_timeout_s=300.0, max_sessions_per_client=32)
+    assert default.forwarded_allow_ips == ServerConfig().forwarded_allow_ips == ("127.0.0.1", "::1")
+    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--idle-timeout-s", "0",
+                                          "--max-sessions-per-client", "4", "--forwarded-allow-ips",
+                                          "10.0.0.5, 10.1.0.0/16"]))
+    assert config.limits == LimitsConfig(idle_timeout_s=0.0, max_sessions_per_client=4)
+    assert config.forwarded_allow_ips == ("10.0.0.5", "10.1.0.0/16")
+    for bad in (["--idle-timeout-s", "-1"], ["--max-sessions-per-client", "-2"]):
+        with pytest.raises(SystemExit):
+            parse_args(["serve", *QUICK, *bad])
+        assert "must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    for option, default in [("--idle-timeout-s SECONDS", "300.0"), ("--max-sessions-per-client N", "32"),
+                            ("--forwarded-allow-ips ADDRESSES", "127.0.0.1,::1")]:
+        assert f"(default: {default})" in listed.split(option, 2)[2].split(" --", 1)[0], option
+
+
 def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
     from realtime.cli import OPENMP_DEFAULTS, openmp_defaults
 

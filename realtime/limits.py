@@ -1,0 +1,136 @@
+"""What one client may hold: live sessions per client address, and how long a session may idle.
+
+* ``ClientSlots``: every live session takes a slot of its client address (a world
+  session from ``session.create`` to its close, a tts.v1 or OpenPI connection for its
+  whole life, batch and explicit ids included); past ``LimitsConfig.max_sessions_per_client``
+  a new one is refused before anything is created. The address is the peer's as uvicorn
+  gives it: behind a proxy listed in ``ServerConfig.forwarded_allow_ips`` (loopback, where
+  the shipped nginx runs) the X-Forwarded-For client, so clients behind nginx are counted
+  apart and not as one.
+* ``IdleClock`` and ``receive_or_idle``: a session whose client sends nothing and takes
+  nothing for ``LimitsConfig.idle_timeout_s`` is idle; each endpoint tells it in its
+  protocol (``idle_timeout``) and closes with ``CLOSE_IDLE_TIMEOUT``. Work in flight for the
+  session (a tick, a decoder window, an inference) keeps it alive however long it takes.
+
+Event loop only, like ``LiveSessions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Awaitable, Callable, TypeVar
+
+from starlette.websockets import WebSocket
+
+T = TypeVar("T")
+
+# How long the goodbye of an idle session (its error, ``session.closed``, the close frame)
+# may take: a client that does not read cannot take it, and its socket is then dropped.
+GOODBYE_TIMEOUT_S = 2.0
+
+
+def client_address(ws: WebSocket) -> str:
+    """The client's address as the per-client limit counts it."""
+    return ws.client.host if ws.client is not None else "unknown"
+
+
+class Slot:
+    """One live session's hold on its client's count; ``release`` is idempotent."""
+
+    def __init__(self, slots: ClientSlots, client: str) -> None:
+        self._slots, self.client = slots, client
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots._give_back(self.client)
+
+
+class ClientSlots:
+    """Live sessions per client address, at most ``limit`` each (0: no limit)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"max sessions per client must be >= 0, got {limit}")
+        self.limit = limit
+        self._held: Counter[str] = Counter()
+
+    def take(self, client: str) -> Slot | None:
+        """A slot for one more session of ``client``, or None (then nothing changed)."""
+        if self.limit and self._held[client] >= self.limit:
+            return None
+        self._held[client] += 1
+        return Slot(self, client)
+
+    def held(self, client: str) -> int:
+        return self._held[client]
+
+    def refusal(self, client: str) -> str:
+        """The message for a refused session: the limit, by its option's name."""
+        return (f"client {client} already holds {self._held[client]} live sessions, the limit per client "
+                f"address (--max-sessions-per-client {self.limit}); close one first")
+
+    def _give_back(self, client: str) -> None:
+        self._held[client] -= 1
+        if self._held[client] <= 0:
+            del self._held[client]
+
+
+class IdleClock:
+    """When the session was last active. ``timeout_s`` 0 turns the timeout off."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self._last = time.monotonic()
+
+    @property
+    def enabled(self) -> bool:
+        return self.timeout_s > 0
+
+    def touch(self) -> None:
+        """The client sent something, or took output."""
+        self._last = time.monotonic()
+
+    def left(self) -> float:
+        """Seconds until the session counts as idle (<= 0: it does now)."""
+        return self._last + self.timeout_s - time.monotonic()
+
+
+class Idle:
+    """``receive_or_idle``'s answer when the session went idle."""
+
+
+IDLE = Idle()
+
+
+async def receive_or_idle(clock: IdleClock, receive: Callable[[], Awaitable[T]],
+                          busy: Callable[[], bool]) -> T | Idle:
+    """``receive()``'s result, or ``IDLE`` once nothing arrived and nothing was taken for the
+    clock's timeout while ``busy()`` (work in flight for the session) was false.
+
+    The time counts from this call: handling the previous message (a ``session.create``
+    waiting for the engine) is not the client's idleness. ``receive`` must be safe to
+    cancel (starlette's ``WebSocket.receive`` is: uvicorn's queue keeps a message that was
+    not taken).
+    """
+    clock.touch()
+    while True:
+        if not clock.enabled:
+            result = await receive()
+            break
+        left = clock.left()
+        if left <= 0:
+            if not busy():
+                return IDLE
+            clock.touch()  # work in flight: the timeout counts from now again
+            continue
+        try:
+            async with asyncio.timeout(left):
+                result = await receive()
+            break
+        except TimeoutError:
+            continue
+    return result
