@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from bench.report import emit
+from realtime.registry import on_spent_thread
 
 SECTIONS = ("attention", "bare", "served", "ttff", "sessions", "swap", "kv")
 GIB = 1 << 30
@@ -76,28 +77,6 @@ def log(msg: str) -> None:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def on_thread(fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on a fresh thread, as the engine runs the model on its own owner thread.
-
-    (On a loaded CPU the main thread's intra-op pool was 5-10x slower than a new thread's
-    for the same tick; the bare ticks must not be slower than the served ones for that.)
-    """
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, name="bench-bare")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def med(xs: list[float]) -> float | None:
@@ -931,7 +910,9 @@ def main() -> None:
             f"pool {info['pool_blocks']} blocks ({info['pool_bytes'] / GIB:.1f} GiB)")
         save()
         clock = TickClock(adapter.pipeline, device)
-        section("bare", lambda: on_thread(lambda: bare(adapter, clock, args, device)))
+        # On a fresh thread, as the engine runs the model on its own (on a loaded CPU the main
+        # thread's intra-op pool was 5-10x slower than a new thread's for the same tick).
+        section("bare", lambda: on_spent_thread(bare, adapter, clock, args, device))
         if any(want(s) for s in ("served", "ttff", "sessions", "swap", "kv")):
             from realtime.app import build_app
             from realtime.config import EngineConfig, ServerConfig, WorldConfig

@@ -7,8 +7,9 @@ import argparse
 
 import torch
 
-from bench.world.bench_lingbot import TickClock, bare, build, kv_bytes, on_thread
+from bench.world.bench_lingbot import TickClock, bare, build, kv_bytes
 from bench.world.lingbot_random import random_transformer
+from realtime.registry import on_spent_thread
 from kv.capacity import session_bytes
 from models.world.base import WorldTick
 from models.world.lingbot.tiny_checkpoint import TINY_TRANSFORMER
@@ -40,7 +41,7 @@ def test_bare_ticks_are_timed_by_phase_and_a_full_session_matches_the_formula_to
     assert info["passes_per_tick"] == 2 and "reduced from 4 to 1" in info["denoising_steps_note"]
     assert info["pool_blocks"] == adapter.pipeline.cache.pool.num_blocks
     clock = TickClock(adapter.pipeline, device)
-    out = on_thread(lambda: bare(adapter, clock, _args(), device))
+    out = on_spent_thread(bare, adapter, clock, _args(), device)
     assert len(out["tick_ms"]) == 1 and out["frames_vary"] and "bare" not in adapter.pipeline.sessions
     ticks = clock.since(0)
     assert len(ticks) == 2 and all(t["sessions"] == ["bare"] for t in ticks)
