@@ -35,6 +35,8 @@ def test_codes_are_wire_strings():
         "session_closed",
         "busy",
         "closed_by_admin",
+        "idle_timeout",
+        "too_many_sessions",
     ]
     assert ErrorCode("busy") is ErrorCode.BUSY
 
