@@ -45,7 +45,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import realtime.cli  # noqa: F401 - before torch loads: the servers' GOMP_SPINCOUNT here too
+import realtime.cli
+
+# Before torch loads: the adapter here waits as the server's engine does (realtime.cli's defaults).
+realtime.cli.openmp_defaults(os.environ)
 from bench.report import emit
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms
 from bench.tts.serve_profile import STAGES, stages
@@ -80,7 +83,8 @@ class Server:
             cmd = [sys.executable, "-m", "bench.tts.serve_profile", *flag, "--trace", trace, "--", *base]
         env = dict(os.environ)
         env.pop("GOMP_SPINCOUNT", None)  # realtime.cli's default unless asked for
-        if spincount is not None:
+        if spincount is not None:  # GOMP_SPINCOUNT alone: realtime.cli then leaves the wait alone
+            env.pop("OMP_WAIT_POLICY", None)
             env["GOMP_SPINCOUNT"] = spincount
         self.command = ("GOMP_SPINCOUNT=%s " % spincount if spincount else "") + " ".join(cmd[1:])
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
@@ -301,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "machine for clean figures (the measurements are interleaved, so their ratios hold)",
         },
         "servers": {n: s.command for n, s in servers.items()},
-        "gomp_spincount_default": realtime.cli.GOMP_SPINCOUNT,
+        "openmp_defaults": realtime.cli.OPENMP_DEFAULTS,
         "command": "python -m bench.tts.bench_served " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
 import threading
 import time
@@ -161,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path, rest = args[1], args[2:]
     if rest and rest[0] == "--":
         rest = rest[1:]
-    import realtime.cli  # noqa: F401 - first: it sets GOMP_SPINCOUNT before torch loads
+    import realtime.cli
+
+    realtime.cli.openmp_defaults(os.environ)  # first: libgomp reads it when torch loads
 
     trace = Trace()
     instrument(trace)
