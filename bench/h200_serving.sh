@@ -9,7 +9,7 @@
 #        rgb8 @ 1,2,4,..,256    the scaling curve; 1/32/128 are the served-vs-bare goal rows
 #        jpeg @ 32              CUDA frames' jpeg path picked by measurement on the first batch
 #        jpeg/pil, jpeg/nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
-#   3. cProfile of the server's threads (engine, loop) at 32 sessions (bench/world/profile_engine.py)
+#   3. cProfile of the engine thread at 32 sessions (one profiler per process from Python 3.12) (bench/world/profile_engine.py)
 #   4. the summary: every goal beside its figure, the capacity formula beside the curve
 #      (bench/world/serving_summary.py -> $OUT/serving_summary.json, and the tail of the log)
 # Run from the repo root (or a .dev_ copy) with .whl carried (starlette, uvicorn, websockets...).
@@ -77,7 +77,7 @@ step world_serving 300 $PY -m bench.world.bench_served --model "$MODEL" --device
     --seconds "$SECONDS_PER_ROW" --warmup "$WARMUP" --bare-repeats "$BARE_REPEATS" --max-batch 128 \
     --batch-wait-ms 20 --client-procs "$PROCS" --variants $VARIANTS --out "$OUT/world_serving_h200.json"
 # Which functions fill the hand-off: cProfile of the engine thread and the loop at 32 sessions.
-step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" \
+step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" --thread engine \
     --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \
     --out "$OUT/engine_profile_h200.json"
 TAIL=60 WIDTH=400 step summary 30 $PY -m bench.world.serving_summary "$OUT/world_serving_h200.json" "$OUT/jpeg_paths_h200.json" \

@@ -49,6 +49,10 @@ def main() -> None:
     parser.add_argument("--format", default="rgb8")
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--thread", default="",
+                        help="profile only threads whose name starts with this (e.g. 'engine'); from "
+                             "Python 3.12 one profiler may be active per process, so there the first "
+                             "matching thread is profiled and the others are not")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import torch
@@ -70,11 +74,18 @@ def main() -> None:
     def start_profile(*_: Any) -> None:
         # Runs once in each new thread (threading.setprofile): enabling cProfile here
         # replaces this hook for that thread.
+        name = threading.current_thread().name
+        if not name.startswith(args.thread):
+            sys.setprofile(None)  # this thread runs unprofiled (and without this hook)
+            return
         prof = cProfile.Profile()
+        try:
+            prof.enable()
+        except ValueError:  # Python >= 3.12: another thread's profiler is already active
+            sys.setprofile(None)
+            return
         with lock:
-            name = threading.current_thread().name
             profiles[name if name not in profiles else f"{name}#{len(profiles)}"] = prof
-        prof.enable()
 
     threading.setprofile(start_profile)
     app = build_app(config, inventory)
@@ -93,6 +104,7 @@ def main() -> None:
         "model": args.model, "device": args.device, "sessions": args.sessions, "format": args.format,
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
         "python": platform.python_version(),
+        "thread_filter": args.thread,
         "frames_per_s_total_under_profile": frames / max(wall, 1e-9),
         "threads": {name: _top(prof, args.top) for name, prof in profiles.items()
                     if pstats.Stats(prof).total_tt > 0.01},  # type: ignore[attr-defined]
