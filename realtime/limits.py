@@ -85,6 +85,11 @@ class IdleClock:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = float(timeout_s)
         self._last = time.monotonic()
+        self.stopped = False  # the server drains: the drain closes the socket, never the timeout
+
+    def stop(self) -> None:
+        """From now on ``receive_or_idle`` only receives (the connection's drain began)."""
+        self.stopped = True
 
     @property
     def enabled(self) -> bool:
@@ -109,7 +114,8 @@ IDLE = Idle()
 async def receive_or_idle(clock: IdleClock, receive: Callable[[], Awaitable[T]],
                           busy: Callable[[], bool]) -> T | Idle:
     """``receive()``'s result, or ``IDLE`` once nothing arrived and nothing was taken for the
-    clock's timeout while ``busy()`` (work in flight for the session) was false.
+    clock's timeout while ``busy()`` (work in flight for the session) was false. Never
+    ``IDLE`` once the clock is stopped (a drain closes the socket itself, with 1001).
 
     The time counts from this call: handling the previous message (a ``session.create``
     waiting for the engine) is not the client's idleness. ``receive`` must be safe to
@@ -118,7 +124,7 @@ async def receive_or_idle(clock: IdleClock, receive: Callable[[], Awaitable[T]],
     """
     clock.touch()
     while True:
-        if not clock.enabled:
+        if not clock.enabled or clock.stopped:  # checked again after every timeout
             result = await receive()
             break
         left = clock.left()

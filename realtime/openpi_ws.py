@@ -142,8 +142,7 @@ class OpenPIConnection:
             while True:
                 message = await self._next()
                 if message is IDLE:
-                    if not self.draining:  # a drain closes the socket itself (1001), never as idle
-                        await self._idle_close()
+                    await self._idle_close()
                     return
                 if message is None or self.draining:
                     return  # a request that arrives during the drain is not started
@@ -198,7 +197,7 @@ class OpenPIConnection:
             return await receive_or_idle(self.idle, self._receive, lambda: False)
         pending = self.pending
         if self.idle.enabled:
-            while not pending.done():
+            while not pending.done() and not self.idle.stopped:
                 left = self.idle.left()
                 if left <= 0:
                     return IDLE  # the watch is cancelled as the connection ends
@@ -248,6 +247,7 @@ class OpenPIConnection:
     async def drain(self) -> None:
         """Server shutdown: the request in flight, if any, is answered; then close 1001."""
         self.draining = True
+        self.idle.stop()  # the drain closes this socket, never the idle timeout
         if self.idle_closing:
             return  # the idle close under way closes the socket (4408); one close, not two
         await self.quiet.wait()

@@ -138,6 +138,7 @@ class TTSConnection:
         close with 1001. The utterance being spoken is the speaker's, or the one at the
         head of the queue when the speaker is between two of its sentences."""
         self.draining = True
+        self.idle.stop()  # the drain closes this socket, never the idle timeout
         if self.idle_closing:
             return  # the idle close under way closes the socket (4408); one close, not two
         items = _drain(self.queue)
@@ -175,8 +176,6 @@ class TTSConnection:
                     await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
                     continue
                 if frame is IDLE:
-                    if self.draining:
-                        continue  # the drain finishes the utterance and closes (1001), never as idle
                     await self.idle_close()
                     break
                 if frame is None:

@@ -99,7 +99,6 @@ class WorldConnection:
         self._driver: asyncio.Task | None = None
         self._sending: asyncio.Task | None = None  # the driver's chunk send in progress
         self._stopping = False
-        self.draining = False  # the server drains: an idle timeout no longer closes (drain does)
         self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
         self._evicted: str | None = None  # why the model dropped the session, until reset
@@ -127,8 +126,6 @@ class WorldConnection:
                     await self.conn.close(wire.CLOSE_TOO_BIG)
                     break
                 if frame is IDLE:
-                    if self.draining:
-                        continue  # the drain ends the session and closes (1001), never as idle
                     await self.idle_close()
                     break
                 if frame is None:
@@ -284,8 +281,7 @@ class WorldConnection:
             raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
                                                       f"announced {spec.bytes}") from None
         if frame is IDLE:  # announced, never sent
-            if not self.draining:  # else the drain closes the socket (1001)
-                await self.idle_close()
+            await self.idle_close()
             raise _IdleClosed()
         if frame is None:
             raise SessionError(ErrorCode.BAD_REQUEST, "image: the connection closed before the image arrived")
@@ -378,7 +374,7 @@ class WorldConnection:
         sent; ``session.closed`` lists the accepted events no chunk applied, then the
         socket closes with 1001 (at once on a connection without a session). A connection
         whose idle close is under way is left to it: one close, not two."""
-        self.draining = True
+        self.idle.stop()  # the drain closes this socket, never the idle timeout
         if self.idle_closing:
             return
         session = self.session
