@@ -493,16 +493,25 @@ def paged_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     if num_splits > 1:
-        # Small combine tiles when there are few of them: at batch 1 the maze geometry
-        # would otherwise be 12 programs each reading 17 partials.
-        bm = 32 if D > 64 else 64
-        while bm > 16 and -(-Lq // bm) * R * Hq < sm_count(q.device):
-            bm //= 2
-        _paged_combine[(-(-Lq // bm), R * Hq)](
-            ws_acc, ws_m, ws_l, out, Lq, split_stride,
-            out.stride(0), out.stride(1), out.stride(2),
-            HQ=Hq, D=D, BLOCK_M=bm, NUM_SPLITS=num_splits, num_warps=4)
+        combine_splits(ws_acc, ws_m, ws_l, out)
     return out
+
+
+def combine_splits(ws_acc: torch.Tensor, ws_m: torch.Tensor, ws_l: torch.Tensor, out: torch.Tensor) -> None:
+    """Normalise split-KV partials into ``out`` ``[R, Lq, Hq, D]`` (D contiguous, other strides free).
+
+    ``ws_acc`` ``[S, R * Hq, Lq, D]`` and ``ws_m`` / ``ws_l`` ``[S, R * Hq, Lq]``, fp32, base 2, as the
+    module docstring says; any split-KV forward that writes that layout can use it."""
+    splits, rows_heads, lq, d = ws_acc.shape
+    # Small combine tiles when there are few of them: at batch 1 the maze geometry
+    # would otherwise be 12 programs each reading 17 partials.
+    bm = 32 if d > 64 else 64
+    while bm > 16 and -(-lq // bm) * rows_heads < sm_count(out.device):
+        bm //= 2
+    _paged_combine[(-(-lq // bm), rows_heads)](
+        ws_acc, ws_m, ws_l, out, lq, rows_heads * lq,
+        out.stride(0), out.stride(1), out.stride(2),
+        HQ=out.shape[2], D=d, BLOCK_M=bm, NUM_SPLITS=splits, num_warps=4)
 
 
 def _launch_tma(q, k_pool, v_pool, tables, lengths, out, scale: float, tiles: Tiles) -> torch.Tensor:

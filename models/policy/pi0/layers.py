@@ -5,7 +5,8 @@ K/V cache layer, o, norm, gate|up, down); they differ in where their K/V go and 
 keys they see::
 
     prefix  (Gemma-2B):   writes kv[:, :, 0:L]        attends kv[:, :, :L]       (bidirectional, pads hidden)
-    suffix  (Gemma-300M): writes kv[:, :, L:L+S]      attends kv[:, :, :kv_len]  (pi0's mask as a bias)
+    suffix  (Gemma-300M): writes kv[:, :, L:L+S]      attends kv[:, :, :kv_len]  (pi0's mask as a bias;
+                                                      its own kernel, expert_attention.py)
 
 The weights arrive as a ``LayerWeights`` tuple rather than through the module, so that a
 compiled layer is traced once per stack and reused by all 18 layers (a module argument
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from models.policy.pi0.config import RMS_EPS
+from models.policy.pi0.expert_attention import expert_attention
 from models.policy.pi0.gemma import apply_rope
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ def expert_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int,
                  sin: torch.Tensor, bias: torch.Tensor, nh: int) -> torch.Tensor:
     """A Gemma-300M layer over the suffix [B, S, W]: K/V to ``kv[:, :, start:start+S]``; attends all of kv."""
     q = project(x, w, kv, start, cos, sin, nh)
-    return finish(x, attend(q, kv[0], kv[1], bias), w)
+    return finish(x, expert_attention(q, kv[0], kv[1], bias), w)
 
 
 class LayerFns(NamedTuple):
