@@ -167,14 +167,14 @@ def _paged_fwd(Q, K, V, Tables, Lengths, Out, WsAcc, WsM, WsL,
 @_jit
 def _paged_combine(WsAcc, WsM, WsL, Out, Lq, split_stride,
                    stride_or, stride_om, stride_oh,
-                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                   HQ: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                    NUM_SPLITS: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_rh = tl.program_id(1)
     r = (pid_rh // HQ).to(tl.int64)
     h = pid_rh % HQ
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)  # a slice of the head dim
     m_valid = offs_m < Lq
     base = pid_rh.to(tl.int64) * Lq + offs_m
     # Running int64 offsets, not s * split_stride: that product could pass 2**31.
@@ -184,7 +184,7 @@ def _paged_combine(WsAcc, WsM, WsL, Out, Lq, split_stride,
         m_max = tl.maximum(m_max, tl.load(WsM + row, mask=m_valid, other=float("-inf")))
         row += split_stride
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # all splits empty: every weight is 0
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
     row = base
     for s in range(NUM_SPLITS):
@@ -503,15 +503,19 @@ def combine_splits(ws_acc: torch.Tensor, ws_m: torch.Tensor, ws_l: torch.Tensor,
     ``ws_acc`` ``[S, R * Hq, Lq, D]`` and ``ws_m`` / ``ws_l`` ``[S, R * Hq, Lq]``, fp32, base 2, as the
     module docstring says; any split-KV forward that writes that layout can use it."""
     splits, rows_heads, lq, d = ws_acc.shape
-    # Small combine tiles when there are few of them: at batch 1 the maze geometry
-    # would otherwise be 12 programs each reading 17 partials.
+    # Small combine tiles when there are few of them (at batch 1 the maze geometry would
+    # otherwise be 12 programs each reading 17 partials), and the head dim cut into
+    # slices of 64: pi0's expert (head_dim 256, 408 rows, batch 1) took 10.7 us here with
+    # whole rows, more than its forward (bench/results/pi0_expert_profile_h200.json).
+    block_d = min(d, 64)
+    slices = d // block_d
     bm = 32 if d > 64 else 64
-    while bm > 16 and -(-lq // bm) * rows_heads < sm_count(out.device):
+    while bm > 16 and -(-lq // bm) * rows_heads * slices < sm_count(out.device):
         bm //= 2
-    _paged_combine[(-(-lq // bm), rows_heads)](
+    _paged_combine[(-(-lq // bm), rows_heads, slices)](
         ws_acc, ws_m, ws_l, out, lq, rows_heads * lq,
         out.stride(0), out.stride(1), out.stride(2),
-        HQ=out.shape[2], D=d, BLOCK_M=bm, NUM_SPLITS=splits, num_warps=4)
+        HQ=out.shape[2], D=d, BLOCK_M=bm, BLOCK_D=block_d, NUM_SPLITS=splits, num_warps=4)
 
 
 def _launch_tma(q, k_pool, v_pool, tables, lengths, out, scale: float, tiles: Tiles) -> torch.Tensor:
