@@ -41,7 +41,7 @@ import torch
 
 from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
-from models.policy.maze.model import EXECUTE, HORIZON, STATE_DIM, MazeFlowModel, config, save_policy
+from models.policy.maze.model import EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, MazeFlowModel, config, save_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
 from models.world.maze.planner import Planner, goal_seeds
 
@@ -77,10 +77,10 @@ class PromptTable:
 class Buffer:
     """A ring of (camera, state, prompt, expert chunk) on the device."""
 
-    def __init__(self, size: int, device: torch.device) -> None:
+    def __init__(self, size: int, state_dim: int, device: torch.device) -> None:
         self.size, self.n, self.head = size, 0, 0
         self.images = torch.zeros(size, 64, 64, 3, dtype=torch.uint8, device=device)
-        self.state = torch.zeros(size, STATE_DIM, device=device)
+        self.state = torch.zeros(size, state_dim, device=device)
         self.prompt = torch.zeros(size, dtype=torch.int64, device=device)
         self.actions = torch.zeros(size, HORIZON, 8, dtype=torch.bool, device=device)
 
@@ -130,11 +130,11 @@ def flow_loss(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor, i
     return (v - (noise - actions)).square().mean()
 
 
-def beta_at(progress: float, expert_share: float, beta_min: float) -> float:
-    """Share of chunks the planner drives: 1 until ``expert_share``, then linear to ``beta_min`` at 0.8."""
+def beta_at(progress: float, expert_share: float, beta_min: float, end: float = 0.8) -> float:
+    """Share of chunks the planner drives: 1 until ``expert_share``, then linear to ``beta_min`` at ``end``."""
     if progress <= expert_share:
         return 1.0
-    return max(beta_min, 1.0 - (1.0 - beta_min) * (progress - expert_share) / max(0.8 - expert_share, 1e-6))
+    return max(beta_min, 1.0 - (1.0 - beta_min) * (progress - expert_share) / max(end - expert_share, 1e-6))
 
 
 def bar(progress: float, width: int = 30) -> str:
@@ -148,14 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--resume", default=None, help="DIR/ckpt.pt to continue")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--envs", type=int, default=2048)
-    ap.add_argument("--buffer", type=int, default=400_000)
-    ap.add_argument("--bs", type=int, default=1024)
+    ap.add_argument("--envs", type=int, default=4096)
+    ap.add_argument("--buffer", type=int, default=600_000)
+    ap.add_argument("--bs", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--updates", type=int, default=4, help="gradient steps per collection step")
-    ap.add_argument("--expert-share", type=float, default=0.25)
-    ap.add_argument("--beta-min", type=float, default=0.2)
-    ap.add_argument("--max-steps", type=int, default=10**9)
+    ap.add_argument("--expert-share", type=float, default=0.2)
+    ap.add_argument("--beta-min", type=float, default=0.1)
+    ap.add_argument("--beta-end", type=float, default=0.7, help="share of the run at which beta reaches --beta-min")
+    ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
+                    help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
+    ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
     ap.add_argument("--ckpt-every", type=float, default=60.0)
     ap.add_argument("--log-every", type=float, default=10.0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model and data for a CPU smoke run")
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
-    cfg = config(d_model=32, num_heads=2, num_layers=1) if args.tiny else config()
+    cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
     model = MazeFlowModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, elapsed, episodes_done, rounds = 0, 0.0, 0, 0
@@ -183,8 +186,14 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = torch.Generator(device=dev).manual_seed(args.seed + step)
     prompts = PromptTable(dev)
-    buf = Buffer(args.buffer, dev)
+    buf = Buffer(args.buffer, cfg.state_dim, dev)
     budget_s = args.minutes * 60.0
+
+    def run_progress(elapsed_s: float, steps: int) -> float:
+        # The run ends at whichever budget comes first; the schedules (beta, lr) follow the
+        # same share, so a --max-steps run (the CPU comparisons: equal steps whatever the
+        # machine's load) anneals like a timed one.
+        return max(elapsed_s / budget_s, steps / args.max_steps)
     t0 = time.perf_counter() - elapsed
     last_log = last_ckpt = time.perf_counter()
     loss_ema = float("nan")
@@ -196,14 +205,14 @@ def main(argv: list[str] | None = None) -> int:
                     "elapsed": time.perf_counter() - t0, "rounds": rounds, "log": history}, out / "ckpt.pt")
 
     while step < args.max_steps:
-        progress = (time.perf_counter() - t0) / budget_s
+        progress = run_progress(time.perf_counter() - t0, step)
         if progress >= 1.0:
             break
-        beta = beta_at(progress, args.expert_share, args.beta_min)
+        beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
         rng = random.Random(f"{args.seed}:{rounds}")
         seeds = goal_seeds(TRAIN_SEED0 + rounds * args.envs, args.envs)
         kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(args.envs)]
-        ep = Episodes(seeds, kinds, dev)
+        ep = Episodes(seeds, kinds, dev, layout=args.state)
         planner = Planner(ep.sim)
         assert ep.sim.goals is not None
         pidx = torch.tensor([prompts.index[g.prompt(rng.randrange(4))] for g in ep.sim.goals], device=dev)
@@ -239,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss_ema = lv if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * lv
             model.eval()
             now = time.perf_counter()
-            progress = (now - t0) / budget_s
+            progress = run_progress(now - t0, step)
             if now - last_log >= args.log_every:
                 last_log = now
                 rate = stats["success"] / max(stats["episodes"], 1)
