@@ -99,7 +99,8 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
         row: dict = {}
         for name in ("planner", "random", "policy"):
             started = time.perf_counter()
-            ep = Episodes(seeds, kind, device, budget, policy.state_layout)
+            # Only the policy reads a state; the others skip the memory layout's bookkeeping.
+            ep = Episodes(seeds, kind, device, budget, policy.state_layout if name == "policy" else "keys")
             if name == "planner":
                 drive_planner(ep)
             elif name == "random":
