@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, panorama_update, policy_state,
-                                      visit_memory)
+from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, egocentric, panorama_update,
+                                      policy_state, visit_memory)
 from models.world.maze.planner import goal_sim
 
 BUDGET = 300   # frames; the planner needs at most ~170 (MODEL_CARD.md)
@@ -60,7 +60,8 @@ class Episodes:
         if self.layout != "memory":
             return self.sim.render(), policy_state(self.sim.yaw, self.sim.pitch, self.history)
         assert self._camera is not None
-        memory = torch.cat([visit_memory(self.sim.pos, self.start, self.visits), self.panorama.flatten(1)], 1)
+        pano = egocentric(self.panorama, self.sim.yaw).flatten(1)
+        memory = torch.cat([visit_memory(self.sim.pos, self.start, self.visits), pano], 1)
         return self._camera, policy_state(self.sim.yaw, self.sim.pitch, self.history, memory)
 
     def _remember(self, live: torch.Tensor, camera: torch.Tensor | None = None) -> None:

@@ -25,7 +25,8 @@ OpenPI metadata advertises it as ``state_layout``):
   cell around it (world axes, rows = y, saturating at ``VISIT_SATURATE``
   frames), then a panorama of the sky (``panorama_update``): for each of
   ``PANORAMA_BINS`` world bearings, the mean and the max RGB of the top
-  ``SKY_ROWS`` rows of the columns that last looked that way. The goal's
+  ``SKY_ROWS`` rows of the columns that last looked that way, sent turned to
+  the heading (``egocentric``: row 0 is the bearing ahead). The goal's
   beacon is on the sky, so the panorama is what remembers where the target was
   seen after the camera turned away (it is in view in about a third of the
   planner's frames, at the start in 5-12% of episodes). All of it follows from
@@ -90,6 +91,10 @@ class MazeFlowModel(FlowActionModel):
         )
         side = cfg.image_resolution[0] // 16
         self.image_pos = nn.Parameter(torch.randn(1, side * side, d) * 0.02)
+        if cfg.state_dim == STATE_LAYOUTS["memory"]:
+            # The memory's useful facts are nonlinear in it (which panorama bin holds the
+            # prompt's colour, which neighbour cell is unvisited): an MLP, not one linear map.
+            self.state_in = nn.Sequential(nn.Linear(cfg.state_dim, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
 
     @property
     def state_layout(self) -> str:
@@ -145,6 +150,23 @@ def column_bearings(yaw: torch.Tensor) -> torch.Tensor:
     return yaw[:, None].float() + torch.atan(cam * math.tan(FOV / 2))[None]
 
 
+def bearing_bin(bearing: torch.Tensor) -> torch.Tensor:
+    """World bearing (radians) -> panorama bin; bin k is centred on k * 360 / PANORAMA_BINS degrees."""
+    width = 2 * math.pi / PANORAMA_BINS
+    return torch.remainder(torch.floor(bearing / width + 0.5).long(), PANORAMA_BINS)
+
+
+def egocentric(pano: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
+    """The panorama [B, K, 6] turned to the heading: row j is the bin j bins right of the one ahead.
+
+    (Right = the direction L turns, increasing yaw.) A fixed row then means a fixed turn, whatever
+    the heading; the robot does this on its side, as a map would be drawn heading-up.
+    """
+    k = pano.shape[1]
+    rows = torch.remainder(bearing_bin(yaw)[:, None] + torch.arange(k, device=pano.device)[None], k)
+    return pano.gather(1, rows[..., None].expand(-1, -1, pano.shape[2]))
+
+
 def panorama_update(pano: torch.Tensor, image: torch.Tensor, yaw: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
     """The sky panorama [B, PANORAMA_BINS, 6] after seeing ``image`` [B, H, W, 3] uint8 at ``yaw`` [B].
 
@@ -153,8 +175,7 @@ def panorama_update(pano: torch.Tensor, image: torch.Tensor, yaw: torch.Tensor, 
     bins out of view, and rows where ``live`` [B] is false, keep what they had.
     """
     sky = image[:, :SKY_ROWS].float() / 255.0                             # [B, R, W, 3]
-    width = 2 * math.pi / PANORAMA_BINS
-    bins = torch.floor(torch.remainder(column_bearings(yaw), 2 * math.pi) / width).long().clamp(0, PANORAMA_BINS - 1)
+    bins = bearing_bin(column_bearings(yaw))
     onehot = torch.nn.functional.one_hot(bins, PANORAMA_BINS).float()      # [B, W, K]
     count = onehot.sum(1)                                                  # [B, K]
     mean = torch.einsum("bwk,bwc->bkc", onehot, sky.mean(1)) / count.clamp_min(1)[..., None]

@@ -1,6 +1,7 @@
 """The maze policy package: weights, adapter, factory, episodes, evaluation, training smoke run."""
 
 import json
+import math
 from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
@@ -14,8 +15,9 @@ from models.policy.maze.adapter import DEFAULT_WEIGHTS, MazePolicy
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.evaluate import drive_planner, drive_policy, evaluate
 from models.policy.maze.model import (HORIZON, PANORAMA_BINS, SKY_ROWS, STATE_DIM, STATE_LAYOUTS, VISIT_SATURATE,
-                                      VISIT_WINDOW, MazeFlowModel, column_bearings, config, layout_of, load_policy,
-                                      panorama_update, policy_state, save_policy, visit_memory)
+                                      VISIT_WINDOW, MazeFlowModel, bearing_bin, column_bearings, config, egocentric,
+                                      layout_of, load_policy, panorama_update, policy_state, save_policy,
+                                      visit_memory)
 from models.policy.maze.train import PromptTable, beta_at, main as train_main
 from protocols.openpi import Observation, SamplingParams
 
@@ -109,7 +111,7 @@ def test_memory_state_counts_visits_and_keeps_the_sky_it_saw():
     centre = VISIT_WINDOW // 2
     assert window[:, centre, centre].tolist() == [1 / VISIT_SATURATE] * 2 and float(window.sum()) == 2 / VISIT_SATURATE
     pano = state[:, 39 + VISIT_WINDOW ** 2:].view(2, PANORAMA_BINS, 6)
-    assert torch.equal(pano, ep.panorama) and int((pano.abs().sum(-1) > 0).sum(1).min()) >= 3  # ~66 of 360 degrees
+    assert torch.equal(pano, egocentric(ep.panorama, ep.sim.yaw)) and int((pano.abs().sum(-1) > 0).sum(1).min()) >= 3  # ~66 of 360 degrees
     spin = torch.zeros(2, 8)
     spin[:, 7] = 1                                          # L: turn right, 6 degrees a frame
     for _ in range(30):
@@ -138,15 +140,19 @@ def test_visit_window_and_panorama_exact_values():
     mem = visit_memory(torch.tensor([[1.5, 1.5]]), torch.tensor([[1.5, 1.5]]), visits)
     window = mem[0, 4:].view(VISIT_WINDOW, VISIT_WINDOW)
     assert window[r, r] == 4 / VISIT_SATURATE and float(window[:r - 1].sum()) == 0.0  # beyond the edge reads 0
-    # Panorama: looking along +x (yaw 0) the columns span -33..+33 degrees: bins 14, 15, 0, 1 of 16.
-    bins = torch.floor(torch.remainder(column_bearings(torch.zeros(1)), 2 * torch.pi) / (2 * torch.pi / 16))
-    assert sorted(set(bins[0].long().tolist())) == [0, 1, 14, 15]
+    # Panorama: looking along +x (yaw 0) the columns span -33..+33 degrees: bins 15, 0, 1 of 16
+    # (bin k centred on k * 22.5 degrees).
+    bins = bearing_bin(column_bearings(torch.zeros(1)))
+    assert sorted(set(bins[0].tolist())) == [0, 1, 15]
     image = torch.zeros(2, 64, 64, 3, dtype=torch.uint8)
     image[:, :SKY_ROWS, 32:, 0] = 255    # the right half's sky is red: bearings 0..33 degrees
     image[:, SKY_ROWS:, :, 2] = 255      # below the sky rows: not looked at
     pano = panorama_update(torch.full((2, PANORAMA_BINS, 6), 0.5), image, torch.zeros(2), torch.tensor([True, False]))
-    assert pano[0, 0].tolist() == [1.0, 0, 0, 1.0, 0, 0] and pano[0, 15].tolist() == [0.0] * 6
-    assert pano[0, 1, 0] == 1.0 and pano[0, 14].tolist() == [0.0] * 6 and pano[0, 5].tolist() == [0.5] * 6
+    assert pano[0, 1].tolist() == [1.0, 0, 0, 1.0, 0, 0] and pano[0, 15].tolist() == [0.0] * 6
+    assert pano[0, 0, 0] == pytest.approx(0.5) and pano[0, 0, 3] == 1.0 and pano[0, 5].tolist() == [0.5] * 6
+    # Heading-up: at yaw 45 degrees (bin 2) row 0 is world bin 2, row 14 world bin 0.
+    ego = egocentric(pano, torch.full((2,), math.radians(45.0)))
+    assert torch.equal(ego[0, 0], pano[0, 2]) and torch.equal(ego[0, 14], pano[0, 0]) and torch.equal(ego[0, 15], pano[0, 1])
     assert torch.equal(pano[1], torch.full((PANORAMA_BINS, 6), 0.5))    # not live: unchanged
 
 
