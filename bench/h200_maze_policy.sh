@@ -8,7 +8,7 @@
 # wall clock, 6.5), MAZES (200), TRAIN_ARGS (extra train flags), SWEEP (validation mazes for an
 # execute-horizon sweep before the evaluation, 0 = none), BEFORE (1: also evaluate the shipped weights).
 # CPU dry run (about 3 minutes on 2 cores):
-#   DEVICE=cpu MINUTES=0.4 MAZES=2 TRAIN_ARGS="--tiny --envs 8 --bs 16 --buffer 4000 --updates 1" \
+#   DEVICE=cpu MINUTES=0.4 MAZES=2 TRAIN_ARGS="--tiny --envs 8 --bs 16 --buffer 4000 --updates 1 --workers 2" \
 #       OUT=/tmp/o bench/h200_maze_policy.sh
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1

@@ -20,6 +20,7 @@ import torch
 
 from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, egocentric, panorama_update,
                                       policy_state, visit_memory)
+from models.world.maze.goals import GoalEpisode
 from models.world.maze.planner import goal_sim
 
 BUDGET = 300   # frames; the planner needs at most ~170 (MODEL_CARD.md)
@@ -34,10 +35,10 @@ class Episodes:
     """``len(seeds)`` goal episodes of ``kind`` (one kind, or one per seed) on one device."""
 
     def __init__(self, seeds: list[int], kind: str | list[str], device: str | torch.device = "cpu",
-                 budget: int = BUDGET, layout: str = LAYOUT) -> None:
+                 budget: int = BUDGET, layout: str = LAYOUT, goals: list[GoalEpisode] | None = None) -> None:
         if layout not in STATE_LAYOUTS:
             raise ValueError(f"state layout must be one of {list(STATE_LAYOUTS)}, got {layout!r}")
-        self.sim = goal_sim(seeds, kind, device)
+        self.sim = goal_sim(seeds, kind, device, goals)
         self.budget = budget
         self.layout = layout
         B, dev = self.sim.batch, self.sim.device

@@ -31,9 +31,12 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
+import os
 import random
 import sys
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +45,71 @@ import torch
 from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.model import EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, MazeFlowModel, config, save_policy
-from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
-from models.world.maze.planner import Planner, goal_seeds
+from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
+from models.world.maze.planner import Planner, distance_field, goal_seeds
+from models.world.maze.sim import make_maze
 
 log = logging.getLogger("models.policy.maze.train")
 
 TRAIN_SEED0 = 2_000_000   # training mazes; evaluation uses EVAL_SEED0 (evaluate.py)
+CHUNK = 256               # mazes per worker task; a chunk's seeds start 2 * CHUNK after the last's
+Made = tuple[list[int], list[GoalEpisode], list[list[list[int]]]]
+
+
+def make_chunk(seed0: int, count: int, kinds: list[str]) -> Made:
+    """Seeds, goal episodes and planner distance fields of ``count`` mazes from ``seed0`` (pure Python)."""
+    seeds = goal_seeds(seed0, count)
+    goals, fields = [], []
+    for s, k in zip(seeds, kinds):
+        grid, start, _ = make_maze(s)
+        ep = make_goals(s, k, grid, start)
+        goals.append(ep)
+        fields.append(distance_field(grid, ep))
+    return seeds, goals, fields
+
+
+class Rounds:
+    """Each round's mazes, made ahead by ``workers`` processes (0: in this one, when asked).
+
+    Maze generation, goal placement and the planner's BFS are pure Python, a few ms a
+    maze: for thousands of mazes a round that is seconds of one core, which the first
+    run spent with the GPU idle between rounds. The workers make round r + 1 while
+    round r trains. Which seeds a round gets does not depend on ``workers``::
+
+        round r, chunk i:  goal_seeds(TRAIN_SEED0 + r * 2 * envs + i * 2 * CHUNK, CHUNK)
+    """
+
+    def __init__(self, envs: int, workers: int) -> None:
+        self.envs = envs
+        self.kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(envs)]
+        # Fork before this process touches CUDA (the caller makes Rounds first); the
+        # workers never do. Spawn where fork does not exist.
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.pool = ProcessPoolExecutor(workers, mp_context=ctx) if workers > 0 else None
+        self.pending: dict[int, list[Future]] = {}
+
+    def _chunks(self, r: int) -> list[tuple[int, int, list[str]]]:
+        base = TRAIN_SEED0 + r * 2 * self.envs
+        return [(base + i * 2 * CHUNK, min(CHUNK, self.envs - lo), self.kinds[lo:lo + CHUNK])
+                for i, lo in enumerate(range(0, self.envs, CHUNK))]
+
+    def prefetch(self, r: int) -> None:
+        if self.pool is not None and r not in self.pending:
+            self.pending[r] = [self.pool.submit(make_chunk, *c) for c in self._chunks(r)]
+
+    def get(self, r: int) -> Made:
+        """Round ``r``'s mazes (and round r + 1 set going)."""
+        self.prefetch(r)
+        self.prefetch(r + 1)
+        parts = [f.result() for f in self.pending.pop(r)] if self.pool is not None else \
+            [make_chunk(*c) for c in self._chunks(r)]
+        return ([s for p in parts for s in p[0]], [g for p in parts for g in p[1]],
+                [f for p in parts for f in p[2]])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class PromptTable:
@@ -163,26 +225,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-every", type=float, default=10.0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model and data for a CPU smoke run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes making mazes ahead (default: CPUs - 2 with CUDA, 0 = inline on CPU)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
+    ck = torch.load(args.resume, map_location="cpu", weights_only=False) if args.resume else None
+    rounds = ck["rounds"] if ck else 0
+    workers = args.workers if args.workers is not None else (max(1, min(12, (os.cpu_count() or 1) - 2))
+                                                              if dev.type == "cuda" else 0)
+    maker = Rounds(args.envs, workers)
+    maker.prefetch(rounds)        # forks the workers now, before CUDA is initialised
+    maker.prefetch(rounds + 1)
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
     cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
     model = MazeFlowModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    step, elapsed, episodes_done, rounds = 0, 0.0, 0, 0
+    step, elapsed, episodes_done = 0, 0.0, 0
     history: list[dict] = []
-    if args.resume:
-        ck = torch.load(args.resume, map_location=dev, weights_only=False)
+    if ck:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, rounds, history = ck["step"], ck["elapsed"], ck["rounds"], ck["log"]
         log.info("resumed %s at step %d, %.0f s", args.resume, step, elapsed)
     params = sum(p.numel() for p in model.parameters())
-    log.info("maze policy: %.2fM parameters, device %s, %d envs", params / 1e6, dev, args.envs)
+    log.info("maze policy: %.2fM parameters, device %s, %d envs, state %s, %d maze workers", params / 1e6, dev,
+             args.envs, args.state, workers)
 
     gen = torch.Generator(device=dev).manual_seed(args.seed + step)
     prompts = PromptTable(dev)
@@ -210,10 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             break
         beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
         rng = random.Random(f"{args.seed}:{rounds}")
-        seeds = goal_seeds(TRAIN_SEED0 + rounds * args.envs, args.envs)
-        kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(args.envs)]
-        ep = Episodes(seeds, kinds, dev, layout=args.state)
-        planner = Planner(ep.sim)
+        seeds, goals, fields = maker.get(rounds)
+        ep = Episodes(seeds, maker.kinds, dev, layout=args.state, goals=goals)
+        planner = Planner(ep.sim, fields)
         assert ep.sim.goals is not None
         pidx = torch.tensor([prompts.index[g.prompt(rng.randrange(4))] for g in ep.sim.goals], device=dev)
         rounds += 1
@@ -266,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         episodes_done += int(ep.done.sum())
         if rounds % 4 == 0:
             stats = {"success": 0, "episodes": 0}
+    maker.close()
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
+            "envs": args.envs, "state_layout": args.state, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

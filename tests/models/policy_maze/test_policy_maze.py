@@ -217,3 +217,21 @@ def test_robot_reads_the_state_layout_from_the_metadata():
     assert state_layout({"state_dim": 216, "state_layout": "memory"}) == "memory"
     with pytest.raises(RuntimeError, match="reads a 35-float state in layout 'memory'"):
         state_layout({"state_dim": 35, "state_layout": "memory"})
+
+
+def test_training_rounds_are_the_same_made_inline_or_in_workers():
+    from models.policy.maze.train import CHUNK, TRAIN_SEED0, Rounds
+    from models.world.maze.planner import Planner, goal_seeds, goal_sim
+
+    inline, pooled = Rounds(CHUNK + 4, 0), Rounds(CHUNK + 4, 1)
+    try:
+        a, b = inline.get(1), pooled.get(1)
+    finally:
+        pooled.close()
+    assert a == b and len(a[0]) == CHUNK + 4 == len(set(a[0]))
+    base = TRAIN_SEED0 + 2 * (CHUNK + 4)                    # round 1; its second chunk 2 * CHUNK later
+    assert a[0][:CHUNK] == goal_seeds(base, CHUNK) and a[0][CHUNK:] == goal_seeds(base + 2 * CHUNK, 4)
+    assert [g.kind for g in a[1][:4]] == ["wall", "marker", "wall", "marker"]
+    seeds, goals, fields = a
+    sim = goal_sim(seeds[-4:], [g.kind for g in goals[-4:]])
+    assert sim.goals == goals[-4:] and torch.equal(Planner(sim, fields[-4:]).dist, Planner(sim).dist)
