@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Train the maze navigation policy (issue 18) and evaluate it, on the H200, in one command of < 9 minutes.
-# Results to $OUT: maze_policy.safetensors (the new weights), maze_policy_train_log_h200.json,
-# maze_policy_eval_h200.json (new weights: policy vs planner vs random, 200 unseen mazes per goal kind),
-# maze_policy_eval_h200_before.json (the shipped weights on the same mazes, same machine), gpu.txt.
+# Results to $OUT: maze_policy.safetensors (the new weights), train_log_run2.json,
+# maze_policy_eval_h200_run2.json (new weights: policy vs planner vs random, 200 unseen mazes per goal kind),
+# maze_policy_eval_h200_run2_before.json (the shipped weights on the same mazes, same machine), gpu.txt.
 # Needs torch, numpy, safetensors, msgpack (all in the GPU image); no server packages.
-# Run from the repo root (or the .dev_ copy). Knobs (environment): DEVICE (cuda), MINUTES (training
+# Run from the repo root (or the .dev_ copy): device tool command `cd .dev_BRANCH && bench/h200_maze_policy.sh`,
+# carry [".dev_BRANCH"] only (no wheels needed). Knobs (environment): DEVICE (cuda), MINUTES (training
 # wall clock, 6.5), MAZES (200), TRAIN_ARGS (extra train flags), SWEEP (validation mazes for an
 # execute-horizon sweep before the evaluation, 0 = none), BEFORE (1: also evaluate the shipped weights).
 # CPU dry run (about 3 minutes on 2 cores):
@@ -28,23 +29,23 @@ timeout "$limit" python3 -m models.policy.maze.train --minutes "$MINUTES" --devi
 rc=${PIPESTATUS[0]}; echo "== train rc=$rc"
 [ -f "$RUN/maze_policy.safetensors" ] || exit 1
 cp "$RUN/maze_policy.safetensors" "$OUT/maze_policy.safetensors"
-cp "$RUN/train_log.json" "$OUT/maze_policy_train_log_h200.json"
+cp "$RUN/train_log.json" "$OUT/train_log_run2.json"
 sweep=(); [ "$SWEEP" -gt 0 ] && sweep=(--sweep "$SWEEP")
 echo "== evaluate new weights"
 timeout 240 python3 -m models.policy.maze.evaluate --weights "$OUT/maze_policy.safetensors" --mazes "$MAZES" \
-    --device "$DEVICE" ${sweep[@]+"${sweep[@]}"} --out "$OUT/maze_policy_eval_h200.json" 2>&1 | grep -v '^ ' | tail -n 20
+    --device "$DEVICE" ${sweep[@]+"${sweep[@]}"} --out "$OUT/maze_policy_eval_h200_run2.json" 2>&1 | grep -v '^ ' | tail -n 20
 echo "== evaluate rc=${PIPESTATUS[0]}"
 if [ "$BEFORE" = 1 ]; then
     echo "== evaluate the shipped weights (same mazes, same machine)"
     timeout 120 python3 -m models.policy.maze.evaluate --mazes "$MAZES" --device "$DEVICE" \
-        --out "$OUT/maze_policy_eval_h200_before.json" 2>&1 | grep -v '^ ' | tail -n 10
+        --out "$OUT/maze_policy_eval_h200_run2_before.json" 2>&1 | grep -v '^ ' | tail -n 10
     echo "== evaluate before rc=${PIPESTATUS[0]}"
 fi
 python3 - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for name in ("maze_policy_eval_h200.json", "maze_policy_eval_h200_before.json"):
+for name in ("maze_policy_eval_h200_run2.json", "maze_policy_eval_h200_run2_before.json"):
     p = out / name
     if p.is_file():
         r = json.loads(p.read_text())
