@@ -279,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
         progress = run_progress(time.perf_counter() - t0, step)
         if progress >= 1.0:
             break
-        beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
         rng = random.Random(f"{args.seed}:{rounds}")
         seeds, goals, fields = maker.get(rounds)
         ep = Episodes(seeds, maker.kinds, dev, layout=args.state, goals=goals)
@@ -294,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             label = expert_chunk(ep, planner)
             buf.add(images[live], state[live], pidx[live], label[live])
             samples += int(live.sum())
+            # Per collection step, not per round: a round of slow episodes can be a fifth of a small run.
+            beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
             use_expert = torch.rand(args.envs, device=dev, generator=gen) < beta
             chunk = label
             if beta < 1.0:
