@@ -18,13 +18,11 @@ BUDGET = 24  # frames: 6 policy calls an episode keeps the test fast on CPU
 
 @pytest.mark.parametrize("layout", ["keys", "memory"])
 def test_robot_episodes_through_the_server_equal_the_in_process_evaluation(tmp_path, layout):
-    # keys: the shipped weights; memory: a tiny random policy that reads the memory state
-    # (odometry, visits, sky panorama), which the robot builds on its side of the wire.
-    weights = None
-    if layout == "memory":
-        torch.manual_seed(0)
-        weights = tmp_path / "memory.safetensors"
-        save_policy(MazeFlowModel(config("memory", d_model=32, num_heads=2, num_layers=1)), weights)
+    # A tiny random policy of each state layout (the memory one: odometry, visits, sky panorama,
+    # which the robot builds on its side of the wire), whichever the shipped weights read.
+    torch.manual_seed(0)
+    weights = tmp_path / f"{layout}.safetensors"
+    save_policy(MazeFlowModel(config(layout, d_model=32, num_heads=2, num_layers=1)), weights)
     policy = MazePolicy(weights, max_batch=4)
     reference = MazePolicy(weights, max_batch=4)
     with running(policy) as addr:

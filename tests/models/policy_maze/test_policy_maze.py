@@ -77,9 +77,11 @@ def test_factory_entry_and_build_policy_spec(tiny_weights):
 def test_shipped_weights_are_a_few_megabytes_and_load():
     assert DEFAULT_WEIGHTS.stat().st_size < 5 * 2**20
     policy = MazePolicy()
-    # The first weights predate the state_layout key: they read the reactive keys state.
-    assert policy.state_layout == "keys" and policy.metadata.state_dim == STATE_LAYOUTS["keys"] == 35
-    assert sum(p.numel() for p in policy.model.parameters()) == 1_857_256
+    # Run 1's weights predate the state_layout key (they read the reactive keys state); recipe 2's
+    # read the memory state through an MLP.
+    assert policy.metadata.state_dim == STATE_LAYOUTS[policy.state_layout]
+    params = {"keys": 1_857_256, "memory": 1_941_096}[policy.state_layout]
+    assert sum(p.numel() for p in policy.model.parameters()) == params
     assert policy.describe()["weights"] == "maze_policy.safetensors"
 
 
