@@ -15,7 +15,8 @@ How success is judged in the dream: the executed keys are re-simulated, in
 lockstep, in the true goal simulator from the same start (``Episodes``); the
 episode succeeds if that re-simulation reaches the target within the budget.
 The same re-simulation gives the policy's state vector (heading, pitch, last
-keys), which depends only on the keys pressed. The simulator baseline drives
+keys, and for the ``memory`` layout the odometry and visit counts), which
+depends only on the keys pressed. The simulator baseline drives
 the same policy, same seeds and budget, from the simulator's own frames
 (``evaluate.drive_policy``).
 
@@ -44,7 +45,7 @@ from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes, call_seed
 from models.policy.maze.evaluate import drive_policy
 from models.policy.maze.model import IMAGE_KEY
-from models.policy.maze.robot import check_metadata
+from models.policy.maze.robot import check_metadata, state_layout
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
 from models.world.maze.sim import MazeSim
@@ -52,8 +53,9 @@ from models.world.maze.sim import MazeSim
 
 async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, kind: str, budget: int,
                         session: str) -> dict:
-    horizon = check_metadata(robot.get_server_metadata())
-    shadow = Episodes([seed], kind, "cpu", budget)
+    meta = robot.get_server_metadata()
+    horizon = check_metadata(meta)
+    shadow = Episodes([seed], kind, "cpu", budget, state_layout(meta))
     prompt = shadow.prompts()[0]
     started = time.perf_counter()
     calls = 0
@@ -62,6 +64,8 @@ async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, ki
         frame = (await world.next_chunk(credit=False)).frames()[0]
         # The world starts from the goal-less simulator's first frame of this maze.
         first_equal = bool(np.array_equal(frame, MazeSim([seed]).render()[0].numpy()))
+        # The policy's memory (the memory layout's sky panorama) holds what it saw: the dream's frames.
+        shadow.see_first(torch.from_numpy(np.array(frame))[None])
         while not shadow.all_done:
             _, state = shadow.observe()
             obs = {IMAGE_KEY: np.ascontiguousarray(frame), "state": state[0].numpy(), "prompt": prompt,
@@ -74,7 +78,8 @@ async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, ki
                 await world.hold_keys([k for k, b in zip(ACTION_KEYS, keys) if b > 0.5])
                 await world.credit(1)
                 frame = (await world.next_chunk(credit=False)).frames()[0]
-                shadow.step(torch.from_numpy((keys > 0.5).astype(np.float32))[None])
+                shadow.step(torch.from_numpy((keys > 0.5).astype(np.float32))[None],
+                            camera=torch.from_numpy(np.array(frame))[None])
         await world.close()
     return {"seed": seed, "kind": kind, "prompt": prompt, "success": bool(shadow.success[0]),
             "frames": int(shadow.frames[0]), "policy_calls": calls, "first_frame_equals_simulator": first_equal,
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in GOAL_KINDS:
         for seed in seeds:
             dream = asyncio.run(dream_episode(args.server, robot, seed, kind, args.budget, f"dream-{kind}-{seed}"))
-            ep = Episodes([seed], kind, "cpu", args.budget)
+            ep = Episodes([seed], kind, "cpu", args.budget, reference.state_layout)
             drive_policy(ep, reference)
             dream["simulator_success"] = bool(ep.success[0])
             dream["simulator_frames"] = int(ep.frames[0])

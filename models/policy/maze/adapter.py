@@ -7,7 +7,8 @@ key bits (1.0 = held) in ``ACTION_KEYS`` order, ``HORIZON`` frames a chunk.
 
 Metadata ``extra`` tells a robot what it needs beyond the OpenPI fields: the key
 order, how many frames of each chunk to execute before observing again
-(``execute_horizon``), how to build the state, and the prompts it understands.
+(``execute_horizon``), how to build the state (``state_layout``, ``model.py``'s
+``STATE_LAYOUTS``, and a sentence), and the prompts it understands.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ import numpy as np
 from models.base import ACTION_KEYS
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
-from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, load_policy
+from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
 from protocols.openpi import PolicyMetadata
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "maze_policy.safetensors"
+
+
+_KEYS_TEXT = f"cos yaw, sin yaw, pitch / 12, keys of the last {HISTORY} frames (oldest first)"
+_STATE_TEXT = {
+    "keys": _KEYS_TEXT,
+    "memory": _KEYS_TEXT + "; then (x, y) from the start / maze size, offset from the cell centre (x, y), "
+              f"frames spent per cell / {VISIT_SATURATE} (max 1) in the {VISIT_WINDOW}x{VISIT_WINDOW} cells "
+              "around the robot's (rows y, world axes)",
+}
 
 
 class MazePolicy(FlowMatchingPolicy):
@@ -48,12 +58,14 @@ class MazePolicy(FlowMatchingPolicy):
                 "num_inference_steps": cfg.num_inference_steps,
                 "action_keys": "".join(ACTION_KEYS),
                 "execute_horizon": EXECUTE,
-                "state": f"cos yaw, sin yaw, pitch / 12, keys of the last {HISTORY} frames (oldest first)",
+                "state_layout": model.state_layout,
+                "state": _STATE_TEXT[model.state_layout],
                 "prompts": [PROMPTS[k][0].format(c=c) for k in GOAL_KINDS for c in COLOUR_NAMES],
             },
         )
         super().__init__(cfg, device=device, name=name, model=model, metadata=metadata)
         self.weights = path
+        self.state_layout = model.state_layout
 
     def describe(self) -> Mapping[str, Any]:
         return {**super().describe(), "weights": self.weights.name}

@@ -60,6 +60,8 @@ def drive_policy(ep: Episodes, policy: MazePolicy, execute: int = EXECUTE, fixed
     ``fixed_noise``: every call of an episode uses the episode's first seed (the
     same noise each time), instead of a new seed per call.
     """
+    if ep.layout != policy.state_layout:
+        raise ValueError(f"episodes build the {ep.layout!r} state, the policy reads {policy.state_layout!r}")
     prompts = ep.prompts()
     calls = 0
     call_no = 0
@@ -97,7 +99,8 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
         row: dict = {}
         for name in ("planner", "random", "policy"):
             started = time.perf_counter()
-            ep = Episodes(seeds, kind, device, budget)
+            # Only the policy reads a state; the others skip the memory layout's bookkeeping.
+            ep = Episodes(seeds, kind, device, budget, policy.state_layout if name == "policy" else "keys")
             if name == "planner":
                 drive_planner(ep)
             elif name == "random":
@@ -115,7 +118,8 @@ def evaluate(policy: MazePolicy, mazes: int, device: str, seed0: int = EVAL_SEED
     both = [results[k]["policy_vs_planner"] for k in GOAL_KINDS]
     return {"per_kind": results, "policy_vs_planner_mean": round(float(np.mean(both)), 4), "goal": 0.8,
             "mazes_per_kind": mazes, "seeds": [seeds[0], seeds[-1]], "budget_frames": budget,
-            "execute_horizon": execute, "fixed_noise": fixed_noise, "num_inference_steps": policy.cfg.num_inference_steps}
+            "execute_horizon": execute, "fixed_noise": fixed_noise, "num_inference_steps": policy.cfg.num_inference_steps,
+            "state_layout": policy.state_layout}
 
 
 VALIDATION_SEED0 = 10_000

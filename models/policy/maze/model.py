@@ -10,14 +10,34 @@ Everything after the image stem is ``FlowActionModel`` (pi0's convention:
 x_t = t * noise + (1 - t) * actions). Actions are the 8 key bits per frame
 scaled to -1 / +1; a key is held when the sampled value is above 0.
 
-The state vector (``policy_state``) is what a robot knows without a map:
-cos / sin of its heading, its pitch (divided by ``PITCH_MAX``) and the keys
-it held in the last ``HISTORY`` frames, oldest first.
+The state vector (``policy_state``) is what a robot knows without a map. Two
+layouts (``STATE_LAYOUTS``; the weights' metadata names theirs, the server's
+OpenPI metadata advertises it as ``state_layout``):
+
+* ``keys`` (the first shipped weights, 35 floats): cos / sin of the heading,
+  the pitch (divided by ``PITCH_MAX``) and the keys held in the last
+  ``HISTORY`` frames, oldest first. A reactive policy: it cannot remember
+  which corridor it already tried.
+* ``memory`` (120 floats): ``keys`` then the robot's own odometry memory
+  (``visit_memory``): its displacement from the start (x, y, divided by the
+  maze size), its offset from the centre of its cell, and a
+  ``VISIT_WINDOW`` x ``VISIT_WINDOW`` window of how long it has stood in each
+  cell around it (world axes, rows = y, saturating at ``VISIT_SATURATE``
+  frames), then a panorama of the sky (``panorama_update``): for each of
+  ``PANORAMA_BINS`` world bearings, the mean and the max RGB of the top
+  ``SKY_ROWS`` rows of the columns that last looked that way, sent turned to
+  the heading (``egocentric``: row 0 is the bearing ahead). The goal's
+  beacon is on the sky, so the panorama is what remembers where the target was
+  seen after the camera turned away (it is in view in about a third of the
+  planner's frames, at the start in 5-12% of episodes). All of it follows from
+  the robot's own camera and motion (a start is always a cell centre, so
+  odometry gives the cell); none of it is the map.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -25,20 +45,34 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.policy.flow import FlowActionModel, FlowPolicyConfig
-from models.world.maze.sim import H, PITCH_MAX, W
+from models.world.maze.sim import FOV, H, PITCH_MAX, W
 
 HORIZON = 8          # frames per predicted chunk
 EXECUTE = 4          # frames a robot executes before it observes again
 HISTORY = 4          # past frames of keys in the state
 ACTION_DIM = 8
-STATE_DIM = 3 + HISTORY * ACTION_DIM
 IMAGE_KEY = "image"
+VISIT_RADIUS = 4     # cells each side of the robot's in the visit window
+VISIT_WINDOW = 2 * VISIT_RADIUS + 1
+VISIT_SATURATE = 16  # frames in a cell that count as fully visited (a corridor cell takes ~9)
+ODOMETRY = 4         # displacement from the start (x, y), offset in the cell (x, y)
+PANORAMA_BINS = 16   # world bearings of 22.5 degrees; the camera spans 66, about 3 bins
+SKY_ROWS = 8         # top rows of the frame (sky unless a wall is within ~1.3 cells)
+PANORAMA = PANORAMA_BINS * 6  # mean RGB, max RGB per bin, in 0..1
+STATE_LAYOUTS: dict[str, int] = {
+    "keys": 3 + HISTORY * ACTION_DIM,
+    "memory": 3 + HISTORY * ACTION_DIM + ODOMETRY + VISIT_WINDOW * VISIT_WINDOW + PANORAMA,
+}
+LAYOUT = "memory"    # what training makes now; weights without the metadata key are "keys"
+STATE_DIM = STATE_LAYOUTS[LAYOUT]
 
 
-def config(**over: object) -> FlowPolicyConfig:
-    """The maze policy's shape (the trained weights' metadata may override sizes)."""
+def config(layout: str = LAYOUT, **over: object) -> FlowPolicyConfig:
+    """The maze policy's shape for a state ``layout`` (the trained weights' metadata may override sizes)."""
+    if layout not in STATE_LAYOUTS:
+        raise ValueError(f"state layout must be one of {list(STATE_LAYOUTS)}, got {layout!r}")
     base = dict(action_horizon=HORIZON, action_dim=ACTION_DIM, image_keys=(IMAGE_KEY,), image_resolution=(H, W),
-                state_dim=STATE_DIM, d_model=128, num_heads=4, num_layers=4, num_inference_steps=10, max_batch=64)
+                state_dim=STATE_LAYOUTS[layout], d_model=128, num_heads=4, num_layers=4, num_inference_steps=10, max_batch=64)
     base.update(over)
     return FlowPolicyConfig(**base)  # type: ignore[arg-type]
 
@@ -57,20 +91,106 @@ class MazeFlowModel(FlowActionModel):
         )
         side = cfg.image_resolution[0] // 16
         self.image_pos = nn.Parameter(torch.randn(1, side * side, d) * 0.02)
+        if cfg.state_dim == STATE_LAYOUTS["memory"]:
+            # The memory's useful facts are nonlinear in it (which panorama bin holds the
+            # prompt's colour, which neighbour cell is unvisited): an MLP, not one linear map.
+            self.state_in = nn.Sequential(nn.Linear(cfg.state_dim, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    @property
+    def state_layout(self) -> str:
+        return layout_of(self.cfg.state_dim)
 
 
-def policy_state(yaw: torch.Tensor, pitch: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
-    """[B] yaw, [B] pitch, [B, HISTORY, 8] past keys -> [B, STATE_DIM] float32."""
-    return torch.cat([torch.cos(yaw)[:, None], torch.sin(yaw)[:, None], (pitch.float() / PITCH_MAX)[:, None],
-                      history.flatten(1).float()], 1)
+def layout_of(state_dim: int) -> str:
+    """The layout name of a state width (``STATE_LAYOUTS``)."""
+    for name, dim in STATE_LAYOUTS.items():
+        if dim == state_dim:
+            return name
+    raise ValueError(f"no maze state layout is {state_dim} floats wide ({STATE_LAYOUTS})")
+
+
+def policy_state(yaw: torch.Tensor, pitch: torch.Tensor, history: torch.Tensor,
+                 memory: torch.Tensor | None = None) -> torch.Tensor:
+    """[B] yaw, [B] pitch, [B, HISTORY, 8] past keys (, [B, M] ``visit_memory``) -> [B, S] float32.
+
+    Without ``memory`` it is the ``keys`` layout, with it the ``memory`` layout.
+    """
+    parts = [torch.cos(yaw)[:, None], torch.sin(yaw)[:, None], (pitch.float() / PITCH_MAX)[:, None],
+             history.flatten(1).float()]
+    if memory is not None:
+        parts.append(memory.float())
+    return torch.cat(parts, 1)
+
+
+def visit_memory(pos: torch.Tensor, start: torch.Tensor, visits: torch.Tensor) -> torch.Tensor:
+    """The ``memory`` layout's tail, [B, ODOMETRY + VISIT_WINDOW**2].
+
+    ``pos``, ``start`` [B, 2] (x, y) in cell units; ``visits`` [B, n, n] frames spent
+    per cell (rows y). The window is centred on the robot's cell; cells beyond the
+    maze's edge read 0 like unvisited ones::
+
+        window row r, column c  <->  cell (x0 - R + c, y0 - R + r),  R = VISIT_RADIUS
+    """
+    b, n = visits.shape[0], visits.shape[-1]
+    r = VISIT_RADIUS
+    padded = torch.nn.functional.pad(visits.float(), (r, r, r, r))        # [B, n + 2R, n + 2R]
+    cell = pos.floor().long().clamp(0, n - 1)                              # [B, 2]
+    offs = torch.arange(VISIT_WINDOW, device=pos.device)
+    rows = (cell[:, 1, None] + offs)[:, :, None]                           # padded index = cell - R + offs + R
+    cols = (cell[:, 0, None] + offs)[:, None, :]
+    window = padded[torch.arange(b, device=pos.device)[:, None, None], rows, cols]
+    window = (window / VISIT_SATURATE).clamp(max=1.0)
+    odo = torch.cat([(pos - start) / n, pos - pos.floor() - 0.5], 1)
+    return torch.cat([odo, window.flatten(1)], 1)
+
+
+def column_bearings(yaw: torch.Tensor) -> torch.Tensor:
+    """[B] yaw -> [B, W] the world bearing each camera column looks along (the sim's ray angles)."""
+    cam = (torch.arange(W, dtype=torch.float32, device=yaw.device) + 0.5) / W * 2 - 1
+    return yaw[:, None].float() + torch.atan(cam * math.tan(FOV / 2))[None]
+
+
+def bearing_bin(bearing: torch.Tensor) -> torch.Tensor:
+    """World bearing (radians) -> panorama bin; bin k is centred on k * 360 / PANORAMA_BINS degrees."""
+    width = 2 * math.pi / PANORAMA_BINS
+    return torch.remainder(torch.floor(bearing / width + 0.5).long(), PANORAMA_BINS)
+
+
+def egocentric(pano: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
+    """The panorama [B, K, 6] turned to the heading: row j is the bin j bins right of the one ahead.
+
+    (Right = the direction L turns, increasing yaw.) A fixed row then means a fixed turn, whatever
+    the heading; the robot does this on its side, as a map would be drawn heading-up.
+    """
+    k = pano.shape[1]
+    rows = torch.remainder(bearing_bin(yaw)[:, None] + torch.arange(k, device=pano.device)[None], k)
+    return pano.gather(1, rows[..., None].expand(-1, -1, pano.shape[2]))
+
+
+def panorama_update(pano: torch.Tensor, image: torch.Tensor, yaw: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """The sky panorama [B, PANORAMA_BINS, 6] after seeing ``image`` [B, H, W, 3] uint8 at ``yaw`` [B].
+
+    Each bin a column of the frame falls in (by its world bearing) is overwritten
+    with the mean and max RGB / 255 of the top ``SKY_ROWS`` rows of those columns;
+    bins out of view, and rows where ``live`` [B] is false, keep what they had.
+    """
+    sky = image[:, :SKY_ROWS].float() / 255.0                             # [B, R, W, 3]
+    bins = bearing_bin(column_bearings(yaw))
+    onehot = torch.nn.functional.one_hot(bins, PANORAMA_BINS).float()      # [B, W, K]
+    count = onehot.sum(1)                                                  # [B, K]
+    mean = torch.einsum("bwk,bwc->bkc", onehot, sky.mean(1)) / count.clamp_min(1)[..., None]
+    peak = (onehot[..., None] * sky.amax(1)[:, :, None, :]).amax(1)        # [B, K, 3]; colours >= 0
+    seen = (count > 0) & live[:, None]
+    return torch.where(seen[..., None], torch.cat([mean, peak], -1), pano)
 
 
 _SIZES = ("d_model", "num_heads", "num_layers", "num_inference_steps")
 
 
 def save_policy(model: MazeFlowModel, path: str | Path, extra: dict | None = None) -> None:
-    """fp16 safetensors; the sizes (and ``extra``) go in the header's metadata."""
+    """fp16 safetensors; the sizes, the state layout (and ``extra``) go in the header's metadata."""
     meta = {k: str(getattr(model.cfg, k)) for k in _SIZES}
+    meta["state_layout"] = model.state_layout
     meta["info"] = json.dumps(extra or {})
     tensors = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata=meta)
@@ -83,7 +203,8 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", **over: ob
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     sizes = {k: int(meta[k]) for k in _SIZES if k in meta}
-    model = MazeFlowModel(config(**{**sizes, **over}))
+    # The first shipped weights predate the key: they read the reactive "keys" state.
+    model = MazeFlowModel(config(meta.get("state_layout", "keys"), **{**sizes, **over}))
     state = {k: v.float() for k, v in load_file(str(path)).items()}
     model.load_state_dict(state)
     return model.to(device).eval()

@@ -6,6 +6,8 @@ vector, the prompt) and asks ``openpi-client``'s ``ActionChunkBroker`` for the
 frame's keys: the broker sends one observation every ``execute_horizon`` frames
 (the server's metadata says how many) over ``WebsocketClientPolicy`` and hands
 out the chunk's rows in between. It reports success and frames per episode.
+The state follows the server's ``state_layout`` (``model.py``; the ``memory``
+layout's odometry and visit counts are the robot's own, kept by ``Episodes``).
 
 Why it lives here and not in ``clients/``: the robot side is the simulator,
 which is torch and lives in ``models/``; ``clients/`` depends on ``protocols``
@@ -34,7 +36,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from models.base import ACTION_KEYS
 from models.policy.maze.episodes import BUDGET, Episodes, call_seed
-from models.policy.maze.model import IMAGE_KEY
+from models.policy.maze.model import IMAGE_KEY, STATE_LAYOUTS
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
 
@@ -78,11 +80,21 @@ def check_metadata(meta: dict[str, Any]) -> int:
     return int(meta.get("execute_horizon", meta["action_horizon"]))
 
 
+def state_layout(meta: dict[str, Any]) -> str:
+    """The state layout the server's policy reads (``model.py``); servers that predate the key read ``keys``."""
+    layout = str(meta.get("state_layout", "keys"))
+    if STATE_LAYOUTS.get(layout) != meta.get("state_dim"):
+        raise RuntimeError(f"the server's policy reads a {meta.get('state_dim')}-float state in layout {layout!r}; "
+                           f"this robot builds {STATE_LAYOUTS}")
+    return layout
+
+
 def run_episode(policy: WebsocketClientPolicy, seed: int, kind: str, budget: int = BUDGET) -> EpisodeReport:
     """One episode through the server; the connection is reused across episodes."""
-    horizon = check_metadata(policy.get_server_metadata())
+    meta = policy.get_server_metadata()
+    horizon = check_metadata(meta)
     started = time.perf_counter()
-    ep = Episodes([seed], kind, "cpu", budget)
+    ep = Episodes([seed], kind, "cpu", budget, state_layout(meta))
     prompt = ep.prompts()[0]
     counting = _Counting(policy, seed)
     broker = ActionChunkBroker(counting, action_horizon=horizon)  # type: ignore[arg-type]

@@ -31,9 +31,12 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
+import os
 import random
 import sys
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +44,72 @@ import torch
 
 from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
-from models.policy.maze.model import EXECUTE, HORIZON, STATE_DIM, MazeFlowModel, config, save_policy
-from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
-from models.world.maze.planner import Planner, goal_seeds
+from models.policy.maze.model import EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, MazeFlowModel, config, save_policy
+from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
+from models.world.maze.planner import Planner, distance_field, goal_seeds
+from models.world.maze.sim import make_maze
 
 log = logging.getLogger("models.policy.maze.train")
 
 TRAIN_SEED0 = 2_000_000   # training mazes; evaluation uses EVAL_SEED0 (evaluate.py)
+CHUNK = 256               # mazes per worker task; a chunk's seeds start 2 * CHUNK after the last's
+Made = tuple[list[int], list[GoalEpisode], list[list[list[int]]]]
+
+
+def make_chunk(seed0: int, count: int, kinds: list[str]) -> Made:
+    """Seeds, goal episodes and planner distance fields of ``count`` mazes from ``seed0`` (pure Python)."""
+    seeds = goal_seeds(seed0, count)
+    goals, fields = [], []
+    for s, k in zip(seeds, kinds):
+        grid, start, _ = make_maze(s)
+        ep = make_goals(s, k, grid, start)
+        goals.append(ep)
+        fields.append(distance_field(grid, ep))
+    return seeds, goals, fields
+
+
+class Rounds:
+    """Each round's mazes, made ahead by ``workers`` processes (0: in this one, when asked).
+
+    Maze generation, goal placement and the planner's BFS are pure Python, a few ms a
+    maze: for thousands of mazes a round that is seconds of one core, which the first
+    run spent with the GPU idle between rounds. The workers make round r + 1 while
+    round r trains. Which seeds a round gets does not depend on ``workers``::
+
+        round r, chunk i:  goal_seeds(TRAIN_SEED0 + r * 2 * envs + i * 2 * CHUNK, CHUNK)
+    """
+
+    def __init__(self, envs: int, workers: int) -> None:
+        self.envs = envs
+        self.kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(envs)]
+        # Fork before this process touches CUDA (the caller makes Rounds first); the
+        # workers never do. Spawn where fork does not exist.
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.pool = ProcessPoolExecutor(workers, mp_context=ctx) if workers > 0 else None
+        self.pending: dict[int, list[Future]] = {}
+
+    def _chunks(self, r: int) -> list[tuple[int, int, list[str]]]:
+        base = TRAIN_SEED0 + r * 2 * self.envs
+        return [(base + i * 2 * CHUNK, min(CHUNK, self.envs - lo), self.kinds[lo:lo + CHUNK])
+                for i, lo in enumerate(range(0, self.envs, CHUNK))]
+
+    def prefetch(self, r: int) -> None:
+        if self.pool is not None and r not in self.pending:
+            self.pending[r] = [self.pool.submit(make_chunk, *c) for c in self._chunks(r)]
+
+    def get(self, r: int) -> Made:
+        """Round ``r``'s mazes (and round r + 1 set going)."""
+        self.prefetch(r)
+        self.prefetch(r + 1)
+        parts = [f.result() for f in self.pending.pop(r)] if self.pool is not None else \
+            [make_chunk(*c) for c in self._chunks(r)]
+        return ([s for p in parts for s in p[0]], [g for p in parts for g in p[1]],
+                [f for p in parts for f in p[2]])
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class PromptTable:
@@ -77,10 +139,10 @@ class PromptTable:
 class Buffer:
     """A ring of (camera, state, prompt, expert chunk) on the device."""
 
-    def __init__(self, size: int, device: torch.device) -> None:
+    def __init__(self, size: int, state_dim: int, device: torch.device) -> None:
         self.size, self.n, self.head = size, 0, 0
         self.images = torch.zeros(size, 64, 64, 3, dtype=torch.uint8, device=device)
-        self.state = torch.zeros(size, STATE_DIM, device=device)
+        self.state = torch.zeros(size, state_dim, device=device)
         self.prompt = torch.zeros(size, dtype=torch.int64, device=device)
         self.actions = torch.zeros(size, HORIZON, 8, dtype=torch.bool, device=device)
 
@@ -130,11 +192,11 @@ def flow_loss(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor, i
     return (v - (noise - actions)).square().mean()
 
 
-def beta_at(progress: float, expert_share: float, beta_min: float) -> float:
-    """Share of chunks the planner drives: 1 until ``expert_share``, then linear to ``beta_min`` at 0.8."""
+def beta_at(progress: float, expert_share: float, beta_min: float, end: float = 0.8) -> float:
+    """Share of chunks the planner drives: 1 until ``expert_share``, then linear to ``beta_min`` at ``end``."""
     if progress <= expert_share:
         return 1.0
-    return max(beta_min, 1.0 - (1.0 - beta_min) * (progress - expert_share) / max(0.8 - expert_share, 1e-6))
+    return max(beta_min, 1.0 - (1.0 - beta_min) * (progress - expert_share) / max(end - expert_share, 1e-6))
 
 
 def bar(progress: float, width: int = 30) -> str:
@@ -148,43 +210,61 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--resume", default=None, help="DIR/ckpt.pt to continue")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--envs", type=int, default=2048)
-    ap.add_argument("--buffer", type=int, default=400_000)
-    ap.add_argument("--bs", type=int, default=1024)
+    ap.add_argument("--envs", type=int, default=4096)
+    ap.add_argument("--buffer", type=int, default=600_000)
+    ap.add_argument("--bs", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--updates", type=int, default=4, help="gradient steps per collection step")
-    ap.add_argument("--expert-share", type=float, default=0.25)
-    ap.add_argument("--beta-min", type=float, default=0.2)
-    ap.add_argument("--max-steps", type=int, default=10**9)
+    ap.add_argument("--expert-share", type=float, default=0.2)
+    ap.add_argument("--beta-min", type=float, default=0.1)
+    ap.add_argument("--beta-end", type=float, default=0.7, help="share of the run at which beta reaches --beta-min")
+    ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
+                    help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
+    ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
     ap.add_argument("--ckpt-every", type=float, default=60.0)
     ap.add_argument("--log-every", type=float, default=10.0)
     ap.add_argument("--tiny", action="store_true", help="a tiny model and data for a CPU smoke run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes making mazes ahead (default: CPUs - 2 with CUDA, 0 = inline on CPU)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
+    ck = torch.load(args.resume, map_location="cpu", weights_only=False) if args.resume else None
+    rounds = ck["rounds"] if ck else 0
+    workers = args.workers if args.workers is not None else (max(1, min(12, (os.cpu_count() or 1) - 2))
+                                                              if dev.type == "cuda" else 0)
+    maker = Rounds(args.envs, workers)
+    maker.prefetch(rounds)        # forks the workers now, before CUDA is initialised
+    maker.prefetch(rounds + 1)
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
-    cfg = config(d_model=32, num_heads=2, num_layers=1) if args.tiny else config()
+    cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
     model = MazeFlowModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    step, elapsed, episodes_done, rounds = 0, 0.0, 0, 0
+    step, elapsed, episodes_done = 0, 0.0, 0
     history: list[dict] = []
-    if args.resume:
-        ck = torch.load(args.resume, map_location=dev, weights_only=False)
+    if ck:
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, elapsed, rounds, history = ck["step"], ck["elapsed"], ck["rounds"], ck["log"]
         log.info("resumed %s at step %d, %.0f s", args.resume, step, elapsed)
     params = sum(p.numel() for p in model.parameters())
-    log.info("maze policy: %.2fM parameters, device %s, %d envs", params / 1e6, dev, args.envs)
+    log.info("maze policy: %.2fM parameters, device %s, %d envs, state %s, %d maze workers", params / 1e6, dev,
+             args.envs, args.state, workers)
 
     gen = torch.Generator(device=dev).manual_seed(args.seed + step)
     prompts = PromptTable(dev)
-    buf = Buffer(args.buffer, dev)
+    buf = Buffer(args.buffer, cfg.state_dim, dev)
     budget_s = args.minutes * 60.0
+
+    def run_progress(elapsed_s: float, steps: int) -> float:
+        # The run ends at whichever budget comes first; the schedules (beta, lr) follow the
+        # same share, so a --max-steps run (the CPU comparisons: equal steps whatever the
+        # machine's load) anneals like a timed one.
+        return max(elapsed_s / budget_s, steps / args.max_steps)
     t0 = time.perf_counter() - elapsed
     last_log = last_ckpt = time.perf_counter()
     loss_ema = float("nan")
@@ -196,15 +276,13 @@ def main(argv: list[str] | None = None) -> int:
                     "elapsed": time.perf_counter() - t0, "rounds": rounds, "log": history}, out / "ckpt.pt")
 
     while step < args.max_steps:
-        progress = (time.perf_counter() - t0) / budget_s
+        progress = run_progress(time.perf_counter() - t0, step)
         if progress >= 1.0:
             break
-        beta = beta_at(progress, args.expert_share, args.beta_min)
         rng = random.Random(f"{args.seed}:{rounds}")
-        seeds = goal_seeds(TRAIN_SEED0 + rounds * args.envs, args.envs)
-        kinds = [GOAL_KINDS[i % len(GOAL_KINDS)] for i in range(args.envs)]
-        ep = Episodes(seeds, kinds, dev)
-        planner = Planner(ep.sim)
+        seeds, goals, fields = maker.get(rounds)
+        ep = Episodes(seeds, maker.kinds, dev, layout=args.state, goals=goals)
+        planner = Planner(ep.sim, fields)
         assert ep.sim.goals is not None
         pidx = torch.tensor([prompts.index[g.prompt(rng.randrange(4))] for g in ep.sim.goals], device=dev)
         rounds += 1
@@ -215,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             label = expert_chunk(ep, planner)
             buf.add(images[live], state[live], pidx[live], label[live])
             samples += int(live.sum())
+            # Per collection step, not per round: a round of slow episodes can be a fifth of a small run.
+            beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
             use_expert = torch.rand(args.envs, device=dev, generator=gen) < beta
             chunk = label
             if beta < 1.0:
@@ -239,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 loss_ema = lv if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * lv
             model.eval()
             now = time.perf_counter()
-            progress = (now - t0) / budget_s
+            progress = run_progress(now - t0, step)
             if now - last_log >= args.log_every:
                 last_log = now
                 rate = stats["success"] / max(stats["episodes"], 1)
@@ -257,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         episodes_done += int(ep.done.sum())
         if rounds % 4 == 0:
             stats = {"success": 0, "episodes": 0}
+    maker.close()
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
+            "envs": args.envs, "state_layout": args.state, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

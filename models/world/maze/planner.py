@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from models.world.maze.goals import approach_cells, floor_distances
+from models.world.maze.goals import GoalEpisode, approach_cells, floor_distances
 from models.world.maze.sim import KI, KJ, KK, KL, KW, MazeSim
 
 UNREACHABLE = 10_000
@@ -32,25 +32,33 @@ AIM = math.radians(5.0)
 _STEPS = ((1, 0), (-1, 0), (0, 1), (0, -1))
 
 
+def distance_field(grid: list[list[int]], ep: GoalEpisode) -> list[list[int]]:
+    """One maze's path lengths to its target's approach cells, rows y (``UNREACHABLE`` on walls); pure Python."""
+    dist = floor_distances(grid, approach_cells(grid, ep.kind, ep.target_cell))
+    n = len(grid)
+    return [[dist.get((x, y), UNREACHABLE) for x in range(n)] for y in range(n)]
+
+
 def distance_fields(sim: MazeSim) -> torch.Tensor:
     """[B, n, n] int64 path length to the target's approach cells (``UNREACHABLE`` on walls)."""
     if sim.goals is None:
         raise ValueError("the planner needs a MazeSim with goals")
-    grids = sim.grid.tolist()
-    fields = []
-    for grid, ep in zip(grids, sim.goals):
-        dist = floor_distances(grid, approach_cells(grid, ep.kind, ep.target_cell))
-        n = len(grid)
-        fields.append([[dist.get((x, y), UNREACHABLE) for x in range(n)] for y in range(n)])
+    fields = [distance_field(grid, ep) for grid, ep in zip(sim.grid.tolist(), sim.goals)]
     return torch.tensor(fields, dtype=torch.int64, device=sim.device)
 
 
 class Planner:
     """Expert keys for every camera of one ``MazeSim`` (see the module docstring)."""
 
-    def __init__(self, sim: MazeSim) -> None:
+    def __init__(self, sim: MazeSim, fields: list[list[list[int]]] | None = None) -> None:
+        """``fields``: the mazes' ``distance_field``s if already made (training makes them in workers)."""
         self.sim = sim
-        self.dist = distance_fields(sim)
+        if fields is None:
+            self.dist = distance_fields(sim)
+        else:
+            self.dist = torch.tensor(fields, dtype=torch.int64, device=sim.device)
+            if self.dist.shape != sim.grid.shape:
+                raise ValueError(f"distance fields {tuple(self.dist.shape)} for mazes {tuple(sim.grid.shape)}")
         cell = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5      # [B, 2] target centre
         self._target_centre = cell
         self._steps = torch.tensor(_STEPS, dtype=torch.int64, device=sim.device)  # [4, 2]
@@ -97,14 +105,21 @@ def goal_seeds(seed0: int, count: int) -> list[int]:
     return seeds
 
 
-def goal_sim(seeds: list[int], kind: str | list[str], device: str | torch.device = "cpu") -> MazeSim:
-    """A ``MazeSim`` of ``seeds`` with a goal episode of ``kind`` (one, or one per seed) each."""
+def goal_sim(seeds: list[int], kind: str | list[str], device: str | torch.device = "cpu",
+             goals: list[GoalEpisode] | None = None) -> MazeSim:
+    """A ``MazeSim`` of ``seeds`` with a goal episode of ``kind`` (one, or one per seed) each.
+
+    ``goals``: the episodes if already placed (``make_goals`` of the same seeds and kinds).
+    """
     from models.world.maze.goals import make_goals
     from models.world.maze.sim import make_maze
 
     kinds = [kind] * len(seeds) if isinstance(kind, str) else list(kind)
-    episodes = []
-    for s, k in zip(seeds, kinds):
-        grid, start, _ = make_maze(int(s))
-        episodes.append(make_goals(int(s), k, grid, start))
-    return MazeSim(seeds, device, goals=episodes)
+    if goals is None:
+        goals = []
+        for s, k in zip(seeds, kinds):
+            grid, start, _ = make_maze(int(s))
+            goals.append(make_goals(int(s), k, grid, start))
+    elif [g.kind for g in goals] != kinds:
+        raise ValueError("goals must be of the kinds asked for, one per seed")
+    return MazeSim(seeds, device, goals=goals)
