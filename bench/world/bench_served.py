@@ -9,7 +9,9 @@ then times the bare adapter on the same batch size in the same run:
         --seconds 8 --out bench/results/world_served_h200.json
 
 ``--model instant`` answers every tick at once with a fixed maze frame (``--instant-ms``
-sleeps per batch instead): the server's own cost, with no model time.
+sleeps per batch instead): the server's own cost, with no model time. ``--model maze-host``
+is the maze's real host path on CPU with its device passes replaced by a wait as long as the
+H200's (bench/world/host_maze.py): the H200's served-vs-bare gap on a CPU box.
 
 Progress goes to stderr; the JSON holds hardware, versions and the command.
 """
@@ -69,6 +71,10 @@ def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_
                  instant_ms: float = 0.0):
     if name == "instant":
         return InstantWorld(instant_ms)
+    if name == "maze-host":
+        from bench.world.host_maze import HostPathMaze
+
+        return HostPathMaze(max_batch=max_batch, max_sessions=max_sessions)
     if name == "tiny":
         from models.world.tiny import TinyWorld
 
