@@ -167,13 +167,14 @@ class MazeWorld(WorldAdapter):
         """
         t0 = time.perf_counter()
         sid = "__warm_up__"
+        scratch = torch.Generator(device=self.device)  # the sessions' noise stream stays untouched
         self.cache.open(sid)
         try:
             for rows in self.graph_buckets:
                 batch = self._begin([sid], pad_to=rows, upload=False)
                 try:
                     self._runner(rows).run(batch, np.zeros((1, 8), dtype=np.float32),
-                                           np.zeros(1, dtype=np.int64), self.gen)
+                                           np.zeros(1, dtype=np.int64), scratch)
                 finally:
                     self.cache.abort_batch(batch)
         finally:

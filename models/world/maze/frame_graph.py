@@ -136,8 +136,7 @@ class FrameRunner:
         self.capture, self.pool, self.attention = capture, pool, attention
         width = cache.max_held_pages + 1
         n_index = rows * (2 + width)
-        # int64 first, then float32, then int32: every view starts at a multiple of its item size.
-        self._nbytes = rows * 8 + rows * 8 * 4 + n_index * 4
+        self._nbytes = _input_bytes(rows, n_index)
         self.inputs = torch.zeros(self._nbytes, dtype=torch.uint8, device=dev)
         self.frames, self.actions, self.index = _input_views(self.inputs, rows, n_index)
         cuda = dev.type == "cuda"
@@ -203,8 +202,25 @@ class FrameRunner:
         return self.out[:B]
 
 
+# Each input starts on this boundary in the block, as a fresh allocation would (kernels that
+# vectorise their loads check the alignment).
+_ALIGN = 256
+
+
+def _offsets(rows: int, n_index: int) -> tuple[int, int, int]:
+    """Byte offsets of the actions and the kv index in the input block, and its size."""
+    up = lambda n: -(-n // _ALIGN) * _ALIGN  # noqa: E731
+    a = up(rows * 8)
+    b = a + up(rows * 8 * 4)
+    return a, b, b + up(n_index * 4)
+
+
+def _input_bytes(rows: int, n_index: int) -> int:
+    return _offsets(rows, n_index)[2]
+
+
 def _input_views(block: torch.Tensor, rows: int, n_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``block``'s frame indexes int64 [rows], actions float32 [rows, 8], kv index int32 [n_index]."""
-    a, b = rows * 8, rows * 8 + rows * 32
-    return (block[:a].view(torch.int64), block[a:b].view(torch.float32).view(rows, 8),
+    a, b, _ = _offsets(rows, n_index)
+    return (block[:rows * 8].view(torch.int64), block[a:a + rows * 32].view(torch.float32).view(rows, 8),
             block[b:b + n_index * 4].view(torch.int32))
