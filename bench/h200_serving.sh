@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serving at the model's limit on the H200 (issue 19): one command, about 4 minutes (every step
-# bounded: 9.3 minutes at most), JSON to $OUT.
+# bounded: 9 minutes at most; the gil rows and step add ~1 minute), JSON to $OUT.
 #   1. jpeg per frame at 480x832 (LingBot) and 64x64 (maze): PIL on one thread and on the encoder
 #      pool vs nvJPEG batched on CUDA (bench/world/bench_jpeg.py)
 #   2. maze on CUDA through the real server vs the bare adapter, one server, one run
@@ -82,8 +82,8 @@ step world_serving 300 $PY -m bench.world.bench_served --model "$MODEL" --device
     --batch-wait-ms 20 --client-procs "$PROCS" --variants $VARIANTS --out "$OUT/world_serving_h200.json"
 # What the loop's Python costs a batch being set up, without a server (GIL hand-offs).
 # shellcheck disable=SC2086
-step gil_handoff 90 $PY -m bench.world.bench_gil_handoff --model "${GIL_MODEL:-$MODEL}" --device "$DEVICE" \
-    --sessions ${GIL_SESSIONS:-1 32 128} --repeats "${GIL_REPEATS:-20}" --loop-ms 3 --out "$OUT/gil_handoff_h200.json"
+step gil_handoff 75 $PY -m bench.world.bench_gil_handoff --model "${GIL_MODEL:-$MODEL}" --device "$DEVICE" \
+    --sessions ${GIL_SESSIONS:-1 32 128} --repeats "${GIL_REPEATS:-12}" --loop-ms 3 --out "$OUT/gil_handoff_h200.json"
 # Which functions fill the hand-off: cProfile of the engine thread and the loop at 32 sessions.
 step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" --thread engine \
     --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \
