@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Serving at the model's limit on the H200 (issue 19): one command, about 4 minutes (every step
-# bounded: 7.8 minutes at most), JSON to $OUT.
+# bounded: 9 minutes at most; the gil rows and step add ~1 minute), JSON to $OUT.
 #   1. jpeg per frame at 480x832 (LingBot) and 64x64 (maze): PIL on one thread and on the encoder
 #      pool vs nvJPEG batched on CUDA (bench/world/bench_jpeg.py)
 #   2. maze on CUDA through the real server vs the bare adapter, one server, one run
@@ -9,6 +9,9 @@
 #        rgb8 @ 1,2,4,..,256    the scaling curve; 1/32/128 are the served-vs-bare goal rows
 #        jpeg @ 32              CUDA frames' jpeg path picked by measurement on the first batch
 #        jpeg/pil, jpeg/nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
+#        rgb8/gil0.1 @ 1,32,128 the goal rows with a 0.1 ms GIL switch interval (the engine's is 0.5)
+#   2b. the maze batch alone vs beside a thread running 3 ms of the loop's send Python, and the
+#      torch calls before the frame's launch (bench/world/bench_gil_handoff.py)
 #   3. cProfile of the engine thread at 32 sessions (one profiler per process from Python 3.12) (bench/world/profile_engine.py)
 #   4. the summary: every goal beside its figure, the capacity formula beside the curve
 #      (bench/world/serving_summary.py -> $OUT/serving_summary.json, and the tail of the log)
@@ -30,9 +33,10 @@ if [ "${DRY:-0}" = 1 ]; then
     MODEL=${MODEL:-instant} DEVICE=${DEVICE:-cpu} SECONDS_PER_ROW=${SECONDS_PER_ROW:-0.6} WARMUP=${WARMUP:-0.3}
     VARIANTS=${VARIANTS:-rgb8@1,2,4 jpeg@2 jpeg/pil@2 jpeg/nvjpeg@2} PROCS=${PROCS:-2} JPEG_SIZES=${JPEG_SIZES:-96x160}
     JPEG_BATCH=${JPEG_BATCH:-4} BARE_REPEATS=${BARE_REPEATS:-3} PROFILE_SESSIONS=${PROFILE_SESSIONS:-2}
+    GIL_MODEL=${GIL_MODEL:-maze-host} GIL_SESSIONS=${GIL_SESSIONS:-1 4} GIL_REPEATS=${GIL_REPEATS:-3}
 fi
 MODEL=${MODEL:-maze} DEVICE=${DEVICE:-cuda}
-VARIANTS=${VARIANTS:-rgb8@1,2,4,8,16,32,64,128,256 jpeg@32 jpeg/pil@32 jpeg/nvjpeg@32}
+VARIANTS=${VARIANTS:-rgb8@1,2,4,8,16,32,64,128,256 jpeg@32 jpeg/pil@32 jpeg/nvjpeg@32 rgb8/gil0.1@1,32,128}
 # 12 client processes: one tops out near 1,000 chunks/s, and the load must not be the bottleneck.
 PROCS=${PROCS:-12} SECONDS_PER_ROW=${SECONDS_PER_ROW:-4} WARMUP=${WARMUP:-1.5} BARE_REPEATS=${BARE_REPEATS:-20}
 JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32} PROFILE_SESSIONS=${PROFILE_SESSIONS:-32}
@@ -76,6 +80,10 @@ step jpeg_paths 60 $PY -m bench.world.bench_jpeg --sizes $JPEG_SIZES --batch "$J
 step world_serving 300 $PY -m bench.world.bench_served --model "$MODEL" --device "$DEVICE" \
     --seconds "$SECONDS_PER_ROW" --warmup "$WARMUP" --bare-repeats "$BARE_REPEATS" --max-batch 128 \
     --batch-wait-ms 20 --client-procs "$PROCS" --variants $VARIANTS --out "$OUT/world_serving_h200.json"
+# What the loop's Python costs a batch being set up, without a server (GIL hand-offs).
+# shellcheck disable=SC2086
+step gil_handoff 75 $PY -m bench.world.bench_gil_handoff --model "${GIL_MODEL:-$MODEL}" --device "$DEVICE" \
+    --sessions ${GIL_SESSIONS:-1 32 128} --repeats "${GIL_REPEATS:-12}" --loop-ms 3 --out "$OUT/gil_handoff_h200.json"
 # Which functions fill the hand-off: cProfile of the engine thread and the loop at 32 sessions.
 step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --device "$DEVICE" --thread engine \
     --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \

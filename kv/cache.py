@@ -47,6 +47,8 @@ from kv.geometry import KVGeometry
 from kv.session_kv import BatchRows, ChunkSlots, SessionKV, SessionRegistry, SlotState
 from kv.storage import KVStorage
 
+_HOST = torch.device("cpu")  # where ``begin_batch(upload=False)`` leaves a batch's index
+
 log = logging.getLogger(__name__)
 
 # Plain ints for the hot comparisons and writes: numpy converts an IntEnum slowly.
@@ -190,21 +192,25 @@ class PagedKVCache:
         return ChunkSlots(session_id, start, frames, out)
 
     def begin_batch(self, session_ids: Sequence[str], frames: int | None = None,
-                    pad_to: int | None = None) -> KVBatch | None:
-        """``begin_chunk`` for every session, all or nothing, then ``batch``."""
+                    pad_to: int | None = None, upload: bool = True) -> KVBatch | None:
+        """``begin_chunk`` for every session, all or nothing, then ``batch``.
+
+        ``upload=False`` leaves ``KVBatch.index`` on the host: for a caller that copies
+        ``host_index`` to the device itself, with its other inputs in one copy."""
         frames = self._frames(frames)
         T = frames * self.geometry.pages_per_frame
         plan = self.resolve(session_ids)
         if not self.fast_path or not plan.distinct or self.sessions.state[plan.slots].any():
-            return self._begin_batch_per_row(plan, frames, pad_to)
+            return self._begin_batch_per_row(plan, frames, pad_to, upload)
         blocks = self.pool.allocate_array(len(plan.rows) * T)
         if blocks is None:
             return None
         lengths = self.tables.begin_rows(plan.rows, blocks, T)
         self.sessions.state[plan.slots] = IN_FLIGHT
-        return self._pack_rows(plan, lengths, T, pad_to)
+        return self._pack_rows(plan, lengths, T, pad_to, upload)
 
-    def _begin_batch_per_row(self, plan: BatchRows, frames: int, pad_to: int | None) -> KVBatch | None:
+    def _begin_batch_per_row(self, plan: BatchRows, frames: int, pad_to: int | None,
+                             upload: bool = True) -> KVBatch | None:
         sessions = [self.sessions[sid] for sid in plan.session_ids]
         for s in sessions:
             if s.state == SWAPPED:
@@ -223,7 +229,7 @@ class PagedKVCache:
         for s in sessions:
             self.sessions.state[s.slot] = IN_FLIGHT
         return self._pack([(s, b, r) for s in sessions for b, r in zip(s.branches, s.rows)],
-                          pad_to, plan.session_ids)
+                          pad_to, plan.session_ids, upload)
 
     def resolve(self, session_ids: Sequence[str]) -> BatchRows:
         """The batch's slots and table rows (memoised); KeyError for an id that is not open."""
@@ -249,16 +255,16 @@ class PagedKVCache:
         return self._pack(rows, pad_to, tuple(dict.fromkeys(s.session_id for s, _, _ in rows)))
 
     def _pack_rows(self, plan: BatchRows, lengths: np.ndarray, T: int,
-                   pad_to: int | None) -> KVBatch:
+                   pad_to: int | None, upload: bool = True) -> KVBatch:
         """A batch of ``plan``'s rows, gathered straight from the table arrays."""
         rows = plan.rows
         index = self._index.gather(self.tables.pages, rows, lengths, self.sessions.cross[rows], T,
                                    pad_to)
         return batch_mod.pack(index, max(len(rows), pad_to or 0), self.tables.frames[rows],
-                              lambda: plan.names, T, plan.session_ids, self.device)
+                              lambda: plan.names, T, plan.session_ids, self.device if upload else _HOST)
 
     def _pack(self, rows: list[tuple[SessionKV, str, int]], pad_to: int | None,
-              session_ids: tuple[str, ...]) -> KVBatch:
+              session_ids: tuple[str, ...], upload: bool = True) -> KVBatch:
         """A batch built row by row from the block tables."""
         if not rows:
             raise ValueError("a batch needs at least one row")
@@ -272,7 +278,7 @@ class PagedKVCache:
         starts = np.array([t.frames.item(r) for _, _, r in rows], dtype=np.int64)
         names = tuple((s.session_id, b) for s, b, _ in rows)
         return batch_mod.pack(index, max(len(rows), pad_to or 0), starts, lambda: names, T,
-                              session_ids, self.device)
+                              session_ids, self.device if upload else _HOST)
 
     def commit_chunk(self, session_id: str) -> None:
         """Keep the chunk's blocks and release frames that left the window."""

@@ -9,7 +9,9 @@ then times the bare adapter on the same batch size in the same run:
         --seconds 8 --out bench/results/world_served_h200.json
 
 ``--model instant`` answers every tick at once with a fixed maze frame (``--instant-ms``
-sleeps per batch instead): the server's own cost, with no model time.
+sleeps per batch instead): the server's own cost, with no model time. ``--model maze-host``
+is the maze's real host path on CPU with its device passes replaced by a wait as long as the
+H200's (bench/world/host_maze.py): the H200's served-vs-bare gap on a CPU box.
 
 Progress goes to stderr; the JSON holds hardware, versions and the command.
 """
@@ -69,6 +71,10 @@ def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_
                  instant_ms: float = 0.0):
     if name == "instant":
         return InstantWorld(instant_ms)
+    if name == "maze-host":
+        from bench.world.host_maze import HostPathMaze
+
+        return HostPathMaze(max_batch=max_batch, max_sessions=max_sessions)
     if name == "tiny":
         from models.world.tiny import TinyWorld
 
@@ -122,6 +128,7 @@ class RowPlan:
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
 
 
+# ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool"}
 
@@ -151,6 +158,17 @@ def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
     return box["value"]
 
 
+def _gil_ms(mod: str) -> float | None:
+    """The switch interval a ``gil<MS>`` mod names (ms), or None for another mod."""
+    if not mod.startswith("gil"):
+        return None
+    try:
+        ms = float(mod[3:])
+    except ValueError:
+        return None
+    return ms if ms > 0 else None
+
+
 def _plan(args: argparse.Namespace) -> list[RowPlan]:
     """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
     import realtime.engine
@@ -160,10 +178,13 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
     for spec in args.variants or [args.format]:
         head, _, counts = spec.partition("@")
         fmt, *mods = head.split("/")
-        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - set(MODS) or {"nvjpeg", "pil"} <= set(mods):
-            raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)}")
+        gil = [_gil_ms(m) for m in mods if _gil_ms(m) is not None]
+        if fmt not in ("rgb8", "jpeg", "png") or set(mods) - set(MODS) - {m for m in mods if _gil_ms(m)} \
+                or {"nvjpeg", "pil"} <= set(mods) or len(gil) > 1:
+            raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)} "
+                             "or gil<MS>")
         workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
-        switch = 0.005 if "gil5" in mods else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path) for n in sessions]
@@ -245,8 +266,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--encode-workers", type=int, default=None,
                         help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="rows to run, each FORMAT[/inline][/gil5][@N,N,...]: inline encodes on the loop, "
-                             "gil5 runs with Python's 5 ms switch interval, @ its own session counts "
+                        help="rows to run, each FORMAT[/inline][/gil<MS>][@N,N,...]: inline encodes on the loop, "
+                             "gil<MS> runs with that switch interval (gil5: Python's 5 ms), @ its own session counts "
                              "(default: --format at --sessions)")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)

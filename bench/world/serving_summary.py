@@ -50,6 +50,11 @@ def goals(served: dict[str, Any]) -> list[dict[str, Any]]:
             ratio = base and r["frames_per_s_total"] / base["frames_per_s_total"]
             goal(f"{r['variant']}/rgb8 @{r['sessions']} (cuda path {r.get('cuda_frames_jpeg_path')})", ratio,
                  JPEG_OVER_RGB8)
+    for r in rows:  # rgb8 with a mod (gil<MS>: another switch interval): the same goals, beside the default
+        if r.get("format") == "rgb8" and r.get("variant") != "rgb8" and "error" not in r:
+            goal(f"{r['variant']} served/bare throughput @{r['sessions']}", r["served_over_bare_throughput"],
+                 SERVED_OVER_BARE)
+            goal(f"{r['variant']} engine busy share @{r['sessions']}", r["engine_busy_share"], BUSY_SHARE)
     for r in rows:
         if "error" in r:
             out.append({"goal": f"row {r['variant']}@{r['sessions']}", "target": "runs", "value": r["error"],

@@ -93,7 +93,7 @@ def test_the_summary_sets_each_goal_beside_its_figure() -> None:
                 "cuda_frames_jpeg_path": "nvjpeg" if variant == "jpeg" else None}
 
     served = {"rows": [row("rgb8", 1, 96.0, 100.0, 0.97, 6.5), row("rgb8", 32, 900.0, 1000.0, 0.9, 20.0),
-                       row("jpeg", 32, 880.0, 1000.0, 0.9, 21.0),
+                       row("jpeg", 32, 880.0, 1000.0, 0.9, 21.0), row("rgb8/gil0.1", 32, 960.0, 1000.0, 0.96, 19.0),
                        {"variant": "rgb8", "format": "rgb8", "sessions": 128, "error": "boom"}]}
     by_name = {g["goal"]: g for g in goals(served)}
     assert by_name["served/bare throughput @1"]["met"] is True
@@ -103,7 +103,33 @@ def test_the_summary_sets_each_goal_beside_its_figure() -> None:
     jpeg = by_name["jpeg/rgb8 @32 (cuda path nvjpeg)"]
     assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
     assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
-    assert [p["sessions"] for p in curve(served)] == [1, 32]
+    assert [p["sessions"] for p in curve(served)] == [1, 32]  # the default rgb8 rows only
+    gil = by_name["rgb8/gil0.1 served/bare throughput @32"]
+    assert gil["value"] == pytest.approx(0.96) and gil["met"] is True
+    assert by_name["rgb8/gil0.1 engine busy share @32"]["met"] is True
+
+
+def test_variants_name_a_switch_interval() -> None:
+    from bench.world.bench_served import _plan
+
+    rows = _plan(parse_args(["--variants", "rgb8@1", "rgb8/gil0.1@32", "jpeg/inline/gil5@2"]))
+    assert [(r.variant, r.sessions, r.switch_s, r.encode_workers) for r in rows][1:] == [
+        ("rgb8/gil0.1", 32, 0.0001, rows[0].encode_workers), ("jpeg/inline/gil5", 2, 0.005, 0)]
+    for bad in ("rgb8/gilx@1", "rgb8/gil1/gil2@1", "rgb8/gil0@1"):
+        with pytest.raises(SystemExit, match="bad variant"):
+            _plan(parse_args(["--variants", bad]))
+
+
+def test_the_maze_host_path_stand_in_waits_as_the_device_would() -> None:
+    """bench/world/host_maze.py: the real maze host path, the frame's passes a wait of base + per row."""
+    from bench.world.bench_served import _bare
+    from bench.world.host_maze import HostPathMaze
+
+    model = HostPathMaze(base_ms=20.0, per_row_ms=1.0, max_batch=8, max_sessions=8)
+    assert model.describe()["static_frame_path"] and model.graph_buckets == (1, 2, 4, 8)
+    bare = _bare(model, 3, repeats=3)  # a bucket of 4 rows: at least 24 ms a tick
+    assert bare["tick_ms_p50"] >= 24.0
+    assert model.cache.num_resident == 0  # _bare released its sessions
 
 
 def test_the_curve_goes_into_the_readme_once_and_is_replaced_after() -> None:

@@ -102,6 +102,25 @@ def test_batch_tables_are_fixed_width_and_null_padded():
     assert c.committed_frames("a") == 2 and c.committed_frames("b") == 1
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_begin_batch_without_upload_leaves_the_index_on_the_host(device, fast_path):
+    """upload=False: the same batch, its index a host tensor over ``host_index`` (the caller copies it)."""
+    tables = []
+    for upload in (True, False):
+        c = PagedKVCache(geometry(), 32, device, max_sessions=2, fast_path=fast_path)
+        c.open("a")
+        c.open("b")
+        c.commit_batch(c.begin_batch(["a"]))
+        batch = c.begin_batch(["a", "b"], pad_to=3, upload=upload)
+        assert batch.index.device == (device if upload else torch.device("cpu"))
+        assert batch.index.tolist() == batch.host_index.tolist()
+        tables.append((batch.host_index.tolist(), batch.start_frames, batch.session_ids, batch.size))
+        c.commit_batch(batch)
+        assert c.committed_frames("a") == 2 and c.committed_frames("b") == 1
+    assert tables[0] == tables[1]
+    assert tables[0][0][:3] == [4, 2, 2] and tables[0][1:] == ((1, 0, 0), ("a", "b"), 3)
+
+
 def test_write_puts_the_chunk_in_its_blocks(device):
     g = geometry()
     c = PagedKVCache(g, 16, device, max_sessions=2)

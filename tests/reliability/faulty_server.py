@@ -54,7 +54,7 @@ class FaultyMaze(MazeWorld):
             self.recovered.add(session_id)
         super().release(session_id)
 
-    def _generate(self, ids: list[str], sessions: list[_Session], acts: torch.Tensor) -> np.ndarray:
+    def _generate(self, ids: list[str], sessions: list[_Session], acts: np.ndarray) -> np.ndarray:
         for sid, s in zip(ids, sessions):
             m = FAULT.match(sid)
             if m and sid not in self.recovered and s.frames == int(m.group(2)):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -116,9 +117,16 @@ class StaticPagedContext(FrameContext):
 class FrameRunner:
     """Makes one frame for a batch padded to ``rows`` rows, from static input and output buffers.
 
-    ``run`` fills the inputs (``copy_``), then runs the passes: eagerly when ``capture`` is
-    False, else through a CUDA graph captured on first use (warmed up on a side stream
-    first; ``pool`` is shared by every bucket's graph). ``attention``: see ``StaticPagedContext``.
+    ``run`` fills the inputs, then runs the passes: eagerly when ``capture`` is False, else
+    through a CUDA graph captured on first use (warmed up on a side stream first; ``pool`` is
+    shared by every bucket's graph). ``attention``: see ``StaticPagedContext``.
+
+    The inputs (frame indexes, actions, kv's index) are views of one device block, filled
+    from one pinned host block in a single copy. Every torch call before the replay drops
+    and retakes the GIL; while the event loop sends the last batch's chunks each retake
+    waits for the loop, up to a switch interval, so the served tick paid the loop's whole
+    send time before its graph started (bench/world/host_maze.py measures it on CPU). One
+    copy instead of eight ``copy_``/``zero_`` calls on slices, and the noise drawn in place.
     """
 
     def __init__(self, model: MazeDiT, cache: Any, sampler: SamplerConfig, rows: int, dtype: torch.dtype,
@@ -127,9 +135,14 @@ class FrameRunner:
         self.model, self.cache, self.sampler, self.rows, self.dtype = model, cache, sampler, rows, dtype
         self.capture, self.pool, self.attention = capture, pool, attention
         width = cache.max_held_pages + 1
-        self.index = torch.zeros(rows * (2 + width), dtype=torch.int32, device=dev)
-        self.actions = torch.zeros(rows, 8, device=dev)
-        self.frames = torch.zeros(rows, dtype=torch.long, device=dev)
+        n_index = rows * (2 + width)
+        self._nbytes = _input_bytes(rows, n_index)
+        self.inputs = torch.zeros(self._nbytes, dtype=torch.uint8, device=dev)
+        self.frames, self.actions, self.index = _input_views(self.inputs, rows, n_index)
+        cuda = dev.type == "cuda"
+        self.staging = torch.zeros(self._nbytes, dtype=torch.uint8, pin_memory=cuda)
+        self._host = [t.numpy() for t in _input_views(self.staging, rows, n_index)]
+        self._copied: Any = torch.cuda.Event() if cuda else None  # the staging block is free again
         self.noise = torch.zeros(rows, 3, H, W, device=dev)
         self.out = torch.zeros(rows, H, W, 3, dtype=torch.uint8, device=dev)
         self.graph: Any = None
@@ -157,18 +170,29 @@ class FrameRunner:
         log.info("maze frame graph captured for %d rows", self.rows)
 
     @torch.no_grad()
-    def run(self, batch: Any, actions: torch.Tensor, frames: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """``batch``: kv's ``KVBatch`` padded to ``rows``; actions [B, 8], frames [B], noise [B, 3, 64, 64].
+    def run(self, batch: Any, actions: np.ndarray, frames: np.ndarray, gen: torch.Generator | None) -> torch.Tensor:
+        """``batch``: kv's ``KVBatch`` padded to ``rows`` (its ``host_index`` is what is read);
+        actions float32 [B, 8] and frame indexes [B] on the host; the noise [B, 3, 64, 64] is
+        drawn from ``gen`` as ``torch.randn`` would draw it.
 
         Returns the frames [B, 64, 64, 3] uint8: a view of the output buffer, valid until the next run.
         """
-        B = actions.shape[0]
-        self.index.copy_(batch.index)
-        self.actions[:B].copy_(actions)
-        self.actions[B:].zero_()
-        self.frames[:B].copy_(frames)
-        self.frames[B:].zero_()
-        self.noise[:B].copy_(noise)
+        B = len(frames)
+        h_frames, h_actions, h_index = self._host
+        if batch.host_index.shape != h_index.shape:
+            raise ValueError(f"a batch of {batch.size} rows for a runner of {self.rows}")
+        if self._copied is not None:
+            self._copied.synchronize()  # the last run's copy has left the staging block
+        h_frames[:B] = frames
+        h_frames[B:] = 0
+        h_actions[:B] = actions
+        h_actions[B:] = 0
+        h_index[:] = batch.host_index
+        self.inputs.copy_(self.staging, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        # In place: the generator advances exactly as for torch.randn((B, 3, H, W)).
+        self.noise[:B].normal_(generator=gen)
         if not self.capture:
             self._body()
         else:  # pragma: no cover - CUDA only
@@ -176,3 +200,27 @@ class FrameRunner:
                 self._capture()
             self.graph.replay()
         return self.out[:B]
+
+
+# Each input starts on this boundary in the block, as a fresh allocation would (kernels that
+# vectorise their loads check the alignment).
+_ALIGN = 256
+
+
+def _offsets(rows: int, n_index: int) -> tuple[int, int, int]:
+    """Byte offsets of the actions and the kv index in the input block, and its size."""
+    up = lambda n: -(-n // _ALIGN) * _ALIGN  # noqa: E731
+    a = up(rows * 8)
+    b = a + up(rows * 8 * 4)
+    return a, b, b + up(n_index * 4)
+
+
+def _input_bytes(rows: int, n_index: int) -> int:
+    return _offsets(rows, n_index)[2]
+
+
+def _input_views(block: torch.Tensor, rows: int, n_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``block``'s frame indexes int64 [rows], actions float32 [rows, 8], kv index int32 [n_index]."""
+    a, b, _ = _offsets(rows, n_index)
+    return (block[:rows * 8].view(torch.int64), block[a:a + rows * 32].view(torch.float32).view(rows, 8),
+            block[b:b + n_index * 4].view(torch.int32))

@@ -100,3 +100,39 @@ def test_static_frame_path_matches_eager_adapter(weights):
             a = worlds[0].cache.storage.k[layer][held[0]]
             b = worlds[1].cache.storage.k[layer][held[1]]
             assert torch.allclose(a, b, atol=1e-5, rtol=0), (a - b).abs().max()
+
+
+def test_the_runner_sends_a_batch_s_inputs_in_one_copy(weights):
+    """Before the frame's launch the runner makes four torch calls (each one a GIL hand-off while
+    the loop sends): one copy of the whole input block, the noise drawn in place, the output view.
+    The inputs land in the static views: frame indexes, actions, and kv's index (pad rows zero)."""
+    from torch.overrides import TorchFunctionMode
+
+    world = MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=True)
+    for ci in range(2):  # chunk 0 starts the worlds (eager); chunk 1 takes the static path
+        chunks = world.run_batch([_tick(s, ci, "w") for s in ("s0", "s1", "s2")])
+        for c in chunks:
+            world.end_tick(c.session_id, True)
+    runner = world._runners[4]
+    batch = world.cache.begin_batch(["s0", "s1", "s2"], pad_to=4, upload=False)
+    assert batch.index.device.type == "cpu"
+
+    class Calls(TorchFunctionMode):
+        names: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    runner._body = lambda: None  # the passes themselves are not what is counted
+    acts = np.arange(24, dtype=np.float32).reshape(3, 8)
+    gen = torch.Generator().manual_seed(5)
+    with Calls() as calls:
+        out = runner.run(batch, acts, np.array([2, 2, 2]), gen)
+    assert [n for n in calls.names if n != "_set_grad_enabled"] == ["copy_", "__getitem__", "normal_", "__getitem__"]
+    assert out.shape == (3, 64, 64, 3)
+    assert runner.frames.tolist() == [2, 2, 2, 0]
+    assert torch.equal(runner.actions[:3], torch.from_numpy(acts)) and not runner.actions[3].any()
+    assert runner.index.tolist() == batch.host_index.tolist()
+    assert torch.equal(runner.noise[:3], torch.randn((3, 3, 64, 64), generator=torch.Generator().manual_seed(5)))
+    world.cache.abort_batch(batch)
