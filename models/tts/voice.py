@@ -23,6 +23,7 @@ from torch import nn
 
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
+from models.tts.text_encoder import TextEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,11 @@ class LatentRequest:
 class TorchVoice:
     """A Piper VITS voice in torch. Owns its tensors; call from one thread."""
 
-    def __init__(self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
+    ) -> None:
+        """``reference``: run transformers' own text encoder forward instead of
+        ``text_encoder.TextEncoder`` (the same math, slower: the A of A/B runs)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -65,18 +70,22 @@ class TorchVoice:
         self.context_left, self.context_right = receptive_field(geometry)
         self.flow_context = flow_receptive_field(model.config)
         self.channels = model.config.flow_size
+        self.reference = reference
+        self._encoder = None if reference else TextEncoder(model.text_encoder)
 
     @classmethod
-    def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None) -> "TorchVoice":
+    def load(
+        cls, device: str | torch.device = "cpu", cache_root: Path | None = None, reference: bool = False
+    ) -> "TorchVoice":
         """The installed joe voice, converted on first use (needs the tts extra)."""
         model, spec, _ = load_voice_model(cache_root_dir=cache_root, device=device)
-        return cls(model, spec, device)
+        return cls(model, spec, device, reference)
 
     @classmethod
-    def load_dir(cls, directory: Path, device: str | torch.device = "cpu") -> "TorchVoice":
+    def load_dir(cls, directory: Path, device: str | torch.device = "cpu", reference: bool = False) -> "TorchVoice":
         """A converted cache directory on its own (no voice package, no onnx)."""
         model, spec = load_converted(directory, device)
-        return cls(model, spec, device)
+        return cls(model, spec, device, reference)
 
     # --- latent stage -----------------------------------------------------------------
 
@@ -104,12 +113,17 @@ class TorchVoice:
         gens = [torch.Generator().manual_seed(r.seed) for r in requests]
 
         padded = batch > 1 and min(lengths) != t_in
-        enc = model.text_encoder(
-            input_ids=ids,
-            padding_mask=in_mask.unsqueeze(-1).float(),
-            attention_mask=in_mask.long() if padded else None,
-        )
-        hidden = enc.last_hidden_state.transpose(1, 2)
+        if self._encoder is not None:
+            out = self._encoder(ids, in_mask.unsqueeze(-1).float())
+            hidden, means, log_vars = out.hidden, out.means, out.log_variances
+        else:
+            enc = model.text_encoder(
+                input_ids=ids,
+                padding_mask=in_mask.unsqueeze(-1).float(),
+                attention_mask=in_mask.long() if padded else None,
+            )
+            hidden, means, log_vars = enc.last_hidden_state, enc.prior_means, enc.prior_log_variances
+        hidden = hidden.transpose(1, 2)
         mask = in_mask.unsqueeze(1).float()  # [B, 1, T_in]
 
         # Duration noise first, then prior noise, from each sentence's generator.
@@ -131,10 +145,10 @@ class TorchVoice:
                 continue
             rep = rep.to(dev)
             # output_size: the length is known on the host, so CUDA need not sync for it.
-            z_p = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0, output_size=frames).T
+            z_p = torch.repeat_interleave(means[b, : lengths[b]], rep, dim=0, output_size=frames).T
             if r.noise_scale:
                 log_var = torch.repeat_interleave(
-                    enc.prior_log_variances[b, : lengths[b]], rep, dim=0, output_size=frames
+                    log_vars[b, : lengths[b]], rep, dim=0, output_size=frames
                 ).T
                 noise = torch.randn(z_p.shape, generator=gens[b]).to(dev)
                 z_p = z_p + noise * torch.exp(log_var) * r.noise_scale
