@@ -20,11 +20,9 @@ does slowly are done differently:
        . x x x x x x .           (``diagonal(o)`` views, o = -4 .. 4, clipped at the
        . . x x x x x x            sentence edges, where the dense form adds zeros)
 
-2. **The feed-forward convs as one matrix product each**, time-major: a k=3 conv
-   over [T, C] is [T, 3C] (three shifted rows side by side) @ [3C, C_out]. On 2
-   CPU cores that ran 1.2-1.8x faster than the oneDNN conv for these shapes
-   (192 -> 768 -> 192 channels, a few hundred ids), and it drops the four
-   transposes per layer of ``VitsFeedForward``.
+2. **The feed-forward convs as one matrix product each**, time-major
+   (``conv_matmul.ConvAsMatmul``): for these shapes (192 -> 768 -> 192 channels,
+   a few hundred ids) faster than the oneDNN conv, and no transposes.
 3. **Q, K and V in one product** ([C, 3C] weights stacked once at load).
 
 The result equals ``VitsTextEncoder.forward`` up to float rounding (the dense
@@ -40,6 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.tts.conv_matmul import ConvAsMatmul
+
 
 @dataclass
 class EncoderOutput:
@@ -48,32 +48,6 @@ class EncoderOutput:
     hidden: torch.Tensor
     means: torch.Tensor
     log_variances: torch.Tensor
-
-
-class ConvAsMatmul:
-    """A stride-1 ``nn.Conv1d`` (no groups) applied to time-major input [B, T, C_in]
-    as one matrix product: [B, T, k * C_in] @ [k * C_in, C_out]."""
-
-    def __init__(self, conv: nn.Conv1d, pad_left: int, pad_right: int) -> None:
-        if conv.groups != 1 or conv.stride[0] != 1:
-            raise ValueError("only plain stride-1 convs: %r" % conv)
-        out, cin, k = conv.weight.shape
-        self.kernel, self.dilation, self.channels = k, conv.dilation[0], cin
-        self.pad = (pad_left, pad_right)
-        # weight[o, i, j] multiplies x[t + j * d, i]: row j * C_in + i of the matrix.
-        self.weight = conv.weight.detach().permute(2, 1, 0).reshape(k * cin, out).contiguous()
-        self.bias = None if conv.bias is None else conv.bias.detach()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, cin = x.shape
-        if self.kernel > 1:
-            x = nn.functional.pad(x, (0, 0, *self.pad)).contiguous()
-            rows = x.shape[1]
-            # Overlapping rows: row t reads x[t], x[t + d], ... (a view, no copy yet).
-            x = x.as_strided((batch, length, self.kernel, cin), (rows * cin, cin, self.dilation * cin, 1))
-            x = x.reshape(batch, length, self.kernel * cin)
-        out = torch.matmul(x, self.weight)
-        return out if self.bias is None else out + self.bias
 
 
 class _Layer:

@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 from models.tts.text_encoder import TextEncoder
@@ -58,8 +59,9 @@ class TorchVoice:
     def __init__(
         self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
     ) -> None:
-        """``reference``: run transformers' own text encoder forward instead of
-        ``text_encoder.TextEncoder`` (the same math, slower: the A of A/B runs)."""
+        """``reference``: run transformers' own text encoder and flow forwards
+        instead of ``text_encoder.TextEncoder`` and ``flow.ReverseFlow`` (the
+        same math, slower: the A of A/B runs and the tests' reference)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -72,6 +74,7 @@ class TorchVoice:
         self.channels = model.config.flow_size
         self.reference = reference
         self._encoder = None if reference else TextEncoder(model.text_encoder)
+        self._flow = None if reference else ReverseFlow(model.flow)
 
     @classmethod
     def load(
@@ -156,13 +159,19 @@ class TorchVoice:
         return out
 
     @torch.inference_mode()
-    def flow(self, items: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def flow(
+        self, items: Sequence[torch.Tensor], keep: Sequence[tuple[int, int]] | None = None
+    ) -> list[torch.Tensor]:
         """The reverse flow over prior segments [C, L_i] of any lengths, in one
-        padded forward. Its convs mask their inputs, so padding does not reach a
-        segment; a segment with ``flow_context`` frames of context on each side
-        (or the sentence edge) reproduces the whole-sentence flow there."""
+        padded forward; with ``keep``, only frames ``keep[i] = (a, b)`` of each
+        (and only the work they need: ``flow.ReverseFlow`` crops between
+        couplings). Padding does not reach a segment; a segment with
+        ``flow_context`` frames of context on each side (or the sentence edge)
+        reproduces the whole-sentence flow there."""
         if not items:
             return []
+        if self._flow is not None:
+            return self._flow(items, keep)
         lengths = [x.shape[-1] for x in items]
         longest = max(lengths)
         z_p = torch.zeros(len(items), self.channels, longest, device=self.device)
@@ -170,7 +179,8 @@ class TorchVoice:
             z_p[b, :, : lengths[b]] = x
         mask = (torch.arange(longest, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None])
         z = self.model.flow(z_p, mask.unsqueeze(1).float(), None, reverse=True)
-        return [z[b, :, : lengths[b]] for b in range(len(items))]
+        spans = [(0, n) for n in lengths] if keep is None else keep
+        return [z[b, :, a:e] for b, (a, e) in enumerate(spans)]
 
     def _log_durations(self, hidden: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """VitsStochasticDurationPredictor's reverse pass with the noise passed in

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.tts.text_encoder import ConvAsMatmul, TextEncoder
+from models.tts.conv_matmul import ConvAsMatmul
+from models.tts.text_encoder import TextEncoder
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
