@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from models.tts.durations import DurationPredictor
 from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
@@ -59,9 +60,10 @@ class TorchVoice:
     def __init__(
         self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
     ) -> None:
-        """``reference``: run transformers' own text encoder and flow forwards
-        instead of ``text_encoder.TextEncoder`` and ``flow.ReverseFlow`` (the
-        same math, slower: the A of A/B runs and the tests' reference)."""
+        """``reference``: run transformers' own text encoder, duration predictor
+        and flow forwards instead of ``text_encoder.TextEncoder``,
+        ``durations.DurationPredictor`` and ``flow.ReverseFlow`` (the same math,
+        slower: the A of A/B runs and the tests' reference)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -75,6 +77,7 @@ class TorchVoice:
         self.reference = reference
         self._encoder = None if reference else TextEncoder(model.text_encoder)
         self._flow = None if reference else ReverseFlow(model.flow)
+        self._durations = None if reference else DurationPredictor(model.duration_predictor)
 
     @classmethod
     def load(
@@ -185,6 +188,8 @@ class TorchVoice:
     def _log_durations(self, hidden: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """VitsStochasticDurationPredictor's reverse pass with the noise passed in
         (VitsModel draws it from the global RNG)."""
+        if self._durations is not None:
+            return self._durations(hidden, mask, noise)
         dp = self.model.duration_predictor
         x = dp.conv_pre(hidden)
         x = dp.conv_dds(x, mask)
