@@ -24,6 +24,7 @@ from torch import nn
 from models.tts.durations import DurationPredictor
 from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
+from models.tts.hifigan_matmul import DecoderMatmul
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 from models.tts.text_encoder import TextEncoder
 
@@ -61,9 +62,10 @@ class TorchVoice:
         self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
     ) -> None:
         """``reference``: run transformers' own text encoder, duration predictor
-        and flow forwards instead of ``text_encoder.TextEncoder``,
-        ``durations.DurationPredictor`` and ``flow.ReverseFlow`` (the same math,
-        slower: the A of A/B runs and the tests' reference)."""
+        and flow forwards and the module decoder instead of
+        ``text_encoder.TextEncoder``, ``durations.DurationPredictor``,
+        ``flow.ReverseFlow`` and ``hifigan_matmul.DecoderMatmul`` (the same
+        math, slower: the A of A/B runs and the tests' reference)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -78,6 +80,8 @@ class TorchVoice:
         self._encoder = None if reference else TextEncoder(model.text_encoder)
         self._flow = None if reference else ReverseFlow(model.flow)
         self._durations = None if reference else DurationPredictor(model.duration_predictor)
+        use_matmul = not reference and DecoderMatmul.supports(model.decoder)
+        self._decoder = DecoderMatmul(model.decoder, geometry) if use_matmul else None
 
     @classmethod
     def load(
@@ -225,6 +229,8 @@ class TorchVoice:
             for b, w in enumerate(windows):
                 batch[b, :, : lengths[b]] = w
         if cores is not None:
+            if self._decoder is not None:
+                return self._decoder.decode_cores(batch, lengths, cores)
             return decode_cores(self.model.decoder, self.geometry, batch, lengths, cores)
         audio = decode_padded(self.model.decoder, batch, lengths)
         return [audio[b, : lengths[b] * self.hop] for b in range(len(windows))]
