@@ -24,7 +24,7 @@ from torch import nn
 from models.tts.durations import DurationPredictor
 from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
-from models.tts.hifigan_matmul import DecoderMatmul
+from models.tts.hifigan_matmul import MAX_FRAMES as MATMUL_MAX_FRAMES, DecoderMatmul
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
 from models.tts.text_encoder import TextEncoder
 
@@ -229,7 +229,7 @@ class TorchVoice:
             for b, w in enumerate(windows):
                 batch[b, :, : lengths[b]] = w
         if cores is not None:
-            if self._decoder is not None:
+            if self._decoder is not None and longest <= MATMUL_MAX_FRAMES:
                 return self._decoder.decode_cores(batch, lengths, cores)
             return decode_cores(self.model.decoder, self.geometry, batch, lengths, cores)
         audio = decode_padded(self.model.decoder, batch, lengths)
