@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "utterances_per_variant": args.utterances,
         "results": results,
         "ratio_ttfa_p50_over_before": {n: round(r["ttfa_ms"]["p50"] / before, 3) for n, r in results.items()},
-        "goal": {"adapter_ttfa_p50_ms_le": GOAL_MS, "met": {n: r["ttfa_ms"]["p50"] <= GOAL_MS for n, r in results.items()}},
+        "goal": {"adapter_ttfa_p50_ms_le": GOAL_MS,
+                 "met": {n: r["ttfa_ms"]["p50"] <= GOAL_MS for n, r in results.items()}},
         "phonemes": "precomputed table (%s)" % args.phonemes if args.phonemes else "espeak-ng (piper-tts)",
         "load": {
             "getloadavg_before": [round(x, 2) for x in load_before],

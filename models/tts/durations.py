@@ -148,7 +148,10 @@ def spline_reverse(
     return outputs
 
 
-def _cumulative(unnormalized: torch.Tensor, minimum: float, lower: float, upper: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _cumulative(
+    unnormalized: torch.Tensor, minimum: float, lower: float, upper: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bin edges [..., n + 1] and sizes [..., n] from unnormalized bin sizes."""
     bins = unnormalized.shape[-1]
     sizes = nn.functional.softmax(unnormalized, dim=-1)
     sizes = minimum + (1 - minimum * bins) * sizes
