@@ -17,7 +17,7 @@ for wait in passive spin; do
         passive) policy=OMP_WAIT_POLICY=PASSIVE ;;
         spin) policy=GOMP_SPINCOUNT=300000 ;;
     esac
-    timeout 85 taskset -c "${CPUS:-2,3}" env "$policy" python3 -m bench.tts.first_audio --voice-dir /tmp/voice \
+    timeout 80 taskset -c "${CPUS:-2,3}" env "$policy" python3 -m bench.tts.first_audio --voice-dir /tmp/voice \
         --phonemes bench/tts/phonemes.json --utterances "${UTTERANCES:-24}" --first-frames 8 --threads 2 \
         --out "$OUT/tts_first_audio_pinned_$wait.json" > "$OUT/first_audio_$wait.log" 2>&1
     echo "== $wait rc=$?"
