@@ -170,7 +170,10 @@ class PiperTTS(TTSAdapter):
         if jobs:
             flows = [(stream, chunk) for _, _, stream, window in jobs if (chunk := stream.flow_needed(window))]
             if flows:
-                outs = self.voice.flow([stream.flow_input(chunk) for stream, chunk in flows])
+                outs = self.voice.flow(
+                    [stream.flow_input(chunk) for stream, chunk in flows],
+                    keep=[(chunk.start - chunk.lo, chunk.end - chunk.lo) for _, chunk in flows],
+                )
                 for (stream, chunk), z in zip(flows, outs):
                     stream.accept_flow(chunk, z)
             audio = self.voice.decode(

@@ -96,10 +96,12 @@ class SentenceStream:
         return self.prior[:, chunk.lo : chunk.hi]
 
     def accept_flow(self, chunk: FlowChunk, z: torch.Tensor) -> None:
-        """Store the flow output of ``chunk`` (z covers its [lo, hi) span)."""
+        """Store the flow output of ``chunk`` (z covers its [start, end) frames)."""
         if chunk.start != self.flow_done:
             raise ValueError("flow chunk starts at %d, flow done to %d" % (chunk.start, self.flow_done))
-        self.latents[:, chunk.start : chunk.end] = z[:, chunk.start - chunk.lo : chunk.end - chunk.lo]
+        if z.shape[-1] != chunk.end - chunk.start:
+            raise ValueError("flow output has %d frames, chunk %d" % (z.shape[-1], chunk.end - chunk.start))
+        self.latents[:, chunk.start : chunk.end] = z
         self.flow_done = chunk.end
 
     def window_latents(self, window: Window) -> torch.Tensor:

@@ -21,8 +21,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from models.tts.durations import DurationPredictor
+from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
+from models.tts.hifigan_matmul import MAX_FRAMES as MATMUL_MAX_FRAMES, DecoderMatmul
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
+from models.tts.text_encoder import TextEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +58,14 @@ class LatentRequest:
 class TorchVoice:
     """A Piper VITS voice in torch. Owns its tensors; call from one thread."""
 
-    def __init__(self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
+    ) -> None:
+        """``reference``: run transformers' own text encoder, duration predictor
+        and flow forwards and the module decoder instead of
+        ``text_encoder.TextEncoder``, ``durations.DurationPredictor``,
+        ``flow.ReverseFlow`` and ``hifigan_matmul.DecoderMatmul`` (the same
+        math, slower: the A of A/B runs and the tests' reference)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -65,18 +76,26 @@ class TorchVoice:
         self.context_left, self.context_right = receptive_field(geometry)
         self.flow_context = flow_receptive_field(model.config)
         self.channels = model.config.flow_size
+        self.reference = reference
+        self._encoder = None if reference else TextEncoder(model.text_encoder)
+        self._flow = None if reference else ReverseFlow(model.flow)
+        self._durations = None if reference else DurationPredictor(model.duration_predictor)
+        use_matmul = not reference and DecoderMatmul.supports(model.decoder)
+        self._decoder = DecoderMatmul(model.decoder, geometry) if use_matmul else None
 
     @classmethod
-    def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None) -> "TorchVoice":
+    def load(
+        cls, device: str | torch.device = "cpu", cache_root: Path | None = None, reference: bool = False
+    ) -> "TorchVoice":
         """The installed joe voice, converted on first use (needs the tts extra)."""
         model, spec, _ = load_voice_model(cache_root_dir=cache_root, device=device)
-        return cls(model, spec, device)
+        return cls(model, spec, device, reference)
 
     @classmethod
-    def load_dir(cls, directory: Path, device: str | torch.device = "cpu") -> "TorchVoice":
+    def load_dir(cls, directory: Path, device: str | torch.device = "cpu", reference: bool = False) -> "TorchVoice":
         """A converted cache directory on its own (no voice package, no onnx)."""
         model, spec = load_converted(directory, device)
-        return cls(model, spec, device)
+        return cls(model, spec, device, reference)
 
     # --- latent stage -----------------------------------------------------------------
 
@@ -104,12 +123,17 @@ class TorchVoice:
         gens = [torch.Generator().manual_seed(r.seed) for r in requests]
 
         padded = batch > 1 and min(lengths) != t_in
-        enc = model.text_encoder(
-            input_ids=ids,
-            padding_mask=in_mask.unsqueeze(-1).float(),
-            attention_mask=in_mask.long() if padded else None,
-        )
-        hidden = enc.last_hidden_state.transpose(1, 2)
+        if self._encoder is not None:
+            out = self._encoder(ids, in_mask.unsqueeze(-1).float())
+            hidden, means, log_vars = out.hidden, out.means, out.log_variances
+        else:
+            enc = model.text_encoder(
+                input_ids=ids,
+                padding_mask=in_mask.unsqueeze(-1).float(),
+                attention_mask=in_mask.long() if padded else None,
+            )
+            hidden, means, log_vars = enc.last_hidden_state, enc.prior_means, enc.prior_log_variances
+        hidden = hidden.transpose(1, 2)
         mask = in_mask.unsqueeze(1).float()  # [B, 1, T_in]
 
         # Duration noise first, then prior noise, from each sentence's generator.
@@ -131,10 +155,10 @@ class TorchVoice:
                 continue
             rep = rep.to(dev)
             # output_size: the length is known on the host, so CUDA need not sync for it.
-            z_p = torch.repeat_interleave(enc.prior_means[b, : lengths[b]], rep, dim=0, output_size=frames).T
+            z_p = torch.repeat_interleave(means[b, : lengths[b]], rep, dim=0, output_size=frames).T
             if r.noise_scale:
                 log_var = torch.repeat_interleave(
-                    enc.prior_log_variances[b, : lengths[b]], rep, dim=0, output_size=frames
+                    log_vars[b, : lengths[b]], rep, dim=0, output_size=frames
                 ).T
                 noise = torch.randn(z_p.shape, generator=gens[b]).to(dev)
                 z_p = z_p + noise * torch.exp(log_var) * r.noise_scale
@@ -142,13 +166,19 @@ class TorchVoice:
         return out
 
     @torch.inference_mode()
-    def flow(self, items: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def flow(
+        self, items: Sequence[torch.Tensor], keep: Sequence[tuple[int, int]] | None = None
+    ) -> list[torch.Tensor]:
         """The reverse flow over prior segments [C, L_i] of any lengths, in one
-        padded forward. Its convs mask their inputs, so padding does not reach a
-        segment; a segment with ``flow_context`` frames of context on each side
-        (or the sentence edge) reproduces the whole-sentence flow there."""
+        padded forward; with ``keep``, only frames ``keep[i] = (a, b)`` of each
+        (and only the work they need: ``flow.ReverseFlow`` crops between
+        couplings). Padding does not reach a segment; a segment with
+        ``flow_context`` frames of context on each side (or the sentence edge)
+        reproduces the whole-sentence flow there."""
         if not items:
             return []
+        if self._flow is not None:
+            return self._flow(items, keep)
         lengths = [x.shape[-1] for x in items]
         longest = max(lengths)
         z_p = torch.zeros(len(items), self.channels, longest, device=self.device)
@@ -156,11 +186,14 @@ class TorchVoice:
             z_p[b, :, : lengths[b]] = x
         mask = (torch.arange(longest, device=self.device)[None, :] < torch.tensor(lengths, device=self.device)[:, None])
         z = self.model.flow(z_p, mask.unsqueeze(1).float(), None, reverse=True)
-        return [z[b, :, : lengths[b]] for b in range(len(items))]
+        spans = [(0, n) for n in lengths] if keep is None else keep
+        return [z[b, :, a:e] for b, (a, e) in enumerate(spans)]
 
     def _log_durations(self, hidden: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """VitsStochasticDurationPredictor's reverse pass with the noise passed in
         (VitsModel draws it from the global RNG)."""
+        if self._durations is not None:
+            return self._durations(hidden, mask, noise)
         dp = self.model.duration_predictor
         x = dp.conv_pre(hidden)
         x = dp.conv_dds(x, mask)
@@ -196,6 +229,8 @@ class TorchVoice:
             for b, w in enumerate(windows):
                 batch[b, :, : lengths[b]] = w
         if cores is not None:
+            if self._decoder is not None and longest <= MATMUL_MAX_FRAMES:
+                return self._decoder.decode_cores(batch, lengths, cores)
             return decode_cores(self.model.decoder, self.geometry, batch, lengths, cores)
         audio = decode_padded(self.model.decoder, batch, lengths)
         return [audio[b, : lengths[b] * self.hop] for b in range(len(windows))]

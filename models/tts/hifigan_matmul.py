@@ -1,0 +1,112 @@
+"""``hifigan._forward`` time-major, with the decoder's convs as matrix products.
+
+The same masked, cropped decode as ``hifigan.decode_cores`` (see there for the
+masking and cropping rules), over [B, T, C] activations: conv_pre, every
+resblock conv and conv_post are ``conv_matmul.ConvAsMatmul`` products; the three
+transposed convs (upsampling) stay torch's, channel-first, one transpose each
+way. The products are the same; only the order of the sums differs (float
+rounding; tests assert <= 1e-5 against the module path). Resblock type 2 only
+(Piper's medium and low voices); ``DecoderMatmul.supports`` says whether a
+decoder qualifies.
+
+Only for short windows (``MAX_FRAMES``): the matrix form copies each conv's
+input k times (im2col), which fits the caches for a first window but not for a
+long one. Measured on 2 shared CPU cores, one thread, joe-medium: a 12-frame
+window (23 decoded frames) took 72 ms against 85 ms for the module decode, but
+24 frames 143 against 132, 48 frames 285 against 232 and 96 frames 495 against
+342 (the last level, 32 channels at the audio rate, spills).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from models.tts.conv_matmul import ConvAsMatmul
+from models.tts.hifigan import LEAKY_SLOPE, DecoderGeometry, ResBlock2, level_spans
+
+
+# Longest window (decoded frames, context included) decoded this way; longer
+# windows take the module decode (see above).
+MAX_FRAMES = 32
+
+
+class DecoderMatmul:
+    """A VITS HiFi-GAN decoder with ``ResBlock2`` blocks, prepared for time-major decodes."""
+
+    def __init__(self, decoder: nn.Module, geometry: DecoderGeometry) -> None:
+        if not self.supports(decoder):
+            raise ValueError("DecoderMatmul needs resblock type 2 and no speaker conditioning")
+        self.decoder, self.geometry = decoder, geometry
+        self.num_kernels = decoder.num_kernels
+        self.slope = decoder.config.leaky_relu_slope
+        self.conv_pre = ConvAsMatmul.same(decoder.conv_pre)
+        self.blocks = [[ConvAsMatmul.same(c) for c in block.convs] for block in decoder.resblocks]
+        self.conv_post = ConvAsMatmul.same(decoder.conv_post)
+
+    @staticmethod
+    def supports(decoder: nn.Module) -> bool:
+        return all(isinstance(b, ResBlock2) for b in decoder.resblocks) and getattr(decoder, "cond", None) is None
+
+    def decode_cores(
+        self, latents: torch.Tensor, lengths: Sequence[int], cores: Sequence[tuple[int, int]]
+    ) -> list[torch.Tensor]:
+        """``hifigan.decode_cores(decoder, geometry, latents, lengths, cores)``."""
+        crops = [level_spans(self.geometry, a, b - 1)[0] for a, b in cores]
+        batch, _, frames = latents.shape
+        lengths = list(lengths)
+        offsets = [0] * batch
+        x = latents.transpose(1, 2)  # [B, T, C]
+        mask = _mask(lengths, frames, x)
+        if mask is not None:
+            x = x * mask
+        x = self.conv_pre(x)
+        if mask is not None:
+            x = x * mask
+        for level, up in enumerate(self.decoder.upsampler):
+            x = up(nn.functional.leaky_relu(x, self.slope).transpose(1, 2)).transpose(1, 2)
+            stride = up.stride[0]
+            offsets = [o * stride for o in offsets]
+            lengths = [n * stride for n in lengths]
+            x, offsets, lengths = _crop(x, offsets, lengths, [c[level] for c in crops])
+            mask = _mask(lengths, x.shape[1], x)
+            if mask is not None:
+                x = x * mask
+            acc = None
+            for convs in self.blocks[level * self.num_kernels : (level + 1) * self.num_kernels]:
+                y = x
+                for conv in convs:  # ResBlock2: y = conv(lrelu(y)) (masked) + y
+                    h = conv(nn.functional.leaky_relu(y, LEAKY_SLOPE))
+                    y = (h if mask is None else h * mask) + y
+                acc = y if acc is None else acc + y
+            x = acc / self.num_kernels
+        # VITS uses torch's default slope (0.01) before conv_post, not LEAKY_SLOPE.
+        x = torch.tanh(self.conv_post(nn.functional.leaky_relu(x)))[:, :, 0]
+        return [x[i, a - offsets[i] : b - offsets[i]] for i, (a, b) in enumerate(cores)]
+
+
+def _mask(lengths: Sequence[int], size: int, like: torch.Tensor) -> torch.Tensor | None:
+    """[B, size, 1] ones over each item's valid prefix; None when all are full."""
+    if all(n == size for n in lengths):
+        return None
+    positions = torch.arange(size, device=like.device)
+    return (positions[None, :] < torch.as_tensor(list(lengths), device=like.device)[:, None])[..., None].to(like.dtype)
+
+
+def _crop(
+    x: torch.Tensor, offsets: list[int], lengths: list[int], keep: Sequence[tuple[int, int]]
+) -> tuple[torch.Tensor, list[int], list[int]]:
+    """``hifigan._crop`` on the time axis of [B, T, C]."""
+    starts, stops = [], []
+    for b, (lo, hi) in enumerate(keep):
+        starts.append(max(lo, offsets[b]) - offsets[b])
+        stops.append(min(hi + 1, offsets[b] + lengths[b]) - offsets[b])
+    if x.shape[0] == 1:
+        out = x[:, starts[0] : stops[0]]
+    else:
+        out = x.new_zeros(x.shape[0], max(e - s for s, e in zip(starts, stops)), x.shape[2])
+        for b, (s, e) in enumerate(zip(starts, stops)):
+            out[b, : e - s] = x[b, s:e]
+    return out, [o + s for o, s in zip(offsets, starts)], [e - s for s, e in zip(starts, stops)]
