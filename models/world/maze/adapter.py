@@ -73,6 +73,24 @@ log = logging.getLogger(__name__)
 FPS = 15.0  # the simulator's nominal frame rate (0.11 cells forward, 6 degrees of turn per frame)
 
 
+@dataclass(frozen=True)
+class ServingDefaults:
+    """What a device serves when the caller does not say: the sampler and the window."""
+
+    steps: int
+    window: int
+    kv_from_last: bool = False  # SamplerConfig.kv_from_last: no clean pass
+    shift: float = 1.0          # SamplerConfig.shift
+
+
+# Each row is a configuration whose quality gates the model card reports
+# (bench/results/maze_eval*.json); change a row only together with its evaluation.
+SERVING_DEFAULTS = {
+    "cuda": ServingDefaults(steps=4, window=14),
+    "cpu": ServingDefaults(steps=2, window=4),
+}
+
+
 @dataclass
 class _Session:
     seed: int
@@ -93,13 +111,16 @@ class MazeWorld(WorldAdapter):
                  attention_backend: str | None = None, seed: int = 0,
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
                  budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
-                 kv_from_last: bool = False, shift: float = 1.0, gather_once: bool = True) -> None:
+                 kv_from_last: bool | None = None, shift: float | None = None, gather_once: bool = True) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self.steps = steps if steps is not None else (4 if cuda else 2)
-        self.window = window if window is not None else (14 if cuda else 4)
+        d = SERVING_DEFAULTS["cuda" if cuda else "cpu"]
+        self.steps = steps if steps is not None else d.steps
+        self.window = window if window is not None else d.window
+        kv_from_last = d.kv_from_last if kv_from_last is None else kv_from_last
+        shift = d.shift if shift is None else shift
         self.frames_per_chunk = frames_per_chunk
         self.weights = Path(weights)
         # CPU: float32, or bfloat16 where the CPU has native bf16 and a timed pass finds it faster.
