@@ -1,7 +1,7 @@
 """A/B of maze CPU adapter variants in one process, their ticks interleaved round-robin.
 
     python -m bench.maze.bench_cpu_ab [--sessions 1 4] [--ticks 20]
-        [--variants "" "gather_once=0" "kv_from_last=1 shift=0.1111" "window=3" "steps=1" "dtype=bfloat16"]
+        [--variants "" "kv_from_last=1 shift=0.1111" "window=3" "steps=1" "dtype=bfloat16"]
         [--out bench/results/maze_cpu_ab.json]
 
 Each variant is ``MazeWorld`` keyword words on top of what ``realtime serve`` builds on
@@ -40,7 +40,7 @@ def parse_variant(text: str) -> dict[str, Any]:
         name, _, value = word.partition("=")
         if name == "dtype":
             out[name] = getattr(torch, value)
-        elif name in ("kv_from_last", "gather_once"):
+        elif name == "kv_from_last":
             out[name] = value not in ("0", "false", "False")
         elif "." in value:
             out[name] = float(value)
@@ -59,7 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--ticks", type=int, default=20, help="timed ticks per variant and session count")
-    ap.add_argument("--variants", nargs="+", default=["", "gather_once=0"])
+    ap.add_argument("--variants", nargs="+", default=["", "kv_from_last=1 shift=0.1111", "window=2"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     openmp_defaults(os.environ)

@@ -51,9 +51,9 @@ serve=("$PY" -m bench.maze.bench_serve_cpu --seconds "${SERVE_S:-6}" --warmup 2 
        --no-bare-after)
 step serve_old 110 "$OLD" "${serve[@]}" --out "$OUT/maze_serve_cpu_pinned_old.json"
 step serve_new 110 "$NEW" "${serve[@]}" --out "$OUT/maze_serve_cpu_pinned_new.json"
-step ab 120 "$NEW" "$PY" -m bench.maze.bench_cpu_ab --sessions 1 4 --ticks "${AB_TICKS:-14}" --variants "" \
-    "gather_once=0" "dtype=bfloat16" "kv_from_last=1 shift=0.1111" "window=3" "window=2" \
-    "window=2 kv_from_last=1 shift=0.1111" "steps=1" --out "$OUT/maze_cpu_ab_pinned.json"
+step ab 150 "$NEW" "$PY" -m bench.maze.bench_cpu_ab --sessions 1 4 --ticks "${AB_TICKS:-12}" --variants "" \
+    "dtype=bfloat16" "kv_from_last=1 shift=0.1111" "window=3" "window=2" "window=2 kv_from_last=1 shift=0.1111" \
+    "steps=3 window=2 kv_from_last=1 shift=0.1111" "steps=1" --out "$OUT/maze_cpu_ab_pinned.json"
 step profile 40 "$NEW" "$PY" -m bench.maze.profile_cpu --ticks "${PROFILE_TICKS:-4}" \
     --out "$OUT/maze_profile_cpu_pinned.json"
 wait
@@ -79,13 +79,36 @@ if d:
     for r in d["rows"]:
         print(f"ab {r['variant']:40s} {r['sessions']} sess: {r['frames_per_s_per_session']:6.2f} fps/session, "
               f"tick {r['tick_ms_p50']:6.1f} ms, x{r['vs_first_tick_p50']:.2f} of the default")
+evals = {}
 for p in sorted(out.glob("maze_eval_cpu_*.json")):
     d = json.loads(p.read_text())
     g = d["gates"]
+    evals[p.stem[len("maze_eval_cpu_"):]] = d
     print(f"eval {p.stem[len('maze_eval_cpu_'):]:12s} one-step {d['one_step']['model_db']:.2f} / no-key min "
           f"{d['no_key']['min_over_frames_of_mean_db']:.2f} / wall {d['wall']['mean_db_vs_frozen_truth']:.2f} / "
           f"J-L {d['action_following']['turn_j_vs_l']['closer_to_own']:.3f} / W-S "
           f"{d['action_following']['move_w_vs_s']['closer_to_own']:.3f} / ID {d['inverse_dynamics']['ratio']:.2f}; "
           f"failed: {[k for k, v in g.items() if v is False] or 'none'}")
+# The fastest candidate that meets every gate the current CPU configuration (s2w4) meets.
+CANDIDATES = {  # evaluation name -> (bench_cpu_ab variant, SERVING_DEFAULTS row)
+    "s2w4": ("", "ServingDefaults(steps=2, window=4)"),
+    "s2w4_kvlast": ("kv_from_last=1 shift=0.1111", "ServingDefaults(steps=2, window=4, kv_from_last=True, shift=1 / 9)"),
+    "s2w3": ("window=3", "ServingDefaults(steps=2, window=3)"),
+    "s2w2": ("window=2", "ServingDefaults(steps=2, window=2)"),
+    "s2w2_kvlast": ("window=2 kv_from_last=1 shift=0.1111",
+                    "ServingDefaults(steps=2, window=2, kv_from_last=True, shift=1 / 9)"),
+    "s3w2_kvlast": ("steps=3 window=2 kv_from_last=1 shift=0.1111",
+                    "ServingDefaults(steps=3, window=2, kv_from_last=True, shift=1 / 9)"),
+}
+ab = load("maze_cpu_ab_pinned.json")
+if ab and "s2w4" in evals:
+    need = {k for k, v in evals["s2w4"]["gates"].items() if v}
+    speed = {(r["variant"], r["sessions"]): r["tick_ms_p50"] for r in ab["rows"]}
+    ok = [(speed.get((CANDIDATES[n][0] or "default", 1), 1e9), n) for n, d in evals.items()
+          if n in CANDIDATES and need <= {k for k, v in d["gates"].items() if v}]
+    best = min(ok)[1] if ok else "s2w4"
+    print(f"gates the current CPU configuration meets: {sorted(need)}")
+    print(f"fastest candidate meeting all of them: {best} -> in models/world/maze/adapter.py set "
+          f"SERVING_DEFAULTS['cpu'] = {CANDIDATES[best][1]}")
 EOF
 ls -la "$OUT"

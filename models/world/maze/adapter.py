@@ -27,11 +27,12 @@ then forgets the session, whose next tick restarts the maze from its seed. A
 ``run_batch`` that raises aborts every open transaction of the batch first (same
 rules), so the engine's retry one by one finds nothing in flight.
 
-Defaults per device (measured, bench/results/maze_eval*.json): CUDA bf16 with
-4 steps and a 14-frame window (the training clip); CPU float32 with 2 steps and a
-4-frame window (the model trained a quarter of its steps with that window; on
+Defaults per device (``SERVING_DEFAULTS``; measured, bench/results/maze_eval*.json):
+CUDA bf16 with 4 steps and a 14-frame window (the training clip); CPU with 2 steps
+and a 4-frame window (the model trained a quarter of its steps with that window; on
 held-out mazes it scores as well or better on one-step PSNR and at a third of
-the cost).
+the cost), float32 unless the CPU has native bf16 and a timed pass finds bf16
+faster (``cpu_dtype``). The eager clean pass stops at the last block's K/V.
 
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
@@ -63,7 +64,7 @@ from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.cpu_dtype import native_bf16, pick_cpu_dtype
 from models.world.maze.model import MazeDiT
-from models.world.maze.paged_context import PagedContext, gathered_or_paged
+from models.world.maze.paged_context import PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
 from models.world.maze.sim import H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
@@ -111,7 +112,7 @@ class MazeWorld(WorldAdapter):
                  attention_backend: str | None = None, seed: int = 0,
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
                  budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
-                 kv_from_last: bool | None = None, shift: float | None = None, gather_once: bool = True) -> None:
+                 kv_from_last: bool | None = None, shift: float | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -135,7 +136,6 @@ class MazeWorld(WorldAdapter):
         self.meta = read_metadata(self.weights)
         cfg = self.model.cfg
         self.sampler = SamplerConfig(steps=self.steps, shift=shift, kv_from_last=kv_from_last)
-        self.gather_once = gather_once  # CPU: held pages gathered once per frame (paged_context)
         self.kv_geometry = KVGeometry(
             num_layers=cfg.depth, kv_heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=cfg.tokens,
             block_size=cfg.tokens, sink_frames=1, window_frames=self.window, frames_per_tick=1,
@@ -409,7 +409,7 @@ class MazeWorld(WorldAdapter):
             noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
             return _frames(self._runner(rows).run(batch, acts, idx, noise))
         batch = self._begin(ids)
-        ctx = gathered_or_paged(self.cache, batch) if self.gather_once else PagedContext(self.cache, batch)
+        ctx = PagedContext(self.cache, batch)
         idx = torch.tensor([s.frames for s in sessions], dtype=torch.long, device=self.device)
         x0 = denoise_frame(self.model, ctx, acts, idx, self.sampler, self.gen)
         if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page

@@ -172,38 +172,6 @@ def test_a_batch_commits_and_aborts_each_session_by_its_own_end_tick(weights):
     assert len(out) == len(out2) == 2
 
 
-def test_gathering_the_held_pages_once_per_frame_changes_no_frame(weights):
-    """CPU: the held pages gathered once per frame give exactly the per-pass gather's frames."""
-    worlds = [MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=2, gather_once=g) for g in (False, True)]
-    keys = ["", "w", "w", "l", "wl", "a", "s", "j", "w", "d"]
-    outs = []
-    for w in worlds:
-        frames = []
-        for i, k in enumerate(keys):
-            # two sessions in one batch; the second joins a tick later, so for a while the
-            # rows attend different page counts (per-pass gather) and then the same (gathered)
-            batch = [tick("a", i, k, seed=1)] + ([tick("b", i - 1, k, seed=4)] if i else [])
-            frames.append(np.stack([c.frames[0] for c in play(w, batch)]))
-        outs.append(frames)
-    for a, b in zip(*outs):
-        assert np.array_equal(a, b)
-
-
-def test_gathered_context_applies_to_equal_page_counts_only(weights):
-    from models.world.maze.paged_context import GatheredContext, PagedContext, gathered_or_paged
-
-    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
-    play(w, [tick("a", 0, "")])
-    batch = w.cache.begin_batch(["a"])
-    assert type(gathered_or_paged(w.cache, batch)) is GatheredContext  # one row: one page count
-    w.cache.abort_batch(batch)
-    play(w, [tick("a", 1, "w"), tick("b", 0, "")])
-    batch = w.cache.begin_batch(["a", "b"])  # a holds sink + 1 frame, b its sink only
-    assert batch.num_pages == (3, 2)
-    assert type(gathered_or_paged(w.cache, batch)) is PagedContext
-    w.cache.abort_batch(batch)
-
-
 def test_kv_from_last_step_serves_what_the_evaluation_measures(weights):
     """kv_from_last (no clean pass): the paged adapter's frames equal the contiguous cache's."""
     w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5, kv_from_last=True, shift=1 / 9)
