@@ -92,13 +92,13 @@ for p in sorted(out.glob("maze_eval_cpu_*.json")):
 # The fastest candidate that meets every gate the current CPU configuration (s2w4) meets.
 CANDIDATES = {  # evaluation name -> (bench_cpu_ab variant, SERVING_DEFAULTS row)
     "s2w4": ("", "ServingDefaults(steps=2, window=4)"),
-    "s2w4_kvlast": ("kv_from_last=1 shift=0.1111", "ServingDefaults(steps=2, window=4, kv_from_last=True, shift=1 / 9)"),
+    "s2w4_kvlast": ("kv_from_last=1 shift=0.1111", "ServingDefaults(steps=2, window=4, kv_from_last=True, shift=0.1111)"),
     "s2w3": ("window=3", "ServingDefaults(steps=2, window=3)"),
     "s2w2": ("window=2", "ServingDefaults(steps=2, window=2)"),
     "s2w2_kvlast": ("window=2 kv_from_last=1 shift=0.1111",
-                    "ServingDefaults(steps=2, window=2, kv_from_last=True, shift=1 / 9)"),
+                    "ServingDefaults(steps=2, window=2, kv_from_last=True, shift=0.1111)"),
     "s3w2_kvlast": ("steps=3 window=2 kv_from_last=1 shift=0.1111",
-                    "ServingDefaults(steps=3, window=2, kv_from_last=True, shift=1 / 9)"),
+                    "ServingDefaults(steps=3, window=2, kv_from_last=True, shift=0.1111)"),
 }
 ab = load("maze_cpu_ab_pinned.json")
 if ab and "s2w4" in evals:
