@@ -27,11 +27,12 @@ then forgets the session, whose next tick restarts the maze from its seed. A
 ``run_batch`` that raises aborts every open transaction of the batch first (same
 rules), so the engine's retry one by one finds nothing in flight.
 
-Defaults per device (measured, bench/results/maze_eval*.json): CUDA bf16 with
-4 steps and a 14-frame window (the training clip); CPU float32 with 2 steps and a
-4-frame window (the model trained a quarter of its steps with that window; on
+Defaults per device (``SERVING_DEFAULTS``; measured, bench/results/maze_eval*.json):
+CUDA bf16 with 4 steps and a 14-frame window (the training clip); CPU with 2 steps
+and a 4-frame window (the model trained a quarter of its steps with that window; on
 held-out mazes it scores as well or better on one-step PSNR and at a third of
-the cost).
+the cost), float32 unless the CPU has native bf16 and a timed pass finds bf16
+faster (``cpu_dtype``). The eager clean pass stops at the last block's K/V.
 
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
@@ -57,12 +58,13 @@ import numpy as np
 import torch
 
 from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyError, kv_budget, plan_capacity
-from kv.paged_attention import paged_attention
 from models.base import ModelError
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
-from models.world.maze.model import FrameContext, MazeDiT
+from models.world.maze.cpu_dtype import native_bf16, pick_cpu_dtype
+from models.world.maze.model import MazeDiT
+from models.world.maze.paged_context import PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
 from models.world.maze.sim import H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
@@ -72,18 +74,22 @@ log = logging.getLogger(__name__)
 FPS = 15.0  # the simulator's nominal frame rate (0.11 cells forward, 6 degrees of turn per frame)
 
 
-class PagedContext(FrameContext):
-    """``forward_frame``'s attention through kv/: write the frame's K/V into its page, attend."""
+@dataclass(frozen=True)
+class ServingDefaults:
+    """What a device serves when the caller does not say: the sampler and the window."""
 
-    def __init__(self, cache: PagedKVCache, batch: Any) -> None:
-        self.cache, self.batch = cache, batch
-        self.own = [None] * cache.geometry.num_layers  # type: ignore[list-item]
+    steps: int
+    window: int
+    kv_from_last: bool = False  # SamplerConfig.kv_from_last: no clean pass
+    shift: float = 1.0          # SamplerConfig.shift
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # model: [B, H, n, hd]; kv: [R, n, H, hd]
-        o = paged_attention(q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(),
-                            self.cache, layer, self.batch)
-        return o.transpose(1, 2)
+
+# Each row is a configuration whose quality gates the model card reports
+# (bench/results/maze_eval*.json); change a row only together with its evaluation.
+SERVING_DEFAULTS = {
+    "cuda": ServingDefaults(steps=4, window=14),
+    "cpu": ServingDefaults(steps=2, window=4),
+}
 
 
 @dataclass
@@ -105,20 +111,31 @@ class MazeWorld(WorldAdapter):
                  max_sessions: int = 64, host_budget_bytes: int = 1 << 30,
                  attention_backend: str | None = None, seed: int = 0,
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
-                 budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9) -> None:
+                 budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
+                 kv_from_last: bool | None = None, shift: float | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
-        self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
-        self.steps = steps if steps is not None else (4 if cuda else 2)
-        self.window = window if window is not None else (14 if cuda else 4)
+        d = SERVING_DEFAULTS["cuda" if cuda else "cpu"]
+        self.steps = steps if steps is not None else d.steps
+        self.window = window if window is not None else d.window
+        kv_from_last = d.kv_from_last if kv_from_last is None else kv_from_last
+        shift = d.shift if shift is None else shift
         self.frames_per_chunk = frames_per_chunk
         self.weights = Path(weights)
-        self.model: MazeDiT = load_model(self.weights, self.device, self.dtype)
+        # CPU: float32, or bfloat16 where the CPU has native bf16 and a timed pass finds it faster.
+        self.dtype_pick: dict[str, Any] | None = None
+        if dtype is None and not cuda and native_bf16():
+            both = {dt: load_model(self.weights, self.device, dt) for dt in (torch.float32, torch.bfloat16)}
+            self.dtype, self.dtype_pick = pick_cpu_dtype(both, self.window)
+            self.model: MazeDiT = both[self.dtype]
+        else:
+            self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+            self.model = load_model(self.weights, self.device, self.dtype)
         self.meta = read_metadata(self.weights)
         cfg = self.model.cfg
-        self.sampler = SamplerConfig(steps=self.steps)
+        self.sampler = SamplerConfig(steps=self.steps, shift=shift, kv_from_last=kv_from_last)
         self.kv_geometry = KVGeometry(
             num_layers=cfg.depth, kv_heads=cfg.heads, head_dim=cfg.head_dim, tokens_per_frame=cfg.tokens,
             block_size=cfg.tokens, sink_frames=1, window_frames=self.window, frames_per_tick=1,
@@ -188,7 +205,10 @@ class MazeWorld(WorldAdapter):
         cfg = self.model.cfg
         return {
             "denoising_steps": self.steps, "window_frames": self.window, "sink_frames": 1,
+            "kv_from_last_step": self.sampler.kv_from_last, "schedule_shift": self.sampler.shift,
+            "passes_per_frame": self.steps + (0 if self.sampler.kv_from_last else 1),
             "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "dtype_pick": self.dtype_pick,
             "params": sum(p.numel() for p in self.model.parameters()), "config": cfg.to_dict(),
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),
             "cuda_graphs": self.cuda_graphs and self.device.type == "cuda",
@@ -367,7 +387,7 @@ class MazeWorld(WorldAdapter):
         zeros = torch.zeros(B, device=self.device)
         idx = torch.zeros(B, dtype=torch.long, device=self.device)
         self.model.forward_frame(to_model(first, self.dtype), zeros, torch.zeros(B, 8, device=self.device),
-                                 idx, idx == 0, ctx)
+                                 idx, idx == 0, ctx, kv_only=True)
         return _frames(first)
 
     def _runner(self, rows: int) -> FrameRunner:
@@ -395,8 +415,10 @@ class MazeWorld(WorldAdapter):
         idx = torch.from_numpy(frames).to(self.device)
         a = torch.from_numpy(acts).to(self.device)
         x0 = denoise_frame(self.model, ctx, a, idx, self.sampler, self.gen)
-        zeros = torch.zeros(B, device=self.device)
-        self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx)  # clean pass: kept K/V
+        if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
+            zeros = torch.zeros(B, device=self.device)
+            # The clean pass: only its K/V are kept, so it stops at the last block's K/V.
+            self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
         return _frames(to_u8(x0))
 
 

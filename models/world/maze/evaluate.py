@@ -346,14 +346,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=14)
     ap.add_argument("--nokey-frames", type=int, default=300)
     ap.add_argument("--id-steps", type=int, default=1500)
+    ap.add_argument("--shift", type=float, default=1.0, help="noise schedule warp (SamplerConfig.shift)")
+    ap.add_argument("--kv-from-last", action="store_true",
+                    help="keep the last denoising pass's K/V as context (no clean pass; SamplerConfig)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="auto: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        args.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     model = load_model(args.weights, dev, dtype)
     cfg = EvalConfig(mazes=args.mazes, window=args.window, nokey_frames=args.nokey_frames, id_steps=args.id_steps,
-                     sampler=SamplerConfig(steps=args.steps))
+                     sampler=SamplerConfig(steps=args.steps, shift=args.shift, kv_from_last=args.kv_from_last))
     res = Evaluator(model, cfg, dev).run()
     res["command"] = "python -m models.world.maze.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
     res["device"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"

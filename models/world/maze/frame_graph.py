@@ -151,8 +151,9 @@ class FrameRunner:
         st = self.cache.storage
         ctx = StaticPagedContext(st.k, st.v, self.index, self.rows, attention=self.attention)
         x0 = denoise_frame(self.model, ctx, self.actions, self.frames, self.sampler, noise=self.noise)
-        zeros = torch.zeros(self.rows, device=self.frames.device)
-        self.model.forward_frame(x0.to(self.dtype), zeros, self.actions, self.frames, self.frames == 0, ctx)
+        if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
+            zeros = torch.zeros(self.rows, device=self.frames.device)
+            self.model.forward_frame(x0.to(self.dtype), zeros, self.actions, self.frames, self.frames == 0, ctx)
         self.out.copy_(to_u8(x0))
 
     def _capture(self) -> None:  # pragma: no cover - CUDA only

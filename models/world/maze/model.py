@@ -148,14 +148,16 @@ class Block(nn.Module):
         nn.init.zeros_(self.ada.weight)
         nn.init.zeros_(self.ada.bias)
 
-    def qkv_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sink: torch.Tensor):
-        """h [B, N, D] -> q, k, v [B, H, N, hd], rotated; sink [B, N] bool marks sink tokens."""
+    def qkv_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sink: torch.Tensor | None):
+        """h [B, N, D] -> q, k, v [B, H, N, hd], rotated; sink [B, N] bool marks sink tokens
+        (None: no token is a sink's, which skips the masking)."""
         B, N, _ = h.shape
         q, k, v = self.qkv(h).view(B, N, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
         q = rope(self.q_norm(q), cos, sin).to(v.dtype)
         k = rope(self.k_norm(k), cos, sin)
-        k = zero_time_dims(k, sink[:, None, :]).to(v.dtype)
-        return q, k, v
+        if sink is not None:
+            k = zero_time_dims(k, sink[:, None, :])
+        return q, k.to(v.dtype), v
 
     def modulation(self, c: torch.Tensor) -> list[torch.Tensor]:
         return self.ada(F.silu(c)).chunk(6, -1)
@@ -257,7 +259,8 @@ class MazeDiT(nn.Module):
         pos: torch.Tensor,
         sink: torch.Tensor,
         context: "FrameContext",
-    ) -> torch.Tensor:
+        kv_only: bool = False,
+    ) -> torch.Tensor | None:
         """One frame per row against cached K/V.
 
         x [B, 3, 64, 64], t [B], a [B, 8], pos [B] time position, sink [B] bool
@@ -265,6 +268,10 @@ class MazeDiT(nn.Module):
         the attention over cached frames plus this frame's own K/V and keeps the
         own K/V it was given (``context.attend(layer, q, k, v)``).
         Returns the x0 estimate [B, 3, 64, 64] (float32).
+
+        ``kv_only``: the clean pass, whose output nobody reads, only its K/V: the last
+        block hands its K/V to ``context.keep`` and stops there (no attention, MLP or
+        head: an eighth of a pass). Returns None.
         """
         B = x.shape[0]
         n = self.cfg.tokens
@@ -272,10 +279,16 @@ class MazeDiT(nn.Module):
         h = h + sink[:, None, None].to(h.dtype) * self.sink
         c = self.cond(t, a)[:, None, :]                                    # [B, 1, d]
         cos, sin = self.angles(pos[:, None])
-        sink_tok = sink[:, None].expand(B, n)
+        # On CPU a batch without a sink row (every generated frame) skips the sink masking of
+        # the keys; on CUDA the check would read the device inside a graph capture, so it stays.
+        sink_tok = None if not sink.is_cuda and not bool(sink.any()) else sink[:, None].expand(B, n)
+        last = len(self.blocks) - 1
         for li, blk in enumerate(self.blocks):
             sh1, sc1, g1, sh2, sc2, g2 = blk.modulation(c)
             q, k, v = blk.qkv_heads(blk.norm1(h) * (1 + sc1) + sh1, cos, sin, sink_tok)
+            if kv_only and li == last:
+                context.keep(li, k, v)
+                return None
             o = context.attend(li, q, k, v).transpose(1, 2).reshape(B, n, -1)
             h = h + g1 * blk.proj(o)
             h = h + g2 * blk.mlp(blk.norm2(h) * (1 + sc2) + sh2)
@@ -299,6 +312,10 @@ class FrameContext:
         self.valid = valid
         # A full cache (the steady state) needs no mask, and SDPA runs faster without one.
         self._full = bool(valid.all()) if valid.numel() else False
+
+    def keep(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Take the frame's own K/V of ``layer`` without attending (``forward_frame(kv_only=True)``)."""
+        self.own[layer] = (k, v)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.own[layer] = (k, v)

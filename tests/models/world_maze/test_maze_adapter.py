@@ -170,3 +170,43 @@ def test_a_batch_commits_and_aborts_each_session_by_its_own_end_tick(weights):
         w.end_tick(c.session_id, True)
     assert (w.cache.committed_frames("a"), w.cache.committed_frames("b")) == (3, 2)
     assert len(out) == len(out2) == 2
+
+
+def test_kv_from_last_step_serves_what_the_evaluation_measures(weights):
+    """kv_from_last (no clean pass): the paged adapter's frames equal the contiguous cache's."""
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5, kv_from_last=True, shift=1 / 9)
+    assert (w.details()["passes_per_frame"], w.details()["kv_from_last_step"]) == (2, True)
+    frames = [play(w, [tick("s", 0, "", seed=3)])[0].frames[0]]
+    keys = ["w", "w", "l", "wl", "", "a", "s", "j"]
+    for i, k in enumerate(keys, 1):
+        frames.append(play(w, [tick("s", i, k)])[0].frames[0])
+    model = load_model(weights)
+    view = FrameCache(TINY, 1, 4, "cpu").view()
+    gen = torch.Generator().manual_seed(5)
+    first = MazeSim([3]).render()
+    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), 4)
+    ref = [first[0].numpy()]
+    sampler = SamplerConfig(steps=2, shift=1 / 9, kv_from_last=True)
+    for i, k in enumerate(keys, 1):
+        a = torch.tensor([[1.0 if c in k else 0.0 for c in "wasdijkl"]])
+        x0, _ = next_frame(model, view, a, torch.tensor([i]), 4, sampler, gen)
+        ref.append(((x0.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(1, -1)[0].numpy())
+    diff = np.abs(np.stack(frames).astype(int) - np.stack(ref).astype(int))
+    assert diff.max() <= 1 and diff.mean() < 1e-3
+
+
+def test_cpu_number_format_is_timed_only_where_bf16_is_native(weights, monkeypatch):
+    import models.world.maze.adapter as adapter
+
+    w = MazeWorld(weights=weights, max_sessions=2, max_batch=2)
+    if not adapter.native_bf16():
+        assert (w.dtype, w.details()["dtype_pick"]) == (torch.float32, None)
+    monkeypatch.setattr(adapter, "native_bf16", lambda: True)
+    w = MazeWorld(weights=weights, max_sessions=2, max_batch=2)
+    pick = w.details()["dtype_pick"]
+    assert set(pick["frame_pass_ms"]) == {"float32", "bfloat16"}
+    assert pick["picked"] == min(pick["frame_pass_ms"], key=pick["frame_pass_ms"].get)
+    assert w.dtype == getattr(torch, pick["picked"]) and w.model.embed.weight.dtype == w.dtype
+    (c,) = play(w, [tick("s", 0, "", seed=1)])
+    (c,) = play(w, [tick("s", 1, "w")])
+    assert c.frames.shape == (1, 64, 64, 3)

@@ -73,9 +73,12 @@ def _tick(sid: str, ci: int, keys: str) -> WorldTick:
                      prompt=None, actions=(frozenset(keys),), seed=ord(sid[-1]))
 
 
-def test_static_frame_path_matches_eager_adapter(weights):
-    """Same seed, same ticks: frames and kept K/V of the static path equal the eager path's."""
-    worlds = [MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=flag) for flag in (False, True)]
+@pytest.mark.parametrize("kv_from_last", [False, True])
+def test_static_frame_path_matches_eager_adapter(weights, kv_from_last):
+    """Same seed, same ticks: frames and kept K/V of the static path equal the eager path's
+    (with the clean pass, and with the last denoising pass's K/V kept instead)."""
+    worlds = [MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=flag, kv_from_last=kv_from_last)
+              for flag in (False, True)]
     assert [w.graph_buckets for w in worlds] == [(), (1, 2, 4, 8)]
     assert [w.describe()["static_frame_path"] for w in worlds] == [False, True]
     started: dict[str, int] = {}
@@ -91,7 +94,10 @@ def test_static_frame_path_matches_eager_adapter(weights):
             for c in chunks:
                 w.end_tick(c.session_id, True)
             outs.append(np.stack([c.frames for c in chunks]))
-        assert np.array_equal(outs[0], outs[1]), np.abs(outs[0].astype(int) - outs[1]).max()
+        diff = np.abs(outs[0].astype(int) - outs[1])
+        # The masked SDPA of the static path rounds differently; the kept K/V of a noisy pass
+        # carry that into later frames, where it can flip a pixel's rounding to uint8.
+        assert diff.max() <= (1 if kv_from_last else 0) and diff.mean() < 1e-3, diff.max()
     assert started == {"s0": 7, "s1": 5, "s2": 3}
     for sid in started:
         held = [w.cache.table(sid).held for w in worlds]
