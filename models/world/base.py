@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
+from protocols.world_v1 import info_problem
 from sessions import KEY_NAMES, TickRequest, default_reducers
 from sessions.reducers import ControlReducer
 
@@ -161,6 +162,9 @@ class WorldChunk:
     # The frames already encoded in the tick's ``format`` (one payload per frame), or
     # None: the server encodes them (realtime/media.py).
     encoded: tuple[bytes, ...] | None = field(default=None, repr=False, compare=False)
+    # Facts about the chunk for the client (world.v1 ``chunk.info``), or None: a small JSON
+    # object (``protocols.world_v1.info_problem``), e.g. a simulator's pose and goal.
+    info: Mapping[str, Any] | None = None
 
     @classmethod
     def answering(cls, tick: WorldTick, frames: Any) -> "WorldChunk":
@@ -354,3 +358,5 @@ def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str)
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != geometry.frames_shape:
         raise ModelError(f"world {name}: frames must be uint8 {list(geometry.frames_shape)}, got "
                          f"{getattr(frames, 'dtype', None)} {list(getattr(frames, 'shape', ()))}")
+    if chunk.info is not None and (problem := info_problem(chunk.info)) is not None:
+        raise ModelError(f"world {name}: {problem}")
