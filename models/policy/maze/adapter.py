@@ -22,6 +22,7 @@ from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from models.world.maze.sim import PITCH_MAX
 from protocols.openpi import PolicyMetadata
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "maze_policy.safetensors"
@@ -48,7 +49,9 @@ class MazePolicy(FlowMatchingPolicy):
                 "num_inference_steps": cfg.num_inference_steps,
                 "action_keys": "".join(ACTION_KEYS),
                 "execute_horizon": EXECUTE,
-                "state": f"cos yaw, sin yaw, pitch / 12, keys of the last {HISTORY} frames (oldest first)",
+                "state": f"cos yaw, sin yaw, pitch / {PITCH_MAX}, keys of the last {HISTORY} frames (oldest first)",
+                # The same layout as numbers, for a robot that builds the state itself (the page's).
+                "state_pitch_scale": PITCH_MAX, "state_key_history": HISTORY,
                 "prompts": [PROMPTS[k][0].format(c=c) for k in GOAL_KINDS for c in COLOUR_NAMES],
             },
         )
