@@ -5,7 +5,7 @@
 // for the same value (tests/e2e/test_web_robot.py compares them):
 //
 //   null, booleans                         nil, false/true
-//   integers (Number.isInteger, BigInt)    the smallest int form: positive as uint, negative as int
+//   safe integers (|n| < 2**53), BigInt    the smallest int form: positive as uint, negative as int
 //   other numbers                          float 64 (Python's float)
 //   strings                                str (UTF-8), fixstr / str 8 / 16 / 32
 //   Uint8Array (not an NdArray)            bin 8 / 16 / 32 (Python bytes)
@@ -121,7 +121,8 @@ function packValue(w, v, depth) {
   else if (v === true) w.byte(0xc3);
   else if (typeof v === "bigint") packInt(w, v);
   else if (typeof v === "number") {
-    if (Number.isInteger(v)) packInt(w, BigInt(v));
+    // Past 2**53 a Number is no exact integer: it goes as the float it is (a BigInt as an int).
+    if (Number.isSafeInteger(v)) packInt(w, BigInt(v));
     else { w.room(9); w.buf[w.n++] = 0xcb; w.view.setFloat64(w.n, v); w.n += 8; }
   } else if (typeof v === "string") packStr(w, v);
   else if (v instanceof NdArray) {

@@ -16,8 +16,8 @@ import { KEYS } from "./keys.js";
 import { randomId } from "./net.js";
 import { RobotEpisode, mazeProblem } from "./robot_episode.js";
 
-const CHUNKS_KEPT = 8; // chunks drawn side by side (and kept in state)
-const CELL = 8; // px per frame x key in the chunk strip
+const CHUNKS_KEPT = 5; // chunks drawn side by side (and kept in state)
+const CELL = 9; // px per frame x key in the chunk strip
 const GAP = 6; // px between chunks
 const LABEL = 14; // px of key labels at the left
 // One colour per key row: movement keys warm, look keys cool.
@@ -167,7 +167,7 @@ export class RobotPanel {
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#0d1014";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
-    ctx.font = "8px monospace";
+    ctx.font = "9px monospace";
     ctx.textBaseline = "top";
     KEYS.forEach((k, r) => {
       ctx.fillStyle = KEY_COLOURS[r];
