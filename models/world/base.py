@@ -38,6 +38,10 @@ and checks that what a model streamed is exactly its chunk's frames (a
 after ``run_batch`` returns, so a failed tick sends an error after them instead of
 the commit.
 
+A chunk may carry ``info`` (world.v1 ``chunk.info``): a small JSON object of facts about
+it for the client (a simulator's pose and goal); ``run_batch`` checks it
+(``protocols.world_v1.info_problem``) with the other postconditions.
+
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
 model's schemas need: the endpoint never reads controls itself. A model with
