@@ -148,8 +148,9 @@ export class RobotPanel {
   }
 
   #buttons() {
-    $("robot-start").disabled = this.state.running;
-    $("robot-stop").disabled = !this.state.running;
+    const running = this.state.running;
+    for (const id of ["robot-start", "robot-goal", "robot-seed", "robot-mode", "robot-budget"]) $(id).disabled = running;
+    $("robot-stop").disabled = !running;
   }
 
   #error(text) {

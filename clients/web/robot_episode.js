@@ -111,6 +111,10 @@ export class RobotEpisode {
         [meta.state_key || "state"]: new NdArray("<f4", [meta.state_dim],
           mazeState(info.yaw, info.pitch, meta.state_pitch_scale, history)),
         [meta.prompt_key || "prompt"]: this.prompt,
+        // Our extensions (docs/protocols_openpi.md): the episode's id names the policy
+        // session (GET /v1/sessions lists it beside the world sessions <id>-sim, <id>-dream),
+        // and the seed makes the call reproducible, as models/policy/maze/robot.py does.
+        session_id: this.id,
         sampling_params: { seed: callSeed(this.seed, this.calls) },
       };
       const started = performance.now();

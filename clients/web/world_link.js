@@ -16,6 +16,7 @@ import { describeError } from "./dom.js";
 import { wsUrl } from "./net.js";
 
 const PATH = "/v1/realtime/world";
+const MAX_CREDITS = 64; // per credit message (protocols/world_v1.py MAX_CREDITS)
 
 export class WorldLinkError extends Error {}
 
@@ -60,7 +61,9 @@ export class WorldLink {
     this.#send({ type: "event", event_id: this.nextEventId++, controls: [
       { track: "keys", schema: "keys.v1", data: { mode: "script", frames } }] });
     this.credited += frames.length;
-    this.#send({ type: "credit", chunks: frames.length });
+    for (let left = frames.length; left > 0; left -= MAX_CREDITS) {
+      this.#send({ type: "credit", chunks: Math.min(left, MAX_CREDITS) });
+    }
   }
 
   /** The next chunk: {header, frame: Uint8Array of height*width*3 RGB bytes}. */

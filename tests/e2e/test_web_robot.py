@@ -251,19 +251,23 @@ def test_stop_ends_the_episode_and_frees_its_sessions(page: Page):
     page.page.fill("#robot-budget", "10000")
     page.page.click("#robot-start")
     page.wait("demo.robot.calls >= 2")
+    running = [(x["kind"], x["session_id"]) for x in httpx.get(f"http://{page.addr}/v1/sessions").json()["data"]]
+    assert page.js("document.getElementById('robot-goal').disabled") is True
     page.page.click("#robot-stop")
     page.wait("demo.robot.result !== null")
     s = page.js("demo.robot")
     assert s["result"]["reason"] == "stopped" and s["lastError"] is None and not s["running"]
-    # The episode's world sessions and its policy connection are gone (the world panel's own
-    # session stays).
-    sid, live = s["sessionId"], None
+    # The episode's sessions, listed while it ran (the policy's under the episode id, its
+    # world's as <id>-sim), are gone after the stop (the world panel's own session stays).
+    sid = s["sessionId"]
+    assert {("policy", sid), ("world", f"{sid}-sim")} <= set(running)
+    live: list = []
     for _ in range(50):
-        live = httpx.get(f"http://{page.addr}/v1/sessions").json()["data"]
-        if not any(x["session_id"].startswith(sid) or x["kind"] == "policy" for x in live):
+        live = [(x["kind"], x["session_id"]) for x in httpx.get(f"http://{page.addr}/v1/sessions").json()["data"]]
+        if not any(name.startswith(sid) for _, name in live):
             break
         page.page.wait_for_timeout(100)
-    assert not any(x["session_id"].startswith(sid) or x["kind"] == "policy" for x in live), live
+    assert not any(name.startswith(sid) for _, name in live), live
     assert page.js("document.getElementById('robot-start').disabled") is False
 
 
