@@ -9,6 +9,7 @@
 // state (window.demo.robot; read by tests/e2e/test_web_robot.py):
 //   policies, placeholder, canDrive, modes, running, sessionId, frame, calls, framesDrawn
 //   {camera, truth}, chunksDrawn, chunks (the last CHUNKS_KEPT: {call, executed, rows}),
+//   executed (each executed frame's held keys, e.g. "wj"; at most the budget's),
 //   result ({success, reason, frames, calls, ...}), lastError
 
 import { $, showError } from "./dom.js";
@@ -32,7 +33,7 @@ export class RobotPanel {
     this.state = {
       policies: this.policies.map((p) => p.name), placeholder: true, canDrive: false, modes: [],
       running: false, sessionId: null, frame: 0, calls: 0, framesDrawn: { camera: 0, truth: 0 },
-      chunksDrawn: 0, chunks: [], result: null, lastError: null,
+      chunksDrawn: 0, chunks: [], executed: [], result: null, lastError: null,
     };
   }
 
@@ -66,7 +67,7 @@ export class RobotPanel {
       this.#error("budget must be 1..10000 frames and the maze a whole number from 0");
       return null;
     }
-    Object.assign(s, { running: true, sessionId: randomId("robot"), frame: 0, calls: 0, chunksDrawn: 0, chunks: [],
+    Object.assign(s, { running: true, sessionId: randomId("robot"), frame: 0, calls: 0, chunksDrawn: 0, chunks: [], executed: [],
                        result: null, lastError: null, framesDrawn: { camera: 0, truth: 0 } });
     this.#error("");
     $("robot-result").textContent = "–";
@@ -134,6 +135,10 @@ export class RobotPanel {
         s.framesDrawn[which] += 1;
         s.frame = frame;
         $("robot-frame").textContent = String(frame);
+      },
+      executed: (held) => {
+        s.executed.push(held.join("")); // at most the budget's frames
+        $("robot-keys").textContent = held.length ? held.join(" ").toUpperCase() : "–";
       },
       chunk: (actions, executed, call) => {
         const rows = Array.from({ length: actions.shape[0] }, (_, t) => actions.row(t));

@@ -56,7 +56,8 @@ export function mazeProblem(meta) {
 export class RobotEpisode {
   /**
    * @param {object} o  {id, prompt, seed, budget, sim (world name), dream (world name or null),
-   *                     view: {frame(which, chunk), chunk(actions, executed, call), status(text), infer(ms)}}
+   *                     view: {frame(which, chunk, frame), chunk(actions, executed, call),
+   *                            executed(held keys of the frame just made), status(text), infer(ms)}}
    */
   constructor(o) {
     Object.assign(this, o);
@@ -131,10 +132,11 @@ export class RobotEpisode {
       const held = rows.map((bits) => KEYS.filter((_, k) => bits[k]));
       sim.play(held);
       dream?.play(held);
-      for (const bits of rows) {
+      for (const [t, bits] of rows.entries()) {
         truth = await sim.next();
         camera = dream ? await dream.next() : truth;
         this.frames += 1;
+        this.view.executed(held[t]);
         history.shift();
         history.push(Float32Array.from(bits));
         await this.#paced(shownAt, interval);

@@ -21,12 +21,13 @@ from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import call_seed
 from models.policy.maze.model import policy_state
 from models.world.maze.adapter import MazeWorld
-from models.world.maze.goals import make_goals
 from models.world.maze.model import MazeDiT, MazeDiTConfig
-from models.world.maze.sim import MazeSim, make_maze
-from models.world.maze.sim_world import MazeSimWorld
+from models.world.maze.planner import goal_sim
+from models.world.maze.sim import MazeSim
+from models.world.maze.sim_world import MazeSimWorld, goal_for
 from models.world.maze.weights import save_weights
 from protocols import openpi
+from sessions import KEY_NAMES
 from realtime.app import build_app
 from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.registry import Inventory
@@ -179,14 +180,16 @@ def test_the_state_and_the_call_seeds_are_the_python_robots(page: Page):
 
 
 # ---------------------------------------------------------------------------- episodes
-def resimulate(prompt_kind: str, colour: str, chunks: list[dict]) -> MazeSim:
-    """The simulator after the keys the page says it executed (every chunk's executed rows)."""
-    grid, start, _ = make_maze(SEED)
-    sim = MazeSim([SEED], goals=[make_goals(SEED, prompt_kind, grid, start, colour)])
-    for chunk in chunks:
-        for bits in chunk["rows"][:chunk["executed"]]:
-            sim.step(torch.tensor([[1.0 if b > 0.5 else 0.0 for b in bits]]))
-    return sim
+def resimulate(prompt: str, executed: list[str], seed: int = SEED) -> tuple[MazeSim, int | None]:
+    """The simulator after the keys the page says it executed, and the frame (1-based) after
+    which it first reached the goal (None: never)."""
+    sim = MazeSim([seed], goals=[goal_for(seed, prompt)])
+    reached = None
+    for frame, held in enumerate(executed, 1):
+        sim.step(torch.tensor([[1.0 if k in held else 0.0 for k in KEY_NAMES]]))
+        if reached is None and bool(sim.reached()[0]):
+            reached = frame
+    return sim, reached
 
 
 def canvas(p: Page, cid: str) -> np.ndarray:
@@ -221,7 +224,9 @@ def test_the_policy_drives_the_simulator_and_its_chunks_are_drawn(page: Page):
     assert [c["executed"] for c in s["chunks"]] == [4, 4, 2]
     assert all(len(c["rows"]) == 8 and all(len(row) == 8 for row in c["rows"]) for c in s["chunks"])
     # The camera shows the simulator after exactly the keys drawn as executed.
-    sim = resimulate("marker", "yellow", s["chunks"])
+    assert s["executed"] == ["".join(k for k, b in zip(KEY_NAMES, row) if b > 0.5)
+                             for c in s["chunks"] for row in c["rows"][:c["executed"]]]
+    sim, _ = resimulate("find the yellow marker", s["executed"])
     assert np.array_equal(canvas(page, "robot-camera")[..., :3], sim.render()[0].numpy())
     # Held keys are drawn lit in the strip (some key is held in any real chunk of 8 frames).
     strip = canvas(page, "robot-chunks")
@@ -232,13 +237,35 @@ def test_the_policy_drives_the_simulator_and_its_chunks_are_drawn(page: Page):
     assert page.console_errors == []
 
 
+def test_the_episode_ends_when_the_simulator_says_the_goal_is_reached(page: Page):
+    # Maze 0's evaluation episode, which the policy solves in ~50 frames here (its chunks
+    # depend on the CPU's float rounding: the check is that the page's verdict is the
+    # simulator's, at the frame the re-simulated keys reach the goal).
+    prompt = goal_sim([0], "wall").goals[0].prompt()
+    page.page.fill("#robot-seed", "0")
+    page.page.select_option("#robot-goal", prompt)
+    page.page.fill("#robot-budget", "80")
+    page.page.click("#robot-start")
+    page.wait("demo.robot.result !== null", timeout_s=90)
+    s = page.js("demo.robot")
+    r = s["result"]
+    _, reached = resimulate(prompt, s["executed"], seed=0)
+    assert len(s["executed"]) == r["frames"] and s["framesDrawn"]["camera"] == r["frames"] + 1
+    if r["reason"] == "reached":
+        assert (reached, r["success"]) == (r["frames"], True)
+        assert page.js("document.getElementById('robot-result').textContent") == (
+            f"reached ({prompt}) in {r['frames']} frames, {r['calls']} policy calls")
+    else:
+        assert (r["reason"], r["frames"], reached) == ("budget", 80, None)
+
+
 def test_the_policy_dreams_in_the_world_model_judged_by_the_simulator(page: Page):
     s = start(page, "go to the red wall", "dream:maze", 6)
     r = s["result"]
     assert (r["reason"], r["frames"], r["calls"], r["world"]) == ("budget", 6, 2, "maze"), r
     assert s["framesDrawn"] == {"camera": 7, "truth": 7}
     assert page.js("document.getElementById('robot-truth-figure').hidden") is False
-    sim = resimulate("wall", "red", s["chunks"])
+    sim, _ = resimulate("go to the red wall", s["executed"])
     assert np.array_equal(canvas(page, "robot-truth")[..., :3], sim.render()[0].numpy())
     # The random-weight world model draws something else than the simulator.
     assert not np.array_equal(canvas(page, "robot-camera")[..., :3], sim.render()[0].numpy())

@@ -12,7 +12,9 @@ A session
 * ``seed`` picks the maze and the start pose (``make_maze``); the prompt picks the
   goal: a prompt naming a goal ("go to the red wall", ``goals.parse_prompt``)
   places that goal kind's three objects in the maze and makes the named colour
-  the target (``make_goals(..., colour)``); a prompt naming none shows no goals,
+  the target: the evaluation's episode of the maze and kind (``planner.goal_sim``)
+  when it names that episode's target, else ``make_goals(..., colour)``; a prompt
+  naming none shows no goals,
   and the frames are then bit-identical to the goal-less simulator the ``maze``
   world was trained on. A later prompt repaints the goals from the next tick on,
   from the camera's current pose. A maze that cannot take the goal (a start
@@ -62,7 +64,10 @@ def goal_for(seed: int, prompt: str | None) -> GoalEpisode | None:
     except ValueError:
         return None
     grid, start, _ = make_maze(seed)
-    return make_goals(seed, kind, grid, start, colour)
+    # The evaluation's episode of this maze and kind (its target colour drawn, not named)
+    # when the prompt names that colour, so its prompt shows the very same episode here.
+    drawn = make_goals(seed, kind, grid, start)
+    return drawn if drawn.colour == colour else make_goals(seed, kind, grid, start, colour)
 
 
 class MazeSimWorld(WorldAdapter):

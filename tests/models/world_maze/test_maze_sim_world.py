@@ -9,7 +9,7 @@ import torch
 from models.factory import BuildOptions, FactoryError, build
 from models.world.base import WorldTick
 from models.world.maze.goals import make_goals
-from models.world.maze.planner import Planner
+from models.world.maze.planner import Planner, goal_sim
 from models.world.maze.sim import MazeSim, make_maze
 from models.world.maze.sim_world import MazeSimWorld
 from sessions import KEY_NAMES
@@ -26,8 +26,11 @@ def keys_of(bits: torch.Tensor) -> frozenset[str]:
 
 
 def reference(seed: int, kind: str, colour: str) -> MazeSim:
+    """The simulator with the goal episode a prompt naming ``colour`` ``kind`` picks."""
     grid, start, _ = make_maze(seed)
-    return MazeSim([seed], goals=[make_goals(seed, kind, grid, start, colour)])
+    drawn = make_goals(seed, kind, grid, start)
+    goal = drawn if drawn.colour == colour else make_goals(seed, kind, grid, start, colour)
+    return MazeSim([seed], goals=[goal])
 
 
 def test_frames_and_info_are_the_goal_simulators_and_the_planner_reaches_the_goal():
@@ -51,6 +54,17 @@ def test_frames_and_info_are_the_goal_simulators_and_the_planner_reaches_the_goa
         if chunk.info["reached"]:
             break
     assert chunk.info["reached"] is True and index > 4
+
+
+def test_the_evaluations_prompt_shows_the_evaluations_episode():
+    ep = goal_sim([0], "wall")
+    world = MazeSimWorld()
+    chunk, = world.run_batch([tick("f", 0, [frozenset()], prompt=ep.goals[0].prompt(), seed=0)])
+    assert np.array_equal(chunk.frames[0], ep.render()[0].numpy())
+    assert chunk.info["goal"]["cell"] == list(ep.goals[0].target_cell)
+    other = next(c for c in ("red", "yellow", "blue") if c != ep.goals[0].colour)
+    chunk, = world.run_batch([tick("g", 0, [frozenset()], prompt=f"go to the {other} wall", seed=0)])
+    assert np.array_equal(chunk.frames[0], reference(0, "wall", other).render()[0].numpy())
 
 
 def test_a_prompt_without_a_goal_is_the_goal_less_simulator_and_a_new_prompt_repaints():
