@@ -43,9 +43,8 @@ import torch
 from models.base import ModelError
 from models.factory import BuildOptions, FactoryError
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
-from models.world.maze.adapter import FPS
 from models.world.maze.goals import GoalEpisode, make_goals, parse_prompt
-from models.world.maze.sim import H, W, MazeSim, SimState, make_maze
+from models.world.maze.sim import FPS, H, W, MazeSim, SimState, make_maze
 
 
 @dataclass
