@@ -34,6 +34,7 @@ KINDS: tuple[str, ...] = ("world", "policy", "tts")
 # and user configs name these models.
 FACTORIES: dict[str, tuple[str, str]] = {
     "maze": ("world", "models.world.maze.adapter:build"),
+    "maze-sim": ("world", "models.world.maze.sim_world:build"),
     "tiny": ("world", "models.world.tiny:build"),
     "cfg-tiny": ("world", "models.world.cfg.adapter:build"),
     "lingbot": ("world", "models.world.lingbot:build"),
@@ -45,7 +46,8 @@ FACTORIES: dict[str, tuple[str, str]] = {
 }
 
 # The worlds served by default, in order (the first is a session's default world).
-DEFAULT_WORLDS: tuple[str, ...] = ("maze", "tiny")
+# maze-sim (the simulator the maze world learned) is what the page's robot panel drives.
+DEFAULT_WORLDS: tuple[str, ...] = ("maze", "maze-sim", "tiny")
 # What a kind gets when the command line does not name one of its models
 # (``--policy default``; the voice unless ``--no-tts``).
 DEFAULTS: dict[str, str] = {"policy": "maze-policy", "tts": "piper-joe-medium"}

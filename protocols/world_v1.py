@@ -28,6 +28,9 @@ MAX_CREATE_OPTIONS = 16
 # A first image (``session.create`` with ``image``): its formats and most bytes.
 IMAGE_FORMATS = ("png", "jpeg")
 MAX_IMAGE_BYTES = 8 << 20
+# A chunk's ``info`` (model facts about the chunk, e.g. a simulator's pose and goal): a JSON
+# object of at most this many bytes, checked where the model hands it over (models/world/base.py).
+MAX_CHUNK_INFO_BYTES = 4096
 
 # WebSocket close codes for protocol violations (RFC 6455).
 CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
@@ -387,9 +390,11 @@ def event_accepted(event_id: int, status: str) -> dict[str, Any]:
 
 
 def chunk(session_id: str, request_id: str, chunk_index: int, applied_event_ids: list[int], *, frames: int,
-          format: str, height: int, width: int, tick_ms: float, streamed: int | None = None) -> dict[str, Any]:
+          format: str, height: int, width: int, tick_ms: float, streamed: int | None = None,
+          info: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The commit of a chunk; ``frames`` binary messages follow. A streamed chunk has
-    ``frames: 0`` and ``streamed: N``: its N frames came before, in ``chunk.frames``."""
+    ``frames: 0`` and ``streamed: N``: its N frames came before, in ``chunk.frames``.
+    ``info``: the model's facts about the chunk (``info_problem`` checked), sent when given."""
     msg = {
         "type": "chunk",
         "session_id": session_id,
@@ -404,7 +409,24 @@ def chunk(session_id: str, request_id: str, chunk_index: int, applied_event_ids:
     }
     if streamed is not None:
         msg["streamed"] = streamed
+    if info is not None:
+        msg["info"] = dict(info)
     return msg
+
+
+def info_problem(info: Any) -> str | None:
+    """What keeps ``info`` from going out as a chunk's ``info`` (None: nothing): it must be a
+    JSON object (str keys; finite numbers, strings, bools, null, lists and objects of them)
+    of at most ``MAX_CHUNK_INFO_BYTES`` bytes."""
+    if not isinstance(info, Mapping):
+        return f"chunk info must be a mapping, got {type(info).__name__}"
+    try:
+        text = json.dumps(info, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        return f"chunk info is not JSON ({exc})"
+    if len(text.encode()) > MAX_CHUNK_INFO_BYTES:
+        return f"chunk info of {len(text.encode())} bytes is over {MAX_CHUNK_INFO_BYTES}"
+    return None
 
 
 def chunk_frames(session_id: str, request_id: str, chunk_index: int, *, first: int, frames: int,

@@ -585,7 +585,7 @@ class WorldConnection:
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,
-            streamed=streamed,
+            streamed=streamed, info=chunk.info,
         )
         # One locked send: no other message comes between a chunk and its frames.
         if await self.conn.send(wire.dumps(header), *payloads):

@@ -5,7 +5,7 @@
 //   models          GET /v1/models data
 //   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts, ...)
 //   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, ...)
-//   robot           RobotPanel.state   (policies, placeholder)
+//   robot           RobotPanel.state   (policies, placeholder, canDrive, running, frame, calls, chunks, result, ...)
 //   panels          the panel objects themselves
 
 import { $, showError } from "./dom.js";

@@ -38,6 +38,10 @@ and checks that what a model streamed is exactly its chunk's frames (a
 after ``run_batch`` returns, so a failed tick sends an error after them instead of
 the commit.
 
+A chunk may carry ``info`` (world.v1 ``chunk.info``): a small JSON object of facts about
+it for the client (a simulator's pose and goal); ``run_batch`` checks it
+(``protocols.world_v1.info_problem``) with the other postconditions.
+
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
 model's schemas need: the endpoint never reads controls itself. A model with
@@ -57,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
+from protocols.world_v1 import info_problem
 from sessions import KEY_NAMES, TickRequest, default_reducers
 from sessions.reducers import ControlReducer
 
@@ -161,6 +166,9 @@ class WorldChunk:
     # The frames already encoded in the tick's ``format`` (one payload per frame), or
     # None: the server encodes them (realtime/media.py).
     encoded: tuple[bytes, ...] | None = field(default=None, repr=False, compare=False)
+    # Facts about the chunk for the client (world.v1 ``chunk.info``), or None: a small JSON
+    # object (``protocols.world_v1.info_problem``), e.g. a simulator's pose and goal.
+    info: Mapping[str, Any] | None = None
 
     @classmethod
     def answering(cls, tick: WorldTick, frames: Any) -> "WorldChunk":
@@ -358,3 +366,5 @@ def check_chunk(work: WorldTick, chunk: Any, geometry: WorldGeometry, name: str)
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != geometry.frames_shape:
         raise ModelError(f"world {name}: frames must be uint8 {list(geometry.frames_shape)}, got "
                          f"{getattr(frames, 'dtype', None)} {list(getattr(frames, 'shape', ()))}")
+    if chunk.info is not None and (problem := info_problem(chunk.info)) is not None:
+        raise ModelError(f"world {name}: {problem}")

@@ -175,8 +175,9 @@ def test_page_loads_and_plays_without_console_errors(tiny_page: Page):
     assert p.js("document.getElementById('speech-unavailable').textContent") == "TTS unavailable: missing onnx"
     assert p.js("document.getElementById('speech-text').disabled") is True
     assert (p.js("demo.tts.available"), p.js("demo.tts.reason")) == (False, "missing onnx")
-    assert p.js("demo.robot") == {"policies": [], "placeholder": True}
+    assert p.js("[demo.robot.policies, demo.robot.placeholder, demo.robot.canDrive]") == [[], True, False]
     assert p.js("document.getElementById('robot-placeholder').hidden") is False
+    assert p.js("document.getElementById('robot-drive').hidden") is True
     p.screenshot("#world-panel", "world.png")
     p.screenshot("#speech-panel", "speech-unavailable.png")
     p.screenshot("#robot-panel", "robot-placeholder.png")
@@ -422,7 +423,13 @@ def test_robot_panel_shows_policy_metadata(browser, full_server):
     addr, _ = full_server
     p = Page(browser, addr)
     try:
-        assert p.js("demo.robot") == {"policies": ["dummy-policy"], "placeholder": False}
+        assert p.js("[demo.robot.policies, demo.robot.placeholder, demo.robot.canDrive]") == [
+            ["dummy-policy"], False, False]
+        # The dummy policy's actions are not the maze's keys: the panel says so, drives nothing.
+        assert p.js("document.getElementById('robot-placeholder').textContent").startswith(
+            "Policy dummy-policy is served at /v1/realtime/robot/openpi (OpenPI), but its actions are not")
+        assert p.js("document.getElementById('robot-drive').hidden") is True
+        p.page.click("#robot-metadata summary")
         facts = p.js("""Object.fromEntries([...document.querySelectorAll('#robot-policies dt')]
                                 .map(dt => [dt.textContent, dt.nextElementSibling.textContent]))""")
         assert p.js("document.querySelector('#robot-policies h3').textContent") == "dummy-policy"

@@ -65,7 +65,7 @@ def test_cli_sorts_models_by_kind():
     config = config_from_args(parse_args(["serve", "--device", "cpu", "--models", "tiny,dummy=5"]))
     assert (config.world.models, config.policy.policy, config.tts.voice) == (("tiny",), "dummy=5", "")
     config = config_from_args(parse_args(["serve", "--device", "cpu", "--policy", "dummy"]))
-    assert (config.world.models, config.policy.policy) == (("maze", "tiny"), "dummy")
+    assert (config.world.models, config.policy.policy) == (("maze", "maze-sim", "tiny"), "dummy")
     with pytest.raises(FactoryError, match="drop --policy"):
         config_from_args(parse_args(["serve", "--device", "cpu", "--models", "tiny,dummy", "--policy", "flow"]))
     with pytest.raises(FactoryError, match="unknown model 'lingbott'"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from models.base import ModelError
 from models.world.base import CreateOption, WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from protocols.world_v1 import MAX_CHUNK_INFO_BYTES
 from sessions import FrozenDict, TickRequest
 
 
@@ -34,6 +36,14 @@ class Painted(WorldAdapter):
                 chunk = WorldChunk.answering(w, frames[:1])
             elif self.fault == "dtype":
                 chunk = WorldChunk.answering(w, frames.astype(np.float32))
+            elif self.fault == "info-nan":
+                chunk = dataclasses.replace(chunk, info={"x": float("nan")})
+            elif self.fault == "info-big":
+                chunk = dataclasses.replace(chunk, info={"x": "a" * MAX_CHUNK_INFO_BYTES})
+            elif self.fault == "info-list":
+                chunk = dataclasses.replace(chunk, info=[1, 2])
+            elif self.fault == "info-ok":
+                chunk = dataclasses.replace(chunk, info={"x": 1.5, "goal": {"cell": [3, 4]}, "reached": False})
             out.append(chunk)
         if self.fault == "count":
             out.append(out[0])
@@ -56,11 +66,19 @@ def test_good_chunks_pass_through():
     ("shape", "frames must be uint8 [2, 4, 6, 3], got uint8 [1, 4, 6, 3]"),
     ("dtype", "frames must be uint8 [2, 4, 6, 3], got float32 [2, 4, 6, 3]"),
     ("count", "returned 2 chunks for 1 ticks"),
+    ("info-nan", "chunk info is not JSON (Out of range float values are not JSON compliant"),
+    ("info-big", f"chunk info of {MAX_CHUNK_INFO_BYTES + 8} bytes is over {MAX_CHUNK_INFO_BYTES}"),
+    ("info-list", "chunk info must be a mapping, got list"),
 ])
 def test_broken_postconditions_fail_the_batch(fault, text):
     with pytest.raises(ModelError) as info:
         Painted(fault).run_batch([tick(0)])
     assert text in str(info.value)
+
+
+def test_chunk_info_that_is_a_small_json_object_passes():
+    chunk, = Painted("info-ok").run_batch([tick(0)])
+    assert chunk.info == {"x": 1.5, "goal": {"cell": [3, 4]}, "reached": False}
 
 
 def test_describe_declares_the_wire_geometry():

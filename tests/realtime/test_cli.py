@@ -99,7 +99,7 @@ def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
     listed = " ".join(text.split("options:", 1)[1].split())
     for option, default in [("--host HOST", "127.0.0.1"), ("--port PORT", "8000"),
                             ("--frames-per-chunk FRAMES_PER_CHUNK", "the model's own"), ("--log-level", "info"),
-                            ("--allowed-origins ORIGINS", "loopback"), ("--models MODELS", "maze,tiny")]:
+                            ("--allowed-origins ORIGINS", "loopback"), ("--models MODELS", "maze,maze-sim,tiny")]:
         after = listed.split(option, 1)[1].split(" --", 1)[0]
         assert f"(default: {default})" in after, (option, after)
     assert "(default: None)" not in text and "(default: False)" not in text

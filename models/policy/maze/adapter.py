@@ -23,6 +23,7 @@ from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from models.world.maze.sim import PITCH_MAX
 from protocols.openpi import PolicyMetadata
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "maze_policy.safetensors"
@@ -60,6 +61,8 @@ class MazePolicy(FlowMatchingPolicy):
                 "execute_horizon": EXECUTE,
                 "state_layout": model.state_layout,
                 "state": _STATE_TEXT[model.state_layout],
+                # The keys layout as numbers, for a robot that builds the state itself (the page's).
+                "state_pitch_scale": PITCH_MAX, "state_key_history": HISTORY,
                 "prompts": [PROMPTS[k][0].format(c=c) for k in GOAL_KINDS for c in COLOUR_NAMES],
             },
         )

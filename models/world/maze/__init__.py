@@ -12,5 +12,8 @@ trained on it here, served as the default world.
     train.py      python -m models.world.maze.train --minutes N --out DIR [--resume CKPT]
     evaluate.py   python -m models.world.maze.evaluate [--mazes 256 --out JSON]
     adapter.py    MazeWorld(ModelAdapter): served through kv/'s paged cache
+    goals.py      goal walls / floor markers with beacons, prompts, the success rule
+    planner.py    the shortest-path expert on the true map (policy training, evaluation)
+    sim_world.py  MazeSimWorld: the goal simulator itself served as a world (maze-sim)
     MODEL_CARD.md what was trained, how, and how well
 """

@@ -66,12 +66,10 @@ from models.world.maze.cpu_dtype import native_bf16, pick_cpu_dtype
 from models.world.maze.model import MazeDiT
 from models.world.maze.paged_context import PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
-from models.world.maze.sim import H, W, MazeSim
+from models.world.maze.sim import FPS, H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
 
 log = logging.getLogger(__name__)
-
-FPS = 15.0  # the simulator's nominal frame rate (0.11 cells forward, 6 degrees of turn per frame)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ import torch
 from models.world.maze.goals import COLOUR_NAMES, GOAL_COLOURS, WALL_REACH, GoalEpisode
 
 H = W = 64
+FPS = 15.0           # the nominal frame rate (0.11 cells forward, 6 degrees of turn per frame)
 FOV = math.radians(66.0)
 MOVE = 0.11          # grid units per frame, forward/back
 STRAFE = 0.09        # grid units per frame, sideways

@@ -1,0 +1,197 @@
+"""``MazeSimWorld`` (factory row ``maze-sim``): the goal simulator itself, served as a world.
+
+Where the ``maze`` world *generates* every frame after the first, this world
+renders each frame in the true simulator (``sim.py``, with ``goals.py``'s goal
+walls or markers and their beacons), so a world.v1 client steers the real maze
+with the same keys.v1 events. It is the robot's simulator on the server: the
+demo page's robot panel drives it with the maze policy (clients/web/robot.js),
+and judges a dream in the ``maze`` world by driving it in lockstep.
+
+A session
+---------
+* ``seed`` picks the maze and the start pose (``make_maze``); the prompt picks the
+  goal: a prompt naming a goal ("go to the red wall", ``goals.parse_prompt``)
+  places that goal kind's three objects in the maze and makes the named colour
+  the target: the evaluation's episode of the maze and kind (``planner.goal_sim``)
+  when it names that episode's target, else ``make_goals(..., colour)``; a prompt
+  naming none shows no goals,
+  and the frames are then bit-identical to the goal-less simulator the ``maze``
+  world was trained on. A later prompt repaints the goals from the next tick on,
+  from the camera's current pose. A maze that cannot take the goal (a start
+  walled in, ``goals.make_goals``) fails the session's first tick with that reason.
+* Frame 0 of chunk 0 is the start view (its keys are ignored, as in ``maze``);
+  every other frame is one ``MazeSim.step`` under its keys, then a render.
+* Every chunk carries ``info`` (world.v1 ``chunk.info``) about its last frame:
+  ``x``, ``y`` (grid units), ``yaw`` (radians, the simulator's float32 value),
+  ``pitch`` (horizon rows), and with a goal ``goal`` (``kind``, ``colour``,
+  ``cell``) and ``reached``: whether the camera reached the target after any
+  frame of the chunk (``MazeSim.reached``, the evaluation's success rule).
+
+A tick computes the new pose on the session's simulator and keeps the pose from
+before it; ``end_tick(committed=False)`` puts that back, so a dropped tick leaves
+the session where it was. Rendering is ~5 ms a frame on one CPU core (torch),
+a session holds a 15x15 grid and a pose: ``max_sessions`` bounds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from models.base import ModelError
+from models.factory import BuildOptions, FactoryError
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from models.world.maze.goals import GoalEpisode, make_goals, parse_prompt
+from models.world.maze.sim import FPS, H, W, MazeSim, SimState, make_maze
+
+
+@dataclass
+class _Session:
+    seed: int
+    prompt: str | None
+    sim: MazeSim
+    before: SimState | None = None  # the pose before the tick in flight (None: none in flight)
+
+
+def goal_for(seed: int, prompt: str | None) -> GoalEpisode | None:
+    """The goal episode a prompt names in maze ``seed`` (None: the prompt names no goal).
+    ``ValueError`` when the maze cannot take that goal."""
+    try:
+        kind, colour = parse_prompt(prompt or "")
+    except ValueError:
+        return None
+    grid, start, _ = make_maze(seed)
+    # The evaluation's episode of this maze and kind (its target colour drawn, not named)
+    # when the prompt names that colour, so its prompt shows the very same episode here.
+    drawn = make_goals(seed, kind, grid, start)
+    return drawn if drawn.colour == colour else make_goals(seed, kind, grid, start, colour)
+
+
+class MazeSimWorld(WorldAdapter):
+    """The maze simulator with goals as a world (see the module docstring)."""
+
+    name = "maze-sim"
+    uses_prompts = True
+
+    def __init__(self, *, frames_per_chunk: int = 1, max_batch: int = 32, max_sessions: int = 256) -> None:
+        if not 1 <= frames_per_chunk <= 4:
+            raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
+        self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=frames_per_chunk, fps=FPS)
+        self.max_batch = max_batch
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, _Session] = {}
+        self._admitted: set[str] = set()
+
+    def details(self) -> Mapping[str, Any]:
+        return {"simulator": True, "max_sessions": self.max_sessions,
+                "start": "every frame is rendered by the maze simulator; the prompt picks the goal "
+                         "(e.g. 'go to the red wall', 'find the blue marker'); chunk info has the pose "
+                         "and whether the goal is reached"}
+
+    def admit(self, session_id: str, options: Mapping[str, Any]) -> str | None:
+        if session_id in self._sessions or session_id in self._admitted:
+            return None
+        held = len(self._sessions) + len(self._admitted)
+        if held >= self.max_sessions:
+            return f"world {self.name} holds its limit of {self.max_sessions} sessions"
+        self._admitted.add(session_id)
+        return None
+
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        # One small simulator per session: a render is a handful of tensor ops on 64x64,
+        # cheap enough that batching sessions into one MazeSim would not pay for its bookkeeping.
+        try:
+            return [self._tick(w) for w in works]
+        except BaseException:
+            # The engine re-runs a failed batch one tick at a time: the sessions stepped
+            # before the failure go back to their poses, so none moves twice.
+            for w in works:
+                self.end_tick(w.session_id, committed=False)
+            raise
+
+    def _tick(self, w: WorldTick) -> WorldChunk:
+        s = self._sessions.get(w.session_id)
+        if w.chunk_index == 0 or s is None:
+            s = self._open(w)
+            s.before = s.sim.state()
+            frames = [s.sim.render()[0]]
+            actions = w.actions[1:]
+            reached = s.sim.goals is not None and bool(s.sim.reached()[0])
+        else:
+            if w.prompt != s.prompt:
+                self._repaint(s, w)
+            s.before = s.sim.state()
+            frames, actions, reached = [], w.actions, False
+        for keys in actions:
+            s.sim.step(torch.tensor([action_bits(keys)]))
+            frames.append(s.sim.render()[0])
+            reached = reached or (s.sim.goals is not None and bool(s.sim.reached()[0]))
+        return WorldChunk(w.session_id, w.request_id, w.chunk_index, w.applied_event_ids,
+                          torch.stack(frames).numpy(), info=self._info(s, reached))
+
+    def _open(self, w: WorldTick) -> _Session:
+        self._admitted.discard(w.session_id)
+        goal = self._goal(w.seed, w.prompt)
+        sim = MazeSim([w.seed], goals=None if goal is None else [goal])
+        s = self._sessions[w.session_id] = _Session(w.seed, w.prompt, sim)
+        return s
+
+    def _repaint(self, s: _Session, w: WorldTick) -> None:
+        goal = self._goal(s.seed, w.prompt)
+        pose = s.sim.state()
+        s.sim = MazeSim([s.seed], goals=None if goal is None else [goal])
+        s.sim.set_state(pose)
+        s.prompt = w.prompt
+
+    def _goal(self, seed: int, prompt: str | None) -> GoalEpisode | None:
+        try:
+            return goal_for(seed, prompt)
+        except ValueError as exc:  # the client's seed and prompt: say so, fail this session only
+            raise ModelError(f"world {self.name}: {exc}; pick another seed") from None
+
+    @staticmethod
+    def _info(s: _Session, reached: bool) -> dict[str, Any]:
+        sim = s.sim
+        info: dict[str, Any] = {"x": float(sim.pos[0, 0]), "y": float(sim.pos[0, 1]),
+                                "yaw": float(sim.yaw[0]), "pitch": int(sim.pitch[0])}
+        if sim.goals is not None:
+            g = sim.goals[0]
+            info["goal"] = {"kind": g.kind, "colour": g.colour, "cell": list(g.target_cell)}
+            info["reached"] = reached
+        return info
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        s = self._sessions.get(session_id)
+        if s is None or s.before is None:
+            return
+        if not committed:
+            s.sim.set_state(s.before)
+        s.before = None
+
+    def release(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+        self._admitted.discard(session_id)
+
+    def reset(self, session_id: str) -> None:
+        # The next tick is chunk 0 and builds the maze again; the admission stays.
+        if self._sessions.pop(session_id, None) is not None:
+            self._admitted.add(session_id)
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+
+def build(path: str | None, options: BuildOptions) -> MazeSimWorld:
+    """Factory-table entry ``maze-sim``; it has no weights and takes no path."""
+    if path is not None:
+        raise FactoryError("maze-sim is the simulator and takes no path")
+    kwargs: dict[str, Any] = {"frames_per_chunk": options.frames_per_chunk or 1}
+    if options.max_batch is not None:
+        kwargs["max_batch"] = options.max_batch
+    try:
+        return MazeSimWorld(**kwargs)
+    except ValueError as exc:
+        raise FactoryError(f"maze-sim: {exc}") from exc
