@@ -228,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "clients": "openpi-client WebsocketClientPolicy, one process per robot",
         "servers": list(names),
         "baseline": os.path.abspath(args.baseline) if args.baseline else None,
+        "baseline_label": args.baseline_label,
         "no_uvloop": args.no_uvloop,
         "rounds": args.rounds,
         "seconds_per_measurement": args.seconds,
@@ -253,6 +254,7 @@ def main() -> None:
                     help=f"which servers to measure (ours and reference always); {BASELINE!r} needs --baseline, "
                          f"{UVLOOP!r} is ours on uvloop whatever --no-uvloop says")
     ap.add_argument("--baseline", default=None, help=f"a checkout of this repository that serves {BASELINE!r}")
+    ap.add_argument("--baseline-label", default=None, help="what the baseline is (a commit), for the JSON")
     ap.add_argument("--no-uvloop", action="store_true",
                     help="ours on asyncio's loop even where uvloop is installed (as on a host without it)")
     ap.add_argument("--out", default=None)
