@@ -238,7 +238,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": {"start": load_start, "end": load_end},
         "notes": (f"All servers up for the whole run; measurements interleaved, order flipped each round. "
                   "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
-                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back). "
+                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back); "
+                  f"{BASELINE} is ours from the --baseline checkout; {UVLOOP} is ours on uvloop. "
+                  f"uvloop {'hidden from' if args.no_uvloop else 'as installed for'} ours (--no-uvloop). "
                   f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
                   "shared with other jobs: robots, both servers and everything else share them."),
     }
