@@ -290,6 +290,10 @@ class SamplingParams:
     seed: int | None = None
 
 
+# Frozen: one instance serves every request that sets no sampling_params.
+_DEFAULT_SAMPLING = SamplingParams()
+
+
 @dataclass(frozen=True)
 class Observation:
     """A validated observation. Arrays are read-only; ``state`` is float32."""
@@ -441,7 +445,7 @@ def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
 
 def _sampling(value: Any, name: str) -> SamplingParams:
     if value is None:
-        return SamplingParams()
+        return _DEFAULT_SAMPLING
     if not isinstance(value, dict):
         raise WireError(f"{name} must be a map, got {_type_name(value)}")
     unknown = set(value) - {"num_inference_steps", "seed"}

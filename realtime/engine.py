@@ -470,6 +470,8 @@ class Engine:
         """
         recent = self._recent[model]
         recent.append(elapsed)
+        if elapsed <= limit and self._fast[model]:
+            return  # the window was all within the limit and still is: both flags stand
         full = len(recent) == INLINE_WINDOW
         self._fast[model] = full and max(recent) <= limit
         self._unbatched[model] = full and sorted(recent)[INLINE_WINDOW // 2] <= limit
@@ -542,6 +544,10 @@ def _resolve_all(done: Sequence[tuple[_Job, Any]]) -> None:
     times while this thread still works through the batch, and the two threads
     would trade the GIL all the while.
     """
+    if len(done) == 1:  # an inline forward, or a batch of one
+        job, value = done[0]
+        _resolve(job.loop, job.future, value)
+        return
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
     for job, value in done:
         if job.loop is not None:

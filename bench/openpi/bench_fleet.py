@@ -22,6 +22,11 @@ the per-round ratios.
     python -m bench.openpi.bench_fleet --clients 1 4 16 --rounds 5 --seconds 3 --with-hop \
         --out bench/results/openpi_fleet.json
 
+A before/after comparison in one run: ``--servers ours reference baseline --baseline
+/path/to/other/checkout`` (its ``bench/openpi/bench_loopback.py`` starts its server).
+``--no-uvloop`` runs ours on asyncio's loop, as on a host without uvloop (the reference
+always is); ``ours-uvloop`` is ours on uvloop beside it.
+
 Bounded: rounds x clients x 2 measurements of --seconds (+ ~1 s set-up each).
 Progress goes to stderr. The load average is recorded at start and end.
 """
@@ -44,10 +49,18 @@ if REPO not in sys.path:
 
 from bench.openpi.bench_loopback import Server, hardware, log, make_obs, pct, versions  # noqa: E402
 
+
 NAMES = ("ours", "reference")
 # With --with-hop: ours again with the policy's inline forwards off (every forward handed
 # to the engine thread and back), to show what running a fast policy inline is worth.
 HOP = "ours-hop"
+# With --baseline PATH: ours as another checkout (say main before a change) serves it, in
+# the same run: a before/after comparison under the same load.
+BASELINE = "baseline"
+# With --no-uvloop, every one of ours runs on asyncio's loop (a host without uvloop, like the
+# reference, which always does); "ours-uvloop" is ours with uvloop all the same.
+UVLOOP = "ours-uvloop"
+SERVERS = ("ours", "reference", HOP, BASELINE, UVLOOP)
 WARMUP_CALLS = 5
 
 
@@ -144,8 +157,14 @@ def cpu_seconds(pid: int) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     log(f"load average at start: {load_start}")
-    names = NAMES + ((HOP,) if args.with_hop else ())
-    servers = {name: Server(name, 0.0) for name in names}
+    names = tuple(args.servers) + ((HOP,) if args.with_hop and HOP not in args.servers else ())
+    if BASELINE in names and not args.baseline:
+        raise SystemExit("--servers baseline needs --baseline PATH (a checkout of the code to compare with)")
+    if "ours" not in names or "reference" not in names:
+        raise SystemExit("--servers must include ours and reference")
+    servers = {name: Server(name, 0.0, repo=os.path.abspath(args.baseline) if name == BASELINE else REPO,
+                            no_uvloop=args.no_uvloop and name not in ("reference", UVLOOP))
+               for name in names}
     fleet = Fleet(max(args.clients))
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in names}
     try:
@@ -183,9 +202,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         per_round = [o["calls_per_s"] / f["calls_per_s"] for o, f in zip(raw["ours"][clients], raw["reference"][clients])]
         row["ratio_calls_per_s_ours_over_reference"] = round(row["ours"]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
-        if args.with_hop:
-            row["ratio_calls_per_s_ours_hop_over_reference"] = round(
-                row[HOP]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
+        for name in names:
+            if name not in ("ours", "reference"):
+                key = name.replace("-", "_")
+                row[f"ratio_calls_per_s_{key}_over_reference"] = round(
+                    row[name]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
+                row[f"ratio_median_of_rounds_{key}"] = round(statistics.median(
+                    o["calls_per_s"] / f["calls_per_s"] for o, f in zip(raw[name][clients], raw["reference"][clients])), 3)
         row["ratio_median_of_rounds"] = round(statistics.median(per_round), 3)
         row["ratio_rounds"] = [round(x, 3) for x in per_round]
         for q in ("p50", "p99"):
@@ -203,6 +226,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "observation": {"cameras": 3, "image": [224, 224, 3], "state": 32, "prompt": True},
         "policy": "instant: actions zeros (50, 32) float32, no delay (ours: DummyPolicy; reference: its probe's)",
         "clients": "openpi-client WebsocketClientPolicy, one process per robot",
+        "servers": list(names),
+        "baseline": os.path.abspath(args.baseline) if args.baseline else None,
+        "baseline_label": args.baseline_label,
+        "no_uvloop": args.no_uvloop,
         "rounds": args.rounds,
         "seconds_per_measurement": args.seconds,
         "results": results,
@@ -211,7 +238,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": {"start": load_start, "end": load_end},
         "notes": (f"All servers up for the whole run; measurements interleaved, order flipped each round. "
                   "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
-                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back). "
+                  f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back); "
+                  f"{BASELINE} is ours from the --baseline checkout; {UVLOOP} is ours on uvloop. "
+                  f"uvloop {'hidden from' if args.no_uvloop else 'as installed for'} ours (--no-uvloop). "
                   f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
                   "shared with other jobs: robots, both servers and everything else share them."),
     }
@@ -223,6 +252,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
     ap.add_argument("--with-hop", action="store_true", help=f"also measure {HOP!r} (inline forwards off)")
+    ap.add_argument("--servers", nargs="+", choices=SERVERS, default=list(NAMES),
+                    help=f"which servers to measure (ours and reference always); {BASELINE!r} needs --baseline, "
+                         f"{UVLOOP!r} is ours on uvloop whatever --no-uvloop says")
+    ap.add_argument("--baseline", default=None, help=f"a checkout of this repository that serves {BASELINE!r}")
+    ap.add_argument("--baseline-label", default=None, help="what the baseline is (a commit), for the JSON")
+    ap.add_argument("--no-uvloop", action="store_true",
+                    help="ours on asyncio's loop even where uvloop is installed (as on a host without it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     report = run(args)

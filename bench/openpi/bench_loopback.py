@@ -30,6 +30,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -100,21 +101,40 @@ def serve_reference(port: int, infer_ms: float) -> None:
     ReferencePolicyServer(InstantPolicy(infer_ms), host="127.0.0.1", port=port, metadata=METADATA).serve_forever()
 
 
+# A folder whose ``uvloop`` cannot be imported: first on a server's PYTHONPATH, uvicorn's
+# "auto" loop is then asyncio's, as on a machine without uvloop (Server(no_uvloop=True)).
+_NO_UVLOOP = os.path.join(tempfile.gettempdir(), f"openpi_bench_no_uvloop_{os.getuid()}")
+
+
+def _no_uvloop_path() -> str:
+    os.makedirs(os.path.join(_NO_UVLOOP, "uvloop"), exist_ok=True)
+    with open(os.path.join(_NO_UVLOOP, "uvloop", "__init__.py"), "w") as f:
+        f.write('raise ImportError("uvloop hidden by bench/openpi/bench_loopback.py")\n')
+    return _NO_UVLOOP
+
+
 class Server:
     """A server child process; ``uri`` is what a robot passes as ``host``."""
 
-    def __init__(self, kind: str, infer_ms: float, batch_wait_ms: float | None = None) -> None:
+    def __init__(self, kind: str, infer_ms: float, batch_wait_ms: float | None = None, *,
+                 repo: str = REPO, no_uvloop: bool = False) -> None:
         """``kind``: "ours" (realtime/ as committed), "ours-hop" (the same with the policy's
-        inline forwards off) or "reference" (bench/openpi/reference_server.py)."""
+        inline forwards off) or "reference" (bench/openpi/reference_server.py). ``repo``:
+        the checkout whose code serves (another one: a before/after comparison in one run).
+        ``no_uvloop``: uvloop cannot be imported by the server (asyncio's loop)."""
         self.kind = kind
         self.port = _free_port()
-        args = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", kind, "--port", str(self.port),
-                "--infer-ms", str(infer_ms)]
+        role = "reference" if kind == "reference" else ("ours-hop" if kind.endswith("-hop") else "ours")
+        args = [sys.executable, "-W", "ignore", os.path.join(repo, "bench", "openpi", "bench_loopback.py"),
+                "--role", role, "--port", str(self.port), "--infer-ms", str(infer_ms)]
         if batch_wait_ms is not None:
             args += ["--batch-wait-ms", str(batch_wait_ms)]
-        self.proc = subprocess.Popen(args, cwd=REPO)
+        env = dict(os.environ)
+        if no_uvloop:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (_no_uvloop_path(), env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(args, cwd=repo, env=env)
         self.base = f"127.0.0.1:{self.port}"
-        self.uri = f"ws://{self.base}{PATH}" if kind.startswith("ours") else f"ws://{self.base}"
+        self.uri = f"ws://{self.base}" if role == "reference" else f"ws://{self.base}{PATH}"
         deadline = time.monotonic() + 60
         while True:
             try:
