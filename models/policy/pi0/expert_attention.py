@@ -46,11 +46,11 @@ def _jit(fn):
 
 @_jit
 def _expert_fwd(Q, K, V, Bias, Out, WsAcc, WsM, WsL,
-                qk_scale, bias_scale, Rq, L, n_tiles, split_stride,
+                qk_scale, bias_scale, Rq, L, split_stride,
                 stride_qb, stride_qt, stride_qh, stride_kb, stride_kn, stride_vb, stride_vn,
                 stride_bb, stride_br, stride_ob, stride_or,
                 H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
+                N_TILES: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     s = tl.program_id(2)
@@ -61,9 +61,11 @@ def _expert_fwd(Q, K, V, Bias, Out, WsAcc, WsM, WsL,
     q_rows = (offs_m // H) * stride_qt + (offs_m % H) * stride_qh
     q = tl.load(Q + b * stride_qb + q_rows[:, None] + offs_d[None, :], mask=m_valid[:, None], other=0.0)
 
-    # This program's key tiles: a near-equal share of the n_tiles, as kv.triton_paged splits pages.
-    lo = n_tiles * s // NUM_SPLITS
-    hi = n_tiles * (s + 1) // NUM_SPLITS
+    # This program's key tiles: a near-equal share of the N_TILES, as kv.triton_paged splits pages
+    # (N_TILES is a constant of the model's cache length: a runtime int made Triton 3.6's
+    # interpreter build the loop bounds as arrays).
+    lo = N_TILES * s // NUM_SPLITS
+    hi = N_TILES * (s + 1) // NUM_SPLITS
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -120,10 +122,10 @@ def expert_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
         ws_acc = ws_m = ws_l = out  # not touched with one split
     _expert_fwd[(q_tiles, b, num_splits)](
         q, k, v, bias, out, ws_acc, ws_m, ws_l,
-        LOG2E / math.sqrt(d), LOG2E, rq, length, kv_tiles, b * rq,
+        LOG2E / math.sqrt(d), LOG2E, rq, length, b * rq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         bias.stride(0), bias.stride(1), out.stride(0), out.stride(1),
-        H=h, D=d, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        H=h, D=d, BLOCK_M=block_m, BLOCK_N=block_n, N_TILES=kv_tiles, NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         combine_splits(ws_acc, ws_m, ws_l, out.view(b, rq, 1, d))
@@ -159,18 +161,31 @@ def tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor)
     for block_n, splits in CANDIDATES:
         opts = {"block_n": block_n, "num_splits": splits}
         try:
-            expert_attention_triton(q, k, v, bias, **opts)  # compile
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(5):
-                expert_attention_triton(q, k, v, bias, **opts)
-            end.record()
-            end.synchronize()
+            ms = _graph_ms(lambda: expert_attention_triton(q, k, v, bias, **opts))
         except Exception:  # noqa: BLE001 - a variant this device cannot run (resources): skip it
             continue
-        if start.elapsed_time(end) < best_ms:
-            best, best_ms = opts, start.elapsed_time(end)
+        if ms < best_ms:
+            best, best_ms = opts, ms
     _TUNED[key] = best
+    return best
+
+
+def _graph_ms(fn, reps: int = 20) -> float:
+    """GPU milliseconds of ``reps`` calls replayed from one CUDA graph (a call is a few
+    microseconds of kernels: timed from the host, the launches would be measured instead)."""
+    fn()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    best = float("inf")
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end))
     return best
 
 
