@@ -81,6 +81,19 @@ def test_chunk_info_that_is_a_small_json_object_passes():
     assert chunk.info == {"x": 1.5, "goal": {"cell": [3, 4]}, "reached": False}
 
 
+def test_tensor_frames_reach_the_host_with_every_other_field_kept():
+    import torch
+
+    class TensorFrames(Painted):
+        def generate(self, works):
+            return [dataclasses.replace(c, frames=torch.from_numpy(c.frames)) for c in super().generate(works)]
+
+    chunk, = TensorFrames("info-ok").run_batch([tick(0)])
+    assert isinstance(chunk.frames, np.ndarray) and int(chunk.frames.max()) == 3
+    assert (chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids) == ("s0", "s0:0", 3, (1, 2))
+    assert chunk.info == {"x": 1.5, "goal": {"cell": [3, 4]}, "reached": False}
+
+
 def test_describe_declares_the_wire_geometry():
     d = Painted().describe()
     assert d == {"kind": "world", "name": "painted", "height": 4, "width": 6, "fps": 10.0, "frames_per_chunk": 2,
