@@ -32,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.attention  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench.kv.bench_kv import graph_ms as kv_graph_ms  # noqa: E402
 from bench.report import emit  # noqa: E402
 from models.policy.pi0 import layers  # noqa: E402
 from models.policy.pi0.config import full_size  # noqa: E402
@@ -45,28 +46,9 @@ def log(msg: str) -> None:
 
 
 def graph_ms(fn: Callable[[], Any], reps: int) -> float:
-    """Milliseconds per ``fn()`` with ``reps`` calls captured in one graph (no launch cost)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) / reps)
-    return best
+    """Milliseconds per ``fn()``: ``reps`` calls captured in one graph and replayed
+    (``bench.kv.bench_kv.graph_ms``), so that neither launches nor replays count."""
+    return kv_graph_ms(lambda: [fn() for _ in range(reps)], torch.device("cuda")) / reps
 
 
 def setup(model: Pi0Model, batch: int) -> dict[str, torch.Tensor]:
