@@ -100,6 +100,20 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
         and must then refuse that session's ticks until it is reset (chunk 0) or
         released, so that no world restarts silently. Adapters that never drop ignore it."""
 
+    def set_launch_listener(self, listener: Callable[[], None]) -> None:
+        """The engine calls this once. An adapter whose ``run_batch`` queues device work
+        and then waits for it calls ``launched()`` (on the engine thread) as soon as the
+        work is queued: the server holds its bulk sends until then, so that they do not
+        take the GIL from the batch's preparation (realtime/launch_gate.py)."""
+        self._launch_listener = listener
+
+    def launched(self) -> None:
+        """This batch's device work is queued (see ``set_launch_listener``); a no-op until
+        the engine listens."""
+        listener = getattr(self, "_launch_listener", None)
+        if listener is not None:
+            listener()
+
 
 def __getattr__(name: str) -> Any:
     # The world types moved to models/world/base.py; old imports keep working.

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from models.base import EngineDeadError, ModelAdapter, ModelError, failure_code, is_fatal
+from realtime.launch_gate import LaunchGate
 from realtime.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,11 @@ class Engine:
         # Called once, on the engine thread, when the engine dies (the app tells every
         # live session at once: an idle one has nothing queued that would fail).
         self.on_dead: Callable[[str], None] | None = None
+        # Closed while a batch is prepared, open once its device work is queued: the
+        # loop's chunk sends wait for it (realtime/launch_gate.py).
+        self.launch_gate = LaunchGate()
+        for adapter in self._adapters.values():
+            adapter.set_launch_listener(self.launch_gate.open)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -411,6 +417,7 @@ class Engine:
         timed = adapter.inline_forward_s > 0
         preempted = _preemptions() if timed else 0
         started = time.perf_counter()
+        self.launch_gate.close()
         try:
             results = adapter.run_batch([j.work for j in batch])
             if len(results) != len(batch):
@@ -429,6 +436,7 @@ class Engine:
             self._fail(batch[0], exc)
             return
         finally:
+            self.launch_gate.open()
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
             self.stats.models[batch[0].model].busy_seconds += elapsed

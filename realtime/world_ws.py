@@ -576,6 +576,8 @@ class WorldConnection:
             if stream is not None:  # an idle close cancels the send; the pump must not outlive it
                 stream.cancel()
             raise
+        # While the engine prepares the next batch this send would take the GIL from it.
+        await self.engine.launch_gate.wait()
         if stream is not None:
             payloads = []
         elif chunk.encoded is not None:

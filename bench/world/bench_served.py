@@ -126,11 +126,13 @@ class RowPlan:
     switch_s: float
     sessions: int
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
+    launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
-        "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool"}
+        "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
+        "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -187,7 +189,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [RowPlan(head, fmt, workers, switch, n, path) for n in sessions]
+        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods) for n in sessions]
     return rows
 
 
@@ -286,6 +288,7 @@ def _row(variant: str, fmt: str, workers: int, switch_s: float, n: int, args: ar
         "format": fmt,
         "encode_workers": workers,
         "switch_interval_ms": 1000 * switch_s,
+        "launch_gate": "nogate" not in variant.split("/"),
         "sessions": n,
         "frames_per_s_per_session_mean": statistics.mean(per_session),
         "frames_per_s_per_session_min": min(per_session),
@@ -393,6 +396,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
             sys.setswitchinterval(switch_s)
+            app.state.engine.launch_gate.enabled = p.launch_gate
             model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             if torch.cuda.is_available():

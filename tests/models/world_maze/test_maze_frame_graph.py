@@ -95,14 +95,9 @@ def test_static_frame_path_matches_eager_adapter(weights, kv_from_last):
                 w.end_tick(c.session_id, True)
             outs.append(np.stack([c.frames for c in chunks]))
         diff = np.abs(outs[0].astype(int) - outs[1])
-        # The masked SDPA of the static path rounds differently. The clean pass's K/V do not
-        # depend on it (frames equal); the kept K/V of a noisy pass carry it into later frames,
-        # and in bf16 (CUDA) half a uint8 level is within its rounding, so many pixels flip by
-        # one (measured on the H200: 22% of the second frame), none by two.
-        if kv_from_last:
-            assert diff.max() <= 1 and diff.mean() < 0.5, (diff.max(), diff.mean())
-        else:
-            assert diff.max() == 0, diff.max()
+        # The masked SDPA of the static path rounds differently; the kept K/V of a noisy pass
+        # carry that into later frames, where it can flip a pixel's rounding to uint8.
+        assert diff.max() <= (1 if kv_from_last else 0) and diff.mean() < 1e-3, diff.max()
     assert started == {"s0": 7, "s1": 5, "s2": 3}
     for sid in started:
         held = [w.cache.table(sid).held for w in worlds]
