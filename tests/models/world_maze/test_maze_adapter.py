@@ -51,7 +51,8 @@ def test_first_chunk_is_the_simulators_start_frame_and_echoes_ids(weights):
 
 def test_paged_serving_matches_the_contiguous_cache_path(weights):
     """kv's paged attention gives the frames the evaluation's contiguous cache gives."""
-    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5)
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5,
+                  dtype=torch.float32)  # the reference is float32 (a native-bf16 CPU may time bf16 faster)
     frames = [play(w, [tick("s", 0, "", seed=3)])[0].frames[0]]
     keys = ["w", "w", "l", "wl", "", "a", "s", "j"]
     for i, k in enumerate(keys, 1):
@@ -174,7 +175,8 @@ def test_a_batch_commits_and_aborts_each_session_by_its_own_end_tick(weights):
 
 def test_kv_from_last_step_serves_what_the_evaluation_measures(weights):
     """kv_from_last (no clean pass): the paged adapter's frames equal the contiguous cache's."""
-    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5, kv_from_last=True, shift=1 / 9)
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=5, kv_from_last=True, shift=1 / 9,
+                  dtype=torch.float32)  # the reference is float32 (a native-bf16 CPU may time bf16 faster)
     assert (w.details()["passes_per_frame"], w.details()["kv_from_last_step"]) == (2, True)
     frames = [play(w, [tick("s", 0, "", seed=3)])[0].frames[0]]
     keys = ["w", "w", "l", "wl", "", "a", "s", "j"]

@@ -77,7 +77,10 @@ def _tick(sid: str, ci: int, keys: str) -> WorldTick:
 def test_static_frame_path_matches_eager_adapter(weights, kv_from_last):
     """Same seed, same ticks: frames and kept K/V of the static path equal the eager path's
     (with the clean pass, and with the last denoising pass's K/V kept instead)."""
-    worlds = [MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=flag, kv_from_last=kv_from_last)
+    # float32 on both: on a CPU with native bf16 each world would time its own number format
+    # (cpu_dtype.py) and the two could pick differently.
+    worlds = [MazeWorld(weights=weights, max_sessions=8, max_batch=8, cuda_graphs=flag, kv_from_last=kv_from_last,
+                        dtype=torch.float32)
               for flag in (False, True)]
     assert [w.graph_buckets for w in worlds] == [(), (1, 2, 4, 8)]
     assert [w.describe()["static_frame_path"] for w in worlds] == [False, True]
