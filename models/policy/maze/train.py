@@ -1,7 +1,8 @@
 """Train the maze policy: ``python -m models.policy.maze.train --minutes N --out DIR [--resume CKPT]``.
 
-Imitation of the planner (``models/world/maze/planner.py``) with DAgger-style
-relabelling, all on the training device:
+Imitation of a teacher with DAgger-style relabelling, all on the training device. The
+teacher (``--teacher``) is the planner (``models/world/maze/planner.py``, the true map) or
+the scanner (``models/world/maze/scanner.py``: only what the robot has seen):
 
 * ``--envs`` goal episodes (half wall, half marker; seeds from ``TRAIN_SEED0``
   upwards, never the evaluation's) run in one batched ``MazeSim``.
@@ -47,11 +48,13 @@ from models.policy.maze.episodes import Episodes
 from models.policy.maze.model import EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, MazeFlowModel, config, save_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
 from models.world.maze.planner import Planner, distance_field, goal_seeds
+from models.world.maze.scanner import Scanner
 from models.world.maze.sim import make_maze
 
 log = logging.getLogger("models.policy.maze.train")
 
 TRAIN_SEED0 = 2_000_000   # training mazes; evaluation uses EVAL_SEED0 (evaluate.py)
+TEACHERS = ("planner", "scanner")
 CHUNK = 256               # mazes per worker task; a chunk's seeds start 2 * CHUNK after the last's
 Made = tuple[list[int], list[GoalEpisode], list[list[list[int]]]]
 
@@ -159,8 +162,8 @@ class Buffer:
         return self.images[idx], self.state[idx], self.prompt[idx], self.actions[idx].float() * 2 - 1
 
 
-def expert_chunk(ep: Episodes, planner: Planner) -> torch.Tensor:
-    """[B, HORIZON, 8]: the planner's next frames of keys from the current poses (state restored)."""
+def expert_chunk(ep: Episodes, planner: Planner | Scanner) -> torch.Tensor:
+    """[B, HORIZON, 8]: the teacher's next frames of keys from the current poses (state restored)."""
     saved = ep.sim.state()
     keys = []
     for _ in range(HORIZON):
@@ -218,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-share", type=float, default=0.2)
     ap.add_argument("--beta-min", type=float, default=0.1)
     ap.add_argument("--beta-end", type=float, default=0.7, help="share of the run at which beta reaches --beta-min")
+    ap.add_argument("--teacher", choices=TEACHERS, default="planner",
+                    help="whose keys label the chunks: the planner (the true map) or the scanner, which knows "
+                         "only what the robot has seen (models/world/maze/scanner.py)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
                     help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
     ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
@@ -282,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(f"{args.seed}:{rounds}")
         seeds, goals, fields = maker.get(rounds)
         ep = Episodes(seeds, maker.kinds, dev, layout=args.state, goals=goals)
-        planner = Planner(ep.sim, fields)
+        teacher: Planner | Scanner = Scanner(ep.sim) if args.teacher == "scanner" else Planner(ep.sim, fields)
         assert ep.sim.goals is not None
         pidx = torch.tensor([prompts.index[g.prompt(rng.randrange(4))] for g in ep.sim.goals], device=dev)
         rounds += 1
@@ -290,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         while not ep.all_done and step < args.max_steps:
             live = ~ep.done
             images, state = ep.observe()
-            label = expert_chunk(ep, planner)
+            if isinstance(teacher, Scanner):
+                teacher.look()  # what the robot sees now (its look-ahead keeps the map as seen)
+            label = expert_chunk(ep, teacher)
             buf.add(images[live], state[live], pidx[live], label[live])
             samples += int(live.sum())
             # Per collection step, not per round: a round of slow episodes can be a fifth of a small run.
@@ -341,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
-            "envs": args.envs, "state_layout": args.state, "maze_workers": workers,
+            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

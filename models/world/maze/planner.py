@@ -50,13 +50,14 @@ def distance_fields(sim: MazeSim) -> torch.Tensor:
 class Planner:
     """Expert keys for every camera of one ``MazeSim`` (see the module docstring)."""
 
-    def __init__(self, sim: MazeSim, fields: list[list[list[int]]] | None = None) -> None:
-        """``fields``: the mazes' ``distance_field``s if already made (training makes them in workers)."""
+    def __init__(self, sim: MazeSim, fields: list[list[list[int]]] | torch.Tensor | None = None) -> None:
+        """``fields``: the mazes' ``distance_field``s if already made (training makes them in
+        workers), or [B, n, n] distances to steer by (the scanner's, over the map as seen)."""
         self.sim = sim
         if fields is None:
             self.dist = distance_fields(sim)
         else:
-            self.dist = torch.tensor(fields, dtype=torch.int64, device=sim.device)
+            self.dist = torch.as_tensor(fields, dtype=torch.int64, device=sim.device)
             if self.dist.shape != sim.grid.shape:
                 raise ValueError(f"distance fields {tuple(self.dist.shape)} for mazes {tuple(sim.grid.shape)}")
         cell = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5      # [B, 2] target centre
