@@ -65,6 +65,7 @@ STATE_LAYOUTS: dict[str, int] = {
 }
 LAYOUT = "memory"    # what training makes now; weights without the metadata key are "keys"
 STATE_DIM = STATE_LAYOUTS[LAYOUT]
+FILM_CHANNELS = 32   # the stem's first feature maps, which the prompt conditions (prompt_film)
 
 
 def config(layout: str = LAYOUT, **over: object) -> FlowPolicyConfig:
@@ -78,23 +79,42 @@ def config(layout: str = LAYOUT, **over: object) -> FlowPolicyConfig:
 
 
 class MazeFlowModel(FlowActionModel):
-    """``FlowActionModel`` with a stem for one 64 x 64 camera (16 tokens instead of 4)."""
+    """``FlowActionModel`` with a stem for one 64 x 64 camera (16 tokens instead of 4).
 
-    def __init__(self, cfg: FlowPolicyConfig) -> None:
+    ``prompt_film``: the prompt embedding scales and shifts the stem's first feature maps
+    (FiLM), so that what the encoder brings out depends on the colour the prompt names. Without
+    it the prompt is one token the action expert attends to beside the image's, and the shipped
+    weights walk to a distractor as often as to the named goal (``bench/maze/policy_goals.py``).
+    """
+
+    def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False) -> None:
         super().__init__(cfg)
         d = cfg.d_model
         self.stem = nn.Sequential(
-            nn.Conv2d(3, 32, 4, stride=2, padding=1), nn.GELU(),
-            nn.Conv2d(32, 64, 4, stride=2, padding=1), nn.GELU(),
+            nn.Conv2d(3, FILM_CHANNELS, 4, stride=2, padding=1), nn.GELU(),
+            nn.Conv2d(FILM_CHANNELS, 64, 4, stride=2, padding=1), nn.GELU(),
             nn.Conv2d(64, 128, 4, stride=2, padding=1), nn.GELU(),
             nn.Conv2d(128, d, 2, stride=2),
         )
         side = cfg.image_resolution[0] // 16
         self.image_pos = nn.Parameter(torch.randn(1, side * side, d) * 0.02)
+        self.prompt_film = prompt_film
+        if prompt_film:
+            # Zero at the start: the stem begins as it would without the prompt.
+            self.film = nn.Linear(d, 2 * FILM_CHANNELS)
+            nn.init.zeros_(self.film.weight)
+            nn.init.zeros_(self.film.bias)
         if cfg.state_dim == STATE_LAYOUTS["memory"]:
             # The memory's useful facts are nonlinear in it (which panorama bin holds the
             # prompt's colour, which neighbour cell is unvisited): an MLP, not one linear map.
             self.state_in = nn.Sequential(nn.Linear(cfg.state_dim, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        if not self.prompt_film:
+            return self.stem(x)
+        first = self.stem[:2](x)                                            # conv + GELU: [N, FILM_CHANNELS, 32, 32]
+        gamma, beta = self.film(prompt).chunk(2, dim=-1)
+        return self.stem[2:](first * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
 
     @property
     def state_layout(self) -> str:
@@ -191,6 +211,7 @@ def save_policy(model: MazeFlowModel, path: str | Path, extra: dict | None = Non
     """fp16 safetensors; the sizes, the state layout (and ``extra``) go in the header's metadata."""
     meta = {k: str(getattr(model.cfg, k)) for k in _SIZES}
     meta["state_layout"] = model.state_layout
+    meta["prompt_film"] = str(int(model.prompt_film))
     meta["info"] = json.dumps(extra or {})
     tensors = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata=meta)
@@ -204,7 +225,8 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", **over: ob
         meta = f.metadata() or {}
     sizes = {k: int(meta[k]) for k in _SIZES if k in meta}
     # The first shipped weights predate the key: they read the reactive "keys" state.
-    model = MazeFlowModel(config(meta.get("state_layout", "keys"), **{**sizes, **over}))
+    model = MazeFlowModel(config(meta.get("state_layout", "keys"), **{**sizes, **over}),
+                          prompt_film=meta.get("prompt_film", "0") == "1")
     state = {k: v.float() for k, v in load_file(str(path)).items()}
     model.load_state_dict(state)
     return model.to(device).eval()

@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--teacher", choices=TEACHERS, default="planner",
                     help="whose keys label the chunks: the planner (the true map) or the scanner, which knows "
                          "only what the robot has seen (models/world/maze/scanner.py)")
+    ap.add_argument("--prompt-film", action="store_true",
+                    help="the prompt conditions the image stem (model.py's prompt_film)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
                     help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
     ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
     cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
-    model = MazeFlowModel(cfg).to(dev)
+    model = MazeFlowModel(cfg, prompt_film=args.prompt_film).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, elapsed, episodes_done = 0, 0.0, 0
     history: list[dict] = []
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
-            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "maze_workers": workers,
+            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

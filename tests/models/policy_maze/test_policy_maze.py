@@ -237,3 +237,38 @@ def test_training_rounds_are_the_same_made_inline_or_in_workers():
     seeds, goals, fields = a
     sim = goal_sim(seeds[-4:], [g.kind for g in goals[-4:]])
     assert sim.goals == goals[-4:] and torch.equal(Planner(sim, fields[-4:]).dist, Planner(sim).dist)
+
+
+def _encode(model: MazeFlowModel, prompt: str) -> torch.Tensor:
+    from models.policy.flow import prompt_buckets
+
+    torch.manual_seed(3)
+    images = torch.randint(0, 256, (2, 1, 64, 64, 3), dtype=torch.uint8)
+    state = torch.randn(2, model.cfg.state_dim)
+    one = prompt_buckets(prompt)
+    ids = torch.from_numpy(np.concatenate([one, one])).long()
+    offsets = torch.tensor([0, len(one)])
+    with torch.no_grad():
+        return torch.cat([k for k, _ in model.encode(images, state, ids, offsets)])
+
+
+def test_prompt_film_starts_as_the_unconditioned_stem_and_round_trips(tmp_path):
+    torch.manual_seed(0)
+    plain = MazeFlowModel(TINY)
+    film = MazeFlowModel(TINY, prompt_film=True)
+    film.load_state_dict({**film.state_dict(), **plain.state_dict()})
+    assert torch.equal(_encode(film, "go to the red wall"), _encode(plain, "go to the red wall"))
+    # Trained, the prompt reaches the image features: the same frame encodes differently per colour.
+    torch.nn.init.normal_(film.film.weight, std=0.5)
+    red, blue = _encode(film, "go to the red wall"), _encode(film, "go to the blue wall")
+    assert not torch.allclose(red, blue)
+    save_policy(film, tmp_path / "film.safetensors")
+    back = load_policy(tmp_path / "film.safetensors")
+    assert back.prompt_film and not load_policy_plain(tmp_path, plain).prompt_film
+    assert torch.allclose(_encode(back, "go to the red wall"), _encode(film.half().float(), "go to the red wall"),
+                          atol=1e-5)
+
+
+def load_policy_plain(tmp_path, model: MazeFlowModel) -> MazeFlowModel:
+    save_policy(model, tmp_path / "plain.safetensors")
+    return load_policy(tmp_path / "plain.safetensors")
