@@ -14,7 +14,7 @@ from models.policy.maze import build
 from models.policy.maze.adapter import DEFAULT_WEIGHTS, MazePolicy
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.evaluate import drive_planner, drive_policy, evaluate
-from models.policy.maze.model import (HORIZON, PANORAMA_BINS, SKY_ROWS, STATE_DIM, STATE_LAYOUTS, VISIT_SATURATE,
+from models.policy.maze.model import (FILM_CHANNELS, HORIZON, PANORAMA_BINS, SKY_ROWS, STATE_DIM, STATE_LAYOUTS, VISIT_SATURATE,
                                       VISIT_WINDOW, MazeFlowModel, bearing_bin, column_bearings, config, egocentric,
                                       layout_of, load_policy, panorama_update, policy_state, save_policy,
                                       visit_memory)
@@ -77,11 +77,13 @@ def test_factory_entry_and_build_policy_spec(tiny_weights):
 def test_shipped_weights_are_a_few_megabytes_and_load():
     assert DEFAULT_WEIGHTS.stat().st_size < 5 * 2**20
     policy = MazePolicy()
-    # Run 1's weights predate the state_layout key (they read the reactive keys state); recipe 2's
-    # read the memory state through an MLP.
+    # The keys layout reads the state through one linear map, the memory layout through an MLP;
+    # prompt_film (run 4, shipped) adds the prompt's scale and shift of the stem's first maps.
     assert policy.metadata.state_dim == STATE_LAYOUTS[policy.state_layout]
     params = {"keys": 1_857_256, "memory": 1_941_096}[policy.state_layout]
+    params += (128 + 1) * 2 * FILM_CHANNELS if policy.model.prompt_film else 0
     assert sum(p.numel() for p in policy.model.parameters()) == params
+    assert (policy.state_layout, policy.model.prompt_film) == ("keys", True)   # what the page builds
     assert policy.describe()["weights"] == "maze_policy.safetensors"
 
 
