@@ -12,7 +12,6 @@ served policy and records, per episode, every goal object the camera reached on 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bench.report import emit
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.evaluate import drive_policy
@@ -72,11 +72,7 @@ def main(argv: list[str] | None = None) -> None:
            "mazes_per_kind": args.mazes, "weights": str(policy.weights.name), "per_kind": rows,
            "versions": {"python": platform.python_version(), "torch": torch.__version__},
            "cpu": platform.processor() or platform.machine()}
-    text = json.dumps(res, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":

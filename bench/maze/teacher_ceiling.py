@@ -29,7 +29,6 @@ BFS per maze; about a minute for 200 mazes per kind::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from bench.report import emit
 from models.policy.maze.episodes import BUDGET, Episodes
 from models.world.maze.goals import GOAL_KINDS, GoalEpisode, approach_cells, floor_distances
 from models.world.maze.planner import UNREACHABLE, Planner, goal_seeds
@@ -178,11 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     res = run(args)
-    text = json.dumps(res, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":
