@@ -103,8 +103,10 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     def set_launch_listener(self, listener: Callable[[], None]) -> None:
         """The engine calls this once. An adapter whose ``run_batch`` queues device work
         and then waits for it calls ``launched()`` (on the engine thread) as soon as the
-        work is queued: the server holds its bulk sends until then, so that they do not
-        take the GIL from the batch's preparation (realtime/launch_gate.py)."""
+        work is queued. Once it has, the server holds its bulk sends while the adapter's
+        next batches are prepared, until their ``launched()``, so that they do not take
+        the GIL from the preparation (realtime/launch_gate.py). An adapter that never
+        calls it (CPU work, which runs inside ``run_batch``) is never waited for."""
         self._launch_listener = listener
 
     def launched(self) -> None:

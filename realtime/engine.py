@@ -150,9 +150,12 @@ class Engine:
         self.on_dead: Callable[[str], None] | None = None
         # Closed while a batch is prepared, open once its device work is queued: the
         # loop's chunk sends wait for it (realtime/launch_gate.py).
+        # Only for a model that has said it launches device work (ModelAdapter.launched):
+        # the others compute inside run_batch, and holding sends would only delay them.
         self.launch_gate = LaunchGate()
-        for adapter in self._adapters.values():
-            adapter.set_launch_listener(self.launch_gate.open)
+        self._launches: dict[str, bool] = {n: False for n in self._adapters}
+        for name, adapter in self._adapters.items():
+            adapter.set_launch_listener(lambda name=name: self._launched(name))
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -417,7 +420,8 @@ class Engine:
         timed = adapter.inline_forward_s > 0
         preempted = _preemptions() if timed else 0
         started = time.perf_counter()
-        self.launch_gate.close()
+        if self._launches[batch[0].model]:
+            self.launch_gate.close()
         try:
             results = adapter.run_batch([j.work for j in batch])
             if len(results) != len(batch):
@@ -466,6 +470,11 @@ class Engine:
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
         _resolve_all(done)
+
+    def _launched(self, model: str) -> None:
+        """``model``'s device work for this batch is queued (its launch listener)."""
+        self._launches[model] = True
+        self.launch_gate.open()
 
     def _note_forward(self, model: str, elapsed: float, limit: float) -> None:
         """Keep the model's last forward times; decide whether it runs inline and is batched.

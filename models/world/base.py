@@ -283,7 +283,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
         if self.streams_frames and any(streams):
             works = [w if s is None else dataclasses.replace(w, frame_sink=s) for w, s in zip(works, streams)]
         chunks = self.generate(works)
-        self.launched()  # a device model's frames are still being made: the server may send meanwhile
+        if any(getattr(getattr(c, "frames", None), "is_cuda", False) for c in chunks):
+            self.launched()  # CUDA frames are still being made: the server may send meanwhile
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
         chunks = self._to_host(works, list(chunks))

@@ -87,17 +87,42 @@ class Launcher(ModelAdapter[int, int]):
         return list(works)
 
 
-def test_the_engine_closes_the_gate_for_a_batch_and_the_adapter_opens_it_at_launch():
+def test_the_engine_closes_the_gate_for_a_model_that_launches_and_the_adapter_opens_it():
     model = Launcher()
     engine = Engine({model.name: model})
     model.gate = engine.launch_gate
     engine.start()
     try:
-        async def main() -> list[int]:
-            return list(await asyncio.gather(*(engine.submit(model.name, i, session_id=f"s{i}") for i in range(3))))
+        async def main() -> None:
+            for i in range(3):   # one batch each
+                assert await engine.submit(model.name, i, session_id=f"s{i}") == i
 
-        assert asyncio.run(asyncio.wait_for(main(), 20)) == [0, 1, 2]
+        asyncio.run(asyncio.wait_for(main(), 20))
     finally:
         engine.stop()
-    assert model.seen and all(s == (True, False) for s in model.seen)
+    # The first batch is not held (nothing said yet that the model launches); then each is,
+    # until its launch.
+    assert model.seen == [(False, False), (True, False), (True, False)]
     assert not engine.launch_gate.closed   # the forward's end opens it whatever the adapter did
+
+
+def test_a_model_that_never_launches_never_closes_the_gate():
+    from tests.realtime.test_engine import Doubler
+
+    model = Doubler()
+    engine = Engine({model.name: model})
+    closed: list[bool] = []
+    model.gate.clear()
+    engine.start()
+    try:
+        async def main() -> None:
+            fut = asyncio.ensure_future(engine.submit(model.name, 1, session_id="s"))
+            await asyncio.sleep(0.05)            # the forward is waiting on the model's gate
+            closed.append(engine.launch_gate.closed)
+            model.gate.set()
+            assert await fut == 2
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        engine.stop()
+    assert closed == [False]
