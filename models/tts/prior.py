@@ -18,7 +18,9 @@ the whole-sentence durations up to float rounding::
     prefix     [0 ...... P) + reach        keeps durations [0, P)
     rest                [P - reach ........................... L)   keeps [P, L)
 
-The text encoder is not split: its attention is global.
+The text encoder's attention is global, so its first five layers run over the
+whole sentence; its last layer runs its queries and feed-forward over the
+prefix segment's ids only and over the others later (``TextEncoder.rest``).
 
 Noise. Duration noise is [2, L], drawn first (L is known from the ids). The
 prior noise is drawn time-major in blocks of ``NOISE_BLOCK`` frames from the
@@ -77,12 +79,15 @@ def rest_segment(length: int, done: int, reach: int) -> Segment:
 class SentencePrior:
     """The prior of one sentence as far as it is known.
 
-    ``means`` / ``log_variances`` [L, C] and ``hidden`` [L, H] are the text
-    encoder's (whole sentence); ``durations`` covers ids [0, ids_done) and
+    ``means`` / ``log_variances`` [L', C] and ``hidden`` [L', H] are the text
+    encoder's for the first L' of the sentence's ``ids`` (all of them, or the
+    prefix segment's while ``last_input`` [1, L, H], the encoder's last-layer
+    input, waits for ``TextEncoder.rest``); ``durations`` covers ids [0, ids_done) and
     ``z_p`` [C, F] the frames those ids make. ``noise`` [F', C] holds the prior
     noise drawn so far (F' >= F, whole blocks), ``generator`` continues it.
     """
 
+    ids: int
     length_scale: float
     noise_scale: float
     means: torch.Tensor
@@ -94,10 +99,11 @@ class SentencePrior:
     ids_done: int = 0
     noise: torch.Tensor | None = None
     durations: list[torch.Tensor] = field(default_factory=list)
+    last_input: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
-        return self.means.shape[0]
+        return self.ids
 
     @property
     def complete(self) -> bool:

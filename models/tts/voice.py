@@ -124,9 +124,18 @@ class TorchVoice:
 
     @torch.inference_mode()
     def prior_rest(self, priors: Sequence[SentencePrior]) -> None:
-        """Complete each unfinished prior: the durations of its remaining ids
-        (with ``duration_reach`` ids of context before them), in one padded batch."""
+        """Complete each unfinished prior: the text encoder's last layer for its
+        remaining ids (one sentence at a time), then their durations (with
+        ``duration_reach`` ids of context before them) in one padded batch."""
         todo = [p for p in priors if not p.complete]
+        for p in todo:
+            if p.last_input is not None:
+                start = p.hidden.shape[0]
+                out = self._encoder.rest(p.last_input, start)
+                p.hidden = torch.cat([p.hidden, out.hidden[0]])
+                p.means = torch.cat([p.means, out.means[0]])
+                p.log_variances = torch.cat([p.log_variances, out.log_variances[0]])
+                p.last_input = None
         segments = [rest_segment(p.length, p.ids_done, self.duration_reach) for p in todo]
         for p, durations in zip(todo, self._segment_durations(todo, segments)):
             p.extend(durations)
@@ -148,9 +157,12 @@ class TorchVoice:
         ids = ids.to(dev)
 
         padded = batch > 1 and min(lengths) != t_in
+        last_input = None
         if self._encoder is not None:
-            out = self._encoder(ids, in_mask.unsqueeze(-1).float())
-            hidden, means, log_vars = out.hidden, out.means, out.log_variances
+            # The prefix segments read the encoder's first prefix + reach positions only.
+            rows = None if prefix is None else prefix + self.duration_reach
+            out = self._encoder(ids, in_mask.unsqueeze(-1).float(), rows)
+            hidden, means, log_vars, last_input = out.hidden, out.means, out.log_variances, out.last_input
         else:
             enc = model.text_encoder(
                 input_ids=ids,
@@ -165,10 +177,12 @@ class TorchVoice:
             gen = torch.Generator().manual_seed(r.seed)
             # Duration noise first, then the prior noise blocks, from the sentence's generator.
             dur_noise = torch.randn(2, n, generator=gen) * r.noise_w if r.noise_w else torch.zeros(2, n)
+            pending = last_input is not None and n > hidden.shape[1]
             priors.append(
                 SentencePrior(
-                    r.length_scale, r.noise_scale, means[b, :n], log_vars[b, :n], hidden[b, :n],
+                    n, r.length_scale, r.noise_scale, means[b, :n], log_vars[b, :n], hidden[b, :n],
                     dur_noise.to(dev), gen, torch.zeros(self.channels, 0, device=dev),
+                    last_input=last_input[b : b + 1, :n] if pending else None,
                 )
             )
         segments = [
@@ -202,7 +216,7 @@ class TorchVoice:
         """A complete prior with no frames (a sentence with nothing to say)."""
         empty = torch.zeros(0, self.channels, device=self.device)
         return SentencePrior(
-            1.0, 0.0, empty, empty, torch.zeros(0, 0), torch.zeros(2, 0), torch.Generator(), torch.zeros(self.channels, 0, device=self.device)
+            0, 1.0, 0.0, empty, empty, torch.zeros(0, 0), torch.zeros(2, 0), torch.Generator(), torch.zeros(self.channels, 0, device=self.device)
         )
 
     def _whole(self, p: SentencePrior) -> SentencePrior:

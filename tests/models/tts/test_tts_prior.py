@@ -49,6 +49,9 @@ def test_prefix_then_rest_equals_the_whole_prior_padded(voice, requests):
     long, short = parts
     assert len(requests[0].phoneme_ids) > PREFIX_IDS + voice.duration_reach
     assert not long.complete and long.ids_done == PREFIX_IDS
+    # The encoder's last layer ran over the prefix segment's ids only.
+    assert long.hidden.shape[0] == PREFIX_IDS + voice.duration_reach and long.last_input is not None
+    assert short.last_input is None
     # The prefix's frames are the whole prior's first frames, noise included.
     assert long.frames >= 55 and long.noise.shape[0] % NOISE_BLOCK == 0
     assert float((long.z_p - whole[0][:, : long.frames]).abs().max()) <= 1e-6
