@@ -79,6 +79,18 @@ class Timers:
         return timed
 
 
+class _TimedEncoder:
+    """A ``TextEncoder`` whose first-chunk call reports to ``timers`` (``rest`` untimed:
+    it runs before the second window)."""
+
+    def __init__(self, encoder: Any, timers: Timers) -> None:
+        self._call = timers.wrap("text_encoder", encoder)
+        self.rest = encoder.rest
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+
 def make_variant(
     voice: TorchVoice, plan: WindowPlan, phonemes: PhonemeTable | None, timers: Timers, prefix_ids: int | None
 ) -> PiperTTS:
@@ -90,7 +102,7 @@ def make_variant(
     voice.flow = timers.wrap("flow_prefix", voice.flow)  # type: ignore[method-assign]
     voice.decode = timers.wrap("first_window", voice.decode)  # type: ignore[method-assign]
     if voice._encoder is not None:
-        voice._encoder = timers.wrap("text_encoder", voice._encoder)  # type: ignore[assignment]
+        voice._encoder = _TimedEncoder(voice._encoder, timers)  # type: ignore[assignment]
     return tts
 
 

@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 NOISE_BLOCK = 16  # frames of prior noise per generator call
-PREFIX_IDS = 40  # ids whose durations the first audio waits for (~80 frames at 2 a phoneme)
+PREFIX_IDS = 48  # ids whose durations the first audio waits for: ~96 frames at 2 a phoneme,
+# enough for the first two windows (79 frames with the flow's context), so the rest waits for the third
 
 
 def duration_reach(dp: nn.Module) -> int:

@@ -82,13 +82,11 @@ class SentenceStream:
 
     def needs_prior(self, window: Window) -> bool:
         """Whether ``window`` (from ``next_window``) needs the rest of the prior
-        first: every window does, except a first one whose flow chunk, context
-        included, lies inside the frames already known."""
+        first: when its flow chunk, context included, reaches past the frames
+        known so far (then the window's own bounds may be clipped there too)."""
         if self.prior.complete:
             return False
-        if window.index > 0:
-            return True
-        chunk = self.flow_needed(window)  # None: a rewound first window, its latents kept
+        chunk = self.flow_needed(window)  # None: its latents are there (a rewound window)
         return chunk is not None and chunk.end + self.flow_context > self.frames
 
     @property
@@ -104,7 +102,7 @@ class SentenceStream:
 
     def flow_needed(self, window: Window) -> FlowChunk | None:
         """The flow work to run before ``window`` can be decoded, if any."""
-        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context)
+        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context, self.prior.complete)
 
     def flow_input(self, chunk: FlowChunk) -> torch.Tensor:
         return self.prior.z_p[:, chunk.lo : chunk.hi]
