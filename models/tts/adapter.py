@@ -7,7 +7,9 @@ Work items (frozen dataclasses of the seam, one per session per engine step):
   over just the frames the first window reads, and decode that first, short
   window. Replaces any unfinished sentence of that session.
 - ``DecodeWindow``: decode the next window of the session's current sentence
-  (the second one first completes the prior: the durations of the other ids).
+  (the first window that reads past the prior's prefix, the third of a 5 s
+  sentence, first completes the prior: the text encoder's last layer and the
+  durations of the other ids).
 
 Both return an ``AudioChunk``: PCM16 little-endian mono at the sentence's
 ``sample_rate``, ``done`` on the sentence's last chunk (which also flushes the
@@ -17,11 +19,11 @@ already finished) returns a ``stale`` chunk with no audio instead of failing
 the batch.
 
 ``run_batch`` runs the prior (text encoder, durations) of all its
-``SynthesizeSentence`` items in one padded batch; then the rest of the
-durations for every item whose next window needs them, in one padded batch;
-then the reverse flow for
-every item whose next window needs more latents (a short prefix for a first
-window, the rest of the sentence for a second), in one padded batch; then every
+``SynthesizeSentence`` items in one padded batch; then the rest of the prior
+for every item whose next window needs it (durations in one padded batch);
+then the reverse flow for every item whose next window needs more latents
+(what the window reads while the prior is a prefix, then the rest of the
+sentence), in one padded batch; then every
 item's window (first windows and later ones, of different lengths) in **one**
 HiFi-GAN forward, padded to the longest window and trimmed after. Padding does
 not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask

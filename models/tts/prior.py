@@ -138,6 +138,8 @@ class SentencePrior:
     def _draw_noise(self, frames: int) -> None:
         channels = self.means.shape[1]
         have = 0 if self.noise is None else self.noise.shape[0]
-        blocks = [torch.randn(NOISE_BLOCK, channels, generator=self.generator) for _ in range(have, frames, NOISE_BLOCK)]
+        blocks = [
+            torch.randn(NOISE_BLOCK, channels, generator=self.generator) for _ in range(have, frames, NOISE_BLOCK)
+        ]
         if blocks:
             self.noise = torch.cat(([self.noise] if self.noise is not None else []) + blocks)

@@ -4,8 +4,8 @@ HiFi-GAN windows.
 ``latents`` is VITS inference up to the decoder (text encoder, stochastic
 duration predictor, length regulation, reverse flow), batched over sentences
 with padding masks; a stream takes the prior in two steps (``prior_prefix``,
-``prior_rest``; see ``models.tts.prior``). ``decode`` runs windows of latents of any lengths in one
-HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
+``prior_rest``; see ``models.tts.prior``). ``decode`` runs windows of latents
+of any lengths in one HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
 whole-sentence path, the reference for parity and streaming tests.
 
 Noise is drawn on the CPU from a generator seeded per sentence, so a sentence's
@@ -112,7 +112,7 @@ class TorchVoice:
         """The sampled prior z_p [C, T_i] (before the reverse flow) per request:
         text encoder, durations over each whole sentence, length regulation;
         batched with padding. The reference the streamed prior must equal."""
-        return [self._whole(p).z_p for p in self._start(requests, prefix=None)]
+        return [self._one_frame_if_empty(p).z_p for p in self._start(requests, prefix=None)]
 
     @torch.inference_mode()
     def prior_prefix(self, requests: Sequence[LatentRequest], prefix: int | None = PREFIX_IDS) -> list[SentencePrior]:
@@ -120,7 +120,7 @@ class TorchVoice:
         ``prefix`` ids only (``prior.prefix_segment``; None: all) and their
         frames. Short sentences come back ``complete``; ``prior_rest`` completes
         the others."""
-        return [self._whole(p) for p in self._start(requests, prefix)]
+        return [self._one_frame_if_empty(p) for p in self._start(requests, prefix)]
 
     @torch.inference_mode()
     def prior_rest(self, priors: Sequence[SentencePrior]) -> None:
@@ -140,7 +140,7 @@ class TorchVoice:
         for p, durations in zip(todo, self._segment_durations(todo, segments)):
             p.extend(durations)
         for p in todo:
-            self._whole(p)
+            self._one_frame_if_empty(p)
 
     def _start(self, requests: Sequence[LatentRequest], prefix: int | None) -> list[SentencePrior]:
         if not requests:
@@ -214,12 +214,12 @@ class TorchVoice:
 
     def silence(self) -> SentencePrior:
         """A complete prior with no frames (a sentence with nothing to say)."""
-        empty = torch.zeros(0, self.channels, device=self.device)
-        return SentencePrior(
-            0, 1.0, 0.0, empty, empty, torch.zeros(0, 0), torch.zeros(2, 0), torch.Generator(), torch.zeros(self.channels, 0, device=self.device)
-        )
+        dev = self.device
+        empty = torch.zeros(0, self.channels, device=dev)
+        nothing = torch.zeros(self.channels, 0, device=dev)
+        return SentencePrior(0, 1.0, 0.0, empty, empty, empty, torch.zeros(2, 0), torch.Generator(), nothing)
 
-    def _whole(self, p: SentencePrior) -> SentencePrior:
+    def _one_frame_if_empty(self, p: SentencePrior) -> SentencePrior:
         if p.complete and p.frames == 0:
             # Nothing to say: one silent frame, as VITS's clamp_min(1) gives.
             p.z_p = torch.zeros(self.channels, 1, device=self.device)
