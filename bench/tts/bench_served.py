@@ -12,7 +12,8 @@ load from other processes hits them alike:
 - ``served_spin_N`` (``--spin N ...``, default 300000): the profiled server with
   ``GOMP_SPINCOUNT=N`` instead of ``realtime.cli``'s default (the A/B of that setting);
   ``served_load_on_main`` (``--load-on-main``): models loaded on the main thread, as
-  before ``realtime.registry.on_spent_thread``.
+  before ``realtime.registry.on_spent_thread``; ``served_baseline`` (``--baseline DIR``):
+  a plain server running another checkout's code (the code before a change).
 - ``adapter``: ``PiperTTS.run_batch([SynthesizeSentence])`` in this process, from the
   call to its first chunk (the figure ``bench_tts.py`` reports), on one thread that
   loads and runs the voice and nothing else, as the engine thread does.
@@ -72,7 +73,7 @@ class Server:
     """A server process on a free loopback port; SIGTERM on exit."""
 
     def __init__(self, serve_args: Sequence[str], trace: str | None = None, load_on_main: bool = False,
-                 spincount: str | None = None) -> None:
+                 spincount: str | None = None, tree: Path = REPO) -> None:
         self.port = free_port()
         self.trace = trace
         base = ["serve", "--port", str(self.port), "--log-level", "warning", *serve_args]
@@ -86,8 +87,12 @@ class Server:
         if spincount is not None:  # GOMP_SPINCOUNT alone: realtime.cli then leaves the wait alone
             env.pop("OMP_WAIT_POLICY", None)
             env["GOMP_SPINCOUNT"] = spincount
+        if tree != REPO:  # another checkout's code (the A of an A/B), run from its own root
+            env["PYTHONPATH"] = str(tree)
         self.command = ("GOMP_SPINCOUNT=%s " % spincount if spincount else "") + " ".join(cmd[1:])
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+        if tree != REPO:
+            self.command = "(in %s) %s" % (tree, self.command)
+        self.proc = subprocess.Popen(cmd, cwd=tree, env=env)
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -239,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="also a profiled server per GOMP_SPINCOUNT value (the A/B of realtime.cli's default)")
     p.add_argument("--load-on-main", action="store_true",
                    help="also a profiled server that loads its models on the main thread (the old behaviour)")
+    p.add_argument("--baseline", default=None, metavar="DIR",
+                   help="also a plain server from another checkout (e.g. `git archive` of the code before a change)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     serve_args = args.serve_args.split()
@@ -252,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for value in args.spin:
             servers["served_spin_%s" % value] = Server(serve_args, trace=os.path.join(tmp, "spin%s.json" % value),
                                                        spincount=value)
+        if args.baseline:
+            servers["served_baseline"] = Server(serve_args, tree=Path(args.baseline).resolve())
         if args.load_on_main:
             servers["served_load_on_main"] = Server(serve_args, trace=os.path.join(tmp, "old.json"), load_on_main=True)
         # One thread loads and runs the bare adapter, as the engine thread runs the served one.

@@ -183,7 +183,7 @@ def piper_once(piper, text: str) -> tuple[float, float, float]:
 
 def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
     """Where the first chunk's time goes (p50 ms), along the adapter's path:
-    phonemes, prior (encoder + durations), flow prefix, first window."""
+    phonemes, prior (encoder + the first ids' durations), flow prefix, first window."""
     from models.tts.voice import LatentRequest
     from models.tts.windows import flow_chunk, window_at
 
@@ -192,7 +192,8 @@ def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
         t0 = time.perf_counter()
         ids = tts.phonemize(text)
         t1 = time.perf_counter()
-        (prior,) = voice.prior([LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, i)])
+        (sentence,) = voice.prior_prefix([LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, i)])
+        prior = sentence.z_p  # the frames of the first ids (all of a short sentence)
         t2 = time.perf_counter()
         window = window_at(tts.plan, 0, 0, prior.shape[-1])
         chunk = flow_chunk(0, window.hi, prior.shape[-1], voice.flow_context)

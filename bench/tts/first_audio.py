@@ -15,9 +15,12 @@ out), and the audio itself: each variant's PCM is compared with the one-shot
 synthesis (``TorchVoice.synthesize`` on transformers' own modules, the same seed
 and noise), the reference every streamed path must equal.
 
-Variants: ``before`` (transformers' text encoder, the first window of 12
-frames: the code before this benchmark), ``after`` (``models.tts.text_encoder``,
-the default plan) and ``after_firstN`` for each ``--first-frames N``.
+Variants: ``before`` (transformers' modules, the whole sentence's durations
+before the first window, the first window of 12 frames: the code before these
+benchmarks), ``after`` (this project's forwards, the durations of the first
+``prior.PREFIX_IDS`` ids only, the default plan), ``after_whole_prior``
+(``--whole-prior``: ``after`` with the whole sentence's durations first) and
+``after_firstN`` for each ``--first-frames N``.
 
     python -m bench.tts.first_audio --utterances 24 --out bench/results/tts_first_audio_cpu.json
     # a machine without the tts extra: a converted voice folder and precomputed phonemes
@@ -43,6 +46,7 @@ from bench.report import emit
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.phonemes import PhonemeTable
+from models.tts.prior import PREFIX_IDS
 from models.tts.stream import to_pcm16
 from models.tts.voice import LatentRequest, TorchVoice
 from models.tts.windows import WindowPlan
@@ -75,16 +79,30 @@ class Timers:
         return timed
 
 
-def make_variant(voice: TorchVoice, plan: WindowPlan, phonemes: PhonemeTable | None, timers: Timers) -> PiperTTS:
+class _TimedEncoder:
+    """A ``TextEncoder`` whose first-chunk call reports to ``timers`` (``rest`` untimed:
+    it runs before the second window)."""
+
+    def __init__(self, encoder: Any, timers: Timers) -> None:
+        self._call = timers.wrap("text_encoder", encoder)
+        self.rest = encoder.rest
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+
+def make_variant(
+    voice: TorchVoice, plan: WindowPlan, phonemes: PhonemeTable | None, timers: Timers, prefix_ids: int | None
+) -> PiperTTS:
     """An adapter whose pieces report to ``timers`` (instance attributes only)."""
-    tts = PiperTTS(voice, plan=plan, phonemizer=phonemes, max_batch=1)
+    tts = PiperTTS(voice, plan=plan, phonemizer=phonemes, max_batch=1, prefix_ids=prefix_ids)
     tts.phonemize = timers.wrap("phonemize", tts.phonemize)  # type: ignore[method-assign]
-    voice.prior = timers.wrap("prior", voice.prior)  # type: ignore[method-assign]
+    voice.prior_prefix = timers.wrap("prior", voice.prior_prefix)  # type: ignore[method-assign]
     voice._log_durations = timers.wrap("durations", voice._log_durations)  # type: ignore[method-assign]
     voice.flow = timers.wrap("flow_prefix", voice.flow)  # type: ignore[method-assign]
     voice.decode = timers.wrap("first_window", voice.decode)  # type: ignore[method-assign]
     if voice._encoder is not None:
-        voice._encoder = timers.wrap("text_encoder", voice._encoder)  # type: ignore[assignment]
+        voice._encoder = _TimedEncoder(voice._encoder, timers)  # type: ignore[assignment]
     return tts
 
 
@@ -104,10 +122,17 @@ def pieces_ms(spent: dict[str, float], total: float) -> dict[str, float]:
 
 
 class Variant:
-    def __init__(self, name: str, voice: TorchVoice, plan: WindowPlan, phonemes: PhonemeTable | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        voice: TorchVoice,
+        plan: WindowPlan,
+        phonemes: PhonemeTable | None,
+        prefix_ids: int | None = PREFIX_IDS,
+    ) -> None:
         self.name, self.timers = name, Timers()
         self.encoder_module = voice.model.text_encoder
-        self.tts = make_variant(voice, plan, phonemes, self.timers)
+        self.tts = make_variant(voice, plan, phonemes, self.timers, prefix_ids)
         self.ttfa: list[float] = []
         self.pieces: list[dict[str, float]] = []
         self.rtf: list[float] = []
@@ -152,6 +177,8 @@ class Variant:
         out: dict[str, Any] = {
             "text_encoder": "transformers VitsTextEncoder" if self.tts.voice.reference else "models.tts.text_encoder",
             "window_plan": dataclasses.asdict(plan),
+            "durations_before_first_window": "whole sentence" if self.tts.prefix_ids is None
+            else "first %d ids" % self.tts.prefix_ids,
             "ttfa_ms": summary_ms(self.ttfa),
             "pieces_ms_p50": {k: round(statistics.median(p[k] for p in self.pieces), 2) for k in PIECES},
             "rtf_p50": round(statistics.median(self.rtf), 4),
@@ -170,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--utterances", type=int, default=24, help="timed utterances per variant")
     p.add_argument("--first-frames", type=int, nargs="*", default=[], help="also 'after' with these first windows")
+    p.add_argument("--whole-prior", action="store_true",
+                   help="also 'after' with the whole sentence's durations before the first window")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--voice-dir", default=None, help="a converted voice folder (no tts extra needed)")
     p.add_argument("--phonemes", default=None, help="precomputed phoneme ids (bench_tts --write-phonemes)")
@@ -194,9 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("voice loaded in %.2f s, torch threads %d" % (time.perf_counter() - t, torch.get_num_threads()))
 
     variants = [
-        Variant("before", TorchVoice(model, spec, reference=True), WindowPlan(12, 96, 11), phonemes),
+        Variant("before", TorchVoice(model, spec, reference=True), WindowPlan(12, 96, 11), phonemes, None),
         Variant("after", TorchVoice(model, spec), WindowPlan(context_frames=11), phonemes),
     ]
+    if args.whole_prior:
+        variants.append(Variant("after_whole_prior", TorchVoice(model, spec), WindowPlan(context_frames=11), phonemes, None))
     for n in args.first_frames:
         variants.append(Variant("after_first%d" % n, TorchVoice(model, spec), WindowPlan(n, 96, 11), phonemes))
 

@@ -126,7 +126,7 @@ def instrument(trace: Trace) -> None:
         setattr(cls, name, timed)
 
     wrap(adapter_mod.PiperTTS, "phonemize", "phonemized")
-    wrap(TorchVoice, "prior", "prior_end")
+    wrap(TorchVoice, "prior_prefix", "prior_end")
     wrap(TorchVoice, "flow", "flow_end")
     wrap(TorchVoice, "decode", "decode_end")
     tts_ws.TTSConnection.handle = timed_handle

@@ -2,11 +2,14 @@
 
 Work items (frozen dataclasses of the seam, one per session per engine step):
 
-- ``SynthesizeSentence``: phonemize a complete sentence, run its prior (text
-  encoder, durations), the flow over just the frames the first window reads,
-  and decode that first, short window. Replaces any unfinished sentence of
-  that session.
-- ``DecodeWindow``: decode the next window of the session's current sentence.
+- ``SynthesizeSentence``: phonemize a complete sentence, run its text encoder
+  and the durations of its first ids only (``models.tts.prior``), the flow
+  over just the frames the first window reads, and decode that first, short
+  window. Replaces any unfinished sentence of that session.
+- ``DecodeWindow``: decode the next window of the session's current sentence
+  (the first window that reads past the prior's prefix, the third of a 5 s
+  sentence, first completes the prior: the text encoder's last layer and the
+  durations of the other ids).
 
 Both return an ``AudioChunk``: PCM16 little-endian mono at the sentence's
 ``sample_rate``, ``done`` on the sentence's last chunk (which also flushes the
@@ -16,9 +19,11 @@ already finished) returns a ``stale`` chunk with no audio instead of failing
 the batch.
 
 ``run_batch`` runs the prior (text encoder, durations) of all its
-``SynthesizeSentence`` items in one padded batch; then the reverse flow for
-every item whose next window needs more latents (a short prefix for a first
-window, the rest of the sentence for a second), in one padded batch; then every
+``SynthesizeSentence`` items in one padded batch; then the rest of the prior
+for every item whose next window needs it (durations in one padded batch);
+then the reverse flow for every item whose next window needs more latents
+(what the window reads while the prior is a prefix, then the rest of the
+sentence), in one padded batch; then every
 item's window (first windows and later ones, of different lengths) in **one**
 HiFi-GAN forward, padded to the longest window and trimmed after. Padding does
 not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask
@@ -50,6 +55,7 @@ from models.tts.base import (  # the work and chunk types, re-exported for older
 )
 from models.factory import BuildOptions, ModelUnavailable
 from models.tts.phonemes import PhonemeTable, Phonemizer
+from models.tts.prior import PREFIX_IDS
 from models.tts.resample import PolyphaseResampler
 from models.tts.stream import SentenceStream
 from models.tts.voice import LatentRequest, TorchVoice
@@ -77,8 +83,14 @@ class PiperTTS(TTSAdapter):
         max_batch: int | None = None,
         phonemizer: Phonemizer | PhonemeTable | None = None,
         name: str = "piper-joe-medium",
+        prefix_ids: int | None = PREFIX_IDS,
     ) -> None:
+        """``prefix_ids``: ids whose durations the first window waits for
+        (``models.tts.prior``); None: the whole sentence's, as one-shot synthesis."""
         self.voice = voice
+        if prefix_ids is not None and prefix_ids < 1:
+            raise ValueError("prefix_ids must be >= 1 or None, got %r" % (prefix_ids,))
+        self.prefix_ids = prefix_ids
         self.name = name
         # On a GPU one padded forward for many sessions costs about what one
         # costs. On a CPU the decoder's last stage (32 channels at the audio
@@ -168,6 +180,10 @@ class PiperTTS(TTSAdapter):
                 jobs.append((i, work, stream, window))
 
         if jobs:
+            rest = [j for j in jobs if j[2].needs_prior(j[3])]
+            if rest:
+                self.voice.prior_rest([stream.prior for _, _, stream, _ in rest])
+                jobs = [(i, work, stream, stream.next_window()) for i, work, stream, _ in jobs]
             flows = [(stream, chunk) for _, _, stream, window in jobs if (chunk := stream.flow_needed(window))]
             if flows:
                 outs = self.voice.flow(
@@ -209,15 +225,16 @@ class PiperTTS(TTSAdapter):
             return
         ids = [self.phonemize(w.text) for w in starts]
         spoken = [(w, i) for w, i in zip(starts, ids) if i]
-        priors = self.voice.prior(
-            [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken]
+        priors = self.voice.prior_prefix(
+            [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken],
+            self.prefix_ids,
         )
         by_session = {w.session_id: z for (w, _), z in zip(spoken, priors)}
         for w in starts:
             z = by_session.get(w.session_id)
             if z is None:
                 logger.info("session %s: sentence %d has nothing to say: %r", w.session_id, w.sentence_index, w.text)
-                z = torch.zeros(self.voice.channels, 0, device=self.voice.device)
+                z = self.voice.silence()
             if self._streams.get(w.session_id) is not None and not self._streams[w.session_id].done:
                 logger.debug("session %s: sentence %d replaces an unfinished one", w.session_id, w.sentence_index)
             self._streams[w.session_id] = SentenceStream(
@@ -230,7 +247,9 @@ class PiperTTS(TTSAdapter):
                 self._resamplers.get(w.sample_rate),
                 self.voice.flow_context,
             )
-            logger.debug("session %s: sentence %d has %d frames", w.session_id, w.sentence_index, z.shape[-1])
+            logger.debug(
+                "session %s: sentence %d has %d ids, %d frames known", w.session_id, w.sentence_index, z.length, z.frames
+            )
 
     def _chunk(
         self, work: TTSWork, stream: SentenceStream | None, pcm: bytes, stale: bool = False, window_index: int = -1

@@ -33,10 +33,12 @@ class ConvAsMatmul:
         """With the conv's own symmetric padding."""
         return cls(conv, conv.padding[0], conv.padding[0])
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, pad: tuple[int, int] | None = None) -> torch.Tensor:
+        """``pad``: zero frames (left, right) instead of the construction's, for a
+        slice of a longer input that has real frames beyond one of its ends."""
         batch, length, cin = x.shape
         if self.kernel > 1:
-            x = nn.functional.pad(x, (0, 0, *self.pad)).contiguous()
+            x = nn.functional.pad(x, (0, 0, *(self.pad if pad is None else pad))).contiguous()
             rows = x.shape[1]
             length = rows - (self.kernel - 1) * self.dilation
             # Overlapping rows: row t reads x[t], x[t + d], ... (a view; reshape copies).

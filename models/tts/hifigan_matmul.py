@@ -2,9 +2,10 @@
 
 The same masked, cropped decode as ``hifigan.decode_cores`` (see there for the
 masking and cropping rules), over [B, T, C] activations: conv_pre, every
-resblock conv and conv_post are ``conv_matmul.ConvAsMatmul`` products; the three
-transposed convs (upsampling) stay torch's, channel-first, one transpose each
-way. The products are the same; only the order of the sums differs (float
+resblock conv and conv_post are ``conv_matmul.ConvAsMatmul`` products, and the
+three transposed convs (upsampling) are ``UpsampleAsMatmul`` products (torch
+took its slow im2col/col2im path, ``slow_conv_transpose2d``, for them: ~3 ms of a
+first window on one thread). The products are the same; only the order of the sums differs (float
 rounding; tests assert <= 1e-5 against the module path). Resblock type 2 only
 (Piper's medium and low voices); ``DecoderMatmul.supports`` says whether a
 decoder qualifies.
@@ -45,10 +46,15 @@ class DecoderMatmul:
         self.conv_pre = ConvAsMatmul.same(decoder.conv_pre)
         self.blocks = [[ConvAsMatmul.same(c) for c in block.convs] for block in decoder.resblocks]
         self.conv_post = ConvAsMatmul.same(decoder.conv_post)
+        self.upsamplers = [UpsampleAsMatmul(up) for up in decoder.upsampler]
 
     @staticmethod
     def supports(decoder: nn.Module) -> bool:
-        return all(isinstance(b, ResBlock2) for b in decoder.resblocks) and getattr(decoder, "cond", None) is None
+        return (
+            all(isinstance(b, ResBlock2) for b in decoder.resblocks)
+            and getattr(decoder, "cond", None) is None
+            and all(UpsampleAsMatmul.supports(up) for up in decoder.upsampler)
+        )
 
     def decode_cores(
         self, latents: torch.Tensor, lengths: Sequence[int], cores: Sequence[tuple[int, int]]
@@ -65,9 +71,9 @@ class DecoderMatmul:
         x = self.conv_pre(x)
         if mask is not None:
             x = x * mask
-        for level, up in enumerate(self.decoder.upsampler):
-            x = up(nn.functional.leaky_relu(x, self.slope).transpose(1, 2)).transpose(1, 2)
-            stride = up.stride[0]
+        for level, up in enumerate(self.upsamplers):
+            x = up(nn.functional.leaky_relu(x, self.slope))
+            stride = up.stride
             offsets = [o * stride for o in offsets]
             lengths = [n * stride for n in lengths]
             x, offsets, lengths = _crop(x, offsets, lengths, [c[level] for c in crops])
@@ -85,6 +91,54 @@ class DecoderMatmul:
         # VITS uses torch's default slope (0.01) before conv_post, not LEAKY_SLOPE.
         x = torch.tanh(self.conv_post(nn.functional.leaky_relu(x)))[:, :, 0]
         return [x[i, a - offsets[i] : b - offsets[i]] for i, (a, b) in enumerate(cores)]
+
+
+class UpsampleAsMatmul:
+    """A ``nn.ConvTranspose1d`` whose kernel is a whole number m of strides, on
+    time-major [B, T, C_in] -> [B, T_out, C_out], as one product and m shifted adds.
+
+    Input frame t adds ``x[t] @ W[:, :, j]`` to output sample ``t * s + j - padding``
+    for each tap j < k = m * s. One product gives every frame's k * C_out
+    contributions at once; tap block q (taps q*s .. q*s + s - 1) of frame t lands
+    on stride block t + q of the unpadded output::
+
+        stride blocks   0      1      2      3    ...   T + m - 2
+        frame 0       [q=0]  [q=1]
+        frame 1              [q=0]  [q=1]
+        frame 2                     [q=0]  [q=1]
+
+    then ``padding`` samples are cut from each end, as the module does.
+    """
+
+    def __init__(self, up: nn.ConvTranspose1d) -> None:
+        if not self.supports(up):
+            raise ValueError("UpsampleAsMatmul needs kernel = m * stride, no groups/dilation/output padding: %r" % up)
+        cin, cout, k = up.weight.shape
+        self.stride, self.padding, self.blocks, self.channels = up.stride[0], up.padding[0], k // up.stride[0], cout
+        # weight[i, o, j] -> column j * C_out + o.
+        self.weight = up.weight.detach().permute(0, 2, 1).reshape(cin, k * cout).contiguous()
+        self.bias = None if up.bias is None else up.bias.detach()
+
+    @staticmethod
+    def supports(up: nn.Module) -> bool:
+        return (
+            isinstance(up, nn.ConvTranspose1d)
+            and up.groups == 1
+            and up.dilation[0] == 1
+            and up.output_padding[0] == 0
+            and up.kernel_size[0] % up.stride[0] == 0
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        s, m, cout = self.stride, self.blocks, self.channels
+        taps = torch.matmul(x, self.weight).view(batch, length, m, s * cout)
+        full = taps.new_zeros(batch, length + m - 1, s * cout)
+        for q in range(m):
+            full[:, q : q + length] += taps[:, :, q]
+        out_len = (length - 1) * s - 2 * self.padding + m * s
+        out = full.view(batch, (length + m - 1) * s, cout)[:, self.padding : self.padding + out_len]
+        return out if self.bias is None else out + self.bias
 
 
 def _mask(lengths: Sequence[int], size: int, like: torch.Tensor) -> torch.Tensor | None:

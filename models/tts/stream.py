@@ -1,8 +1,9 @@
 """One sentence being streamed: its latents, the next window, and the PCM it has sent.
 
 The adapter keeps one ``SentenceStream`` per session. It holds the sentence's
-sampled prior and fills in the flow's output as windows need it
-(``windows.flow_chunk``). Each decoder window moves
+sampled prior (``prior.SentencePrior``: before the first window only the frames
+of its first ids, ``needs_prior`` says when the rest is due) and fills in the
+flow's output as windows need it (``windows.flow_chunk``). Each decoder window moves
 the cursor over the sentence's latent frames (``windows.window_at``), turns the
 window's core audio into PCM16 at the client's rate, and remembers the state
 before the window so an uncommitted tick can be rolled back (``rewind``).
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models.tts.prior import SentencePrior
 from models.tts.resample import PolyphaseResampler, ResamplerState
 from models.tts.windows import FlowChunk, Window, WindowPlan, flow_chunk, window_at
 
@@ -48,7 +50,7 @@ class SentenceStream:
         self,
         utterance_index: int,
         sentence_index: int,
-        prior: torch.Tensor,
+        prior: SentencePrior,
         plan: WindowPlan,
         hop: int,
         sample_rate: int,
@@ -57,9 +59,9 @@ class SentenceStream:
     ) -> None:
         self.utterance_index = utterance_index
         self.sentence_index = sentence_index
-        self.prior = prior  # z_p [C, T] on the voice's device
-        # Decoder input, filled by the flow as windows need it (flow_chunk).
-        self.latents = torch.empty_like(prior)
+        self.prior = prior
+        # Decoder input [C, flow_done], grown by the flow as windows need it (flow_chunk).
+        self.latents = prior.z_p[:, :0]
         self.flow_done = 0
         self.flow_context = flow_context
         self.plan = plan
@@ -71,11 +73,21 @@ class SentenceStream:
 
     @property
     def frames(self) -> int:
-        return self.prior.shape[-1]
+        """The sentence's latent frames known so far (all of them once the prior is complete)."""
+        return self.prior.frames
 
     @property
     def done(self) -> bool:
-        return self._cursor.frame >= self.frames
+        return self.prior.complete and self._cursor.frame >= self.frames
+
+    def needs_prior(self, window: Window) -> bool:
+        """Whether ``window`` (from ``next_window``) needs the rest of the prior
+        first: when its flow chunk, context included, reaches past the frames
+        known so far (then the window's own bounds may be clipped there too)."""
+        if self.prior.complete:
+            return False
+        chunk = self.flow_needed(window)  # None: its latents are there (a rewound window)
+        return chunk is not None and chunk.end + self.flow_context > self.frames
 
     @property
     def samples(self) -> int:
@@ -90,10 +102,10 @@ class SentenceStream:
 
     def flow_needed(self, window: Window) -> FlowChunk | None:
         """The flow work to run before ``window`` can be decoded, if any."""
-        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context)
+        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context, self.prior.complete)
 
     def flow_input(self, chunk: FlowChunk) -> torch.Tensor:
-        return self.prior[:, chunk.lo : chunk.hi]
+        return self.prior.z_p[:, chunk.lo : chunk.hi]
 
     def accept_flow(self, chunk: FlowChunk, z: torch.Tensor) -> None:
         """Store the flow output of ``chunk`` (z covers its [start, end) frames)."""
@@ -101,7 +113,7 @@ class SentenceStream:
             raise ValueError("flow chunk starts at %d, flow done to %d" % (chunk.start, self.flow_done))
         if z.shape[-1] != chunk.end - chunk.start:
             raise ValueError("flow output has %d frames, chunk %d" % (z.shape[-1], chunk.end - chunk.start))
-        self.latents[:, chunk.start : chunk.end] = z
+        self.latents = torch.cat([self.latents, z], dim=1) if self.flow_done else z
         self.flow_done = chunk.end
 
     def window_latents(self, window: Window) -> torch.Tensor:
@@ -117,7 +129,7 @@ class SentenceStream:
         if core.numel() != (window.end - window.start) * self.hop:
             raise ValueError("window core has %d samples, expected %d" % (core.numel(), (window.end - window.start) * self.hop))
         state = self._cursor.resampler
-        last = window.end >= self.frames
+        last = self.prior.complete and window.end >= self.frames
         if self._resampler is not None:
             out, state = self._resampler.push(state, core)
             if last:

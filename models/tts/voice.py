@@ -3,8 +3,9 @@ HiFi-GAN windows.
 
 ``latents`` is VITS inference up to the decoder (text encoder, stochastic
 duration predictor, length regulation, reverse flow), batched over sentences
-with padding masks. ``decode`` runs windows of latents of any lengths in one
-HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
+with padding masks; a stream takes the prior in two steps (``prior_prefix``,
+``prior_rest``; see ``models.tts.prior``). ``decode`` runs windows of latents
+of any lengths in one HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
 whole-sentence path, the reference for parity and streaming tests.
 
 Noise is drawn on the CPU from a generator seeded per sentence, so a sentence's
@@ -26,6 +27,7 @@ from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
 from models.tts.hifigan_matmul import MAX_FRAMES as MATMUL_MAX_FRAMES, DecoderMatmul
 from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
+from models.tts.prior import PREFIX_IDS, Segment, SentencePrior, duration_reach, prefix_segment, rest_segment
 from models.tts.text_encoder import TextEncoder
 
 logger = logging.getLogger(__name__)
@@ -75,6 +77,7 @@ class TorchVoice:
             raise ValueError("decoder hop %d != voice hop_length %d" % (geometry.hop, self.hop))
         self.context_left, self.context_right = receptive_field(geometry)
         self.flow_context = flow_receptive_field(model.config)
+        self.duration_reach = duration_reach(model.duration_predictor)
         self.channels = model.config.flow_size
         self.reference = reference
         self._encoder = None if reference else TextEncoder(model.text_encoder)
@@ -107,7 +110,39 @@ class TorchVoice:
     @torch.inference_mode()
     def prior(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
         """The sampled prior z_p [C, T_i] (before the reverse flow) per request:
-        text encoder, durations and length regulation, batched with padding."""
+        text encoder, durations over each whole sentence, length regulation;
+        batched with padding. The reference the streamed prior must equal."""
+        return [self._one_frame_if_empty(p).z_p for p in self._start(requests, prefix=None)]
+
+    @torch.inference_mode()
+    def prior_prefix(self, requests: Sequence[LatentRequest], prefix: int | None = PREFIX_IDS) -> list[SentencePrior]:
+        """The text encoder over each whole sentence, the durations of its first
+        ``prefix`` ids only (``prior.prefix_segment``; None: all) and their
+        frames. Short sentences come back ``complete``; ``prior_rest`` completes
+        the others."""
+        return [self._one_frame_if_empty(p) for p in self._start(requests, prefix)]
+
+    @torch.inference_mode()
+    def prior_rest(self, priors: Sequence[SentencePrior]) -> None:
+        """Complete each unfinished prior: the text encoder's last layer for its
+        remaining ids (one sentence at a time), then their durations (with
+        ``duration_reach`` ids of context before them) in one padded batch."""
+        todo = [p for p in priors if not p.complete]
+        for p in todo:
+            if p.last_input is not None:
+                start = p.hidden.shape[0]
+                out = self._encoder.rest(p.last_input, start)
+                p.hidden = torch.cat([p.hidden, out.hidden[0]])
+                p.means = torch.cat([p.means, out.means[0]])
+                p.log_variances = torch.cat([p.log_variances, out.log_variances[0]])
+                p.last_input = None
+        segments = [rest_segment(p.length, p.ids_done, self.duration_reach) for p in todo]
+        for p, durations in zip(todo, self._segment_durations(todo, segments)):
+            p.extend(durations)
+        for p in todo:
+            self._one_frame_if_empty(p)
+
+    def _start(self, requests: Sequence[LatentRequest], prefix: int | None) -> list[SentencePrior]:
         if not requests:
             return []
         dev, model = self.device, self.model
@@ -120,12 +155,14 @@ class TorchVoice:
             ids[b, : lengths[b]] = torch.tensor(r.phoneme_ids)
         in_mask = (torch.arange(t_in)[None, :] < torch.tensor(lengths)[:, None]).to(dev)
         ids = ids.to(dev)
-        gens = [torch.Generator().manual_seed(r.seed) for r in requests]
 
         padded = batch > 1 and min(lengths) != t_in
+        last_input = None
         if self._encoder is not None:
-            out = self._encoder(ids, in_mask.unsqueeze(-1).float())
-            hidden, means, log_vars = out.hidden, out.means, out.log_variances
+            # The prefix segments read the encoder's first prefix + reach positions only.
+            rows = None if prefix is None else prefix + self.duration_reach
+            out = self._encoder(ids, in_mask.unsqueeze(-1).float(), rows)
+            hidden, means, log_vars, last_input = out.hidden, out.means, out.log_variances, out.last_input
         else:
             enc = model.text_encoder(
                 input_ids=ids,
@@ -133,37 +170,60 @@ class TorchVoice:
                 attention_mask=in_mask.long() if padded else None,
             )
             hidden, means, log_vars = enc.last_hidden_state, enc.prior_means, enc.prior_log_variances
-        hidden = hidden.transpose(1, 2)
-        mask = in_mask.unsqueeze(1).float()  # [B, 1, T_in]
 
-        # Duration noise first, then prior noise, from each sentence's generator.
-        dur_noise = torch.zeros(batch, 2, t_in)
+        priors = []
         for b, r in enumerate(requests):
-            if r.noise_w:
-                dur_noise[b, :, : lengths[b]] = torch.randn(2, lengths[b], generator=gens[b]) * r.noise_w
-        log_w = self._log_durations(hidden, mask, dur_noise.to(dev))
-        scale = torch.tensor([r.length_scale for r in requests], device=dev).view(batch, 1, 1)
-        durations = torch.ceil(torch.exp(log_w) * mask * scale).long()[:, 0].cpu()  # [B, T_in]
+            n = lengths[b]
+            gen = torch.Generator().manual_seed(r.seed)
+            # Duration noise first, then the prior noise blocks, from the sentence's generator.
+            dur_noise = torch.randn(2, n, generator=gen) * r.noise_w if r.noise_w else torch.zeros(2, n)
+            pending = last_input is not None and n > hidden.shape[1]
+            priors.append(
+                SentencePrior(
+                    n, r.length_scale, r.noise_scale, means[b, :n], log_vars[b, :n], hidden[b, :n],
+                    dur_noise.to(dev), gen, torch.zeros(self.channels, 0, device=dev),
+                    last_input=last_input[b : b + 1, :n] if pending else None,
+                )
+            )
+        segments = [
+            Segment(0, p.length, 0, p.length) if prefix is None else prefix_segment(p.length, prefix, self.duration_reach)
+            for p in priors
+        ]
+        for p, durations in zip(priors, self._segment_durations(priors, segments)):
+            p.extend(durations)
+        return priors
 
-        out = []
-        for b, r in enumerate(requests):
-            rep = durations[b, : lengths[b]]
-            frames = int(rep.sum())
-            if frames == 0:
-                # Nothing to say: one silent frame, as VITS's clamp_min(1) gives.
-                out.append(torch.zeros(self.channels, 1, device=dev))
-                continue
-            rep = rep.to(dev)
-            # output_size: the length is known on the host, so CUDA need not sync for it.
-            z_p = torch.repeat_interleave(means[b, : lengths[b]], rep, dim=0, output_size=frames).T
-            if r.noise_scale:
-                log_var = torch.repeat_interleave(
-                    log_vars[b, : lengths[b]], rep, dim=0, output_size=frames
-                ).T
-                noise = torch.randn(z_p.shape, generator=gens[b]).to(dev)
-                z_p = z_p + noise * torch.exp(log_var) * r.noise_scale
-            out.append(z_p)
-        return out
+    def _segment_durations(self, priors: Sequence[SentencePrior], segments: Sequence[Segment]) -> list[torch.Tensor]:
+        """Durations (long, on the host) of each segment's kept ids, one padded SDP call."""
+        if not priors:
+            return []
+        dev = self.device
+        sizes = [s.hi - s.lo for s in segments]
+        batch, longest = len(priors), max(sizes)
+        hidden = torch.zeros(batch, longest, priors[0].hidden.shape[-1], device=dev)
+        noise = torch.zeros(batch, 2, longest, device=dev)
+        for b, (p, s) in enumerate(zip(priors, segments)):
+            hidden[b, : sizes[b]] = p.hidden[s.lo : s.hi]
+            noise[b, :, : sizes[b]] = p.duration_noise[:, s.lo : s.hi]
+        mask = (torch.arange(longest, device=dev)[None, :] < torch.tensor(sizes, device=dev)[:, None])
+        mask = mask.unsqueeze(1).float()  # [B, 1, T]
+        log_w = self._log_durations(hidden.transpose(1, 2), mask, noise)
+        scale = torch.tensor([p.length_scale for p in priors], device=dev).view(batch, 1, 1)
+        durations = torch.ceil(torch.exp(log_w) * mask * scale).long()[:, 0].cpu()  # [B, T]
+        return [durations[b, s.keep_lo - s.lo : s.keep_hi - s.lo] for b, s in enumerate(segments)]
+
+    def silence(self) -> SentencePrior:
+        """A complete prior with no frames (a sentence with nothing to say)."""
+        dev = self.device
+        empty = torch.zeros(0, self.channels, device=dev)
+        nothing = torch.zeros(self.channels, 0, device=dev)
+        return SentencePrior(0, 1.0, 0.0, empty, empty, empty, torch.zeros(2, 0), torch.Generator(), nothing)
+
+    def _one_frame_if_empty(self, p: SentencePrior) -> SentencePrior:
+        if p.complete and p.frames == 0:
+            # Nothing to say: one silent frame, as VITS's clamp_min(1) gives.
+            p.z_p = torch.zeros(self.channels, 1, device=self.device)
+        return p
 
     @torch.inference_mode()
     def flow(

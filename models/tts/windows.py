@@ -25,7 +25,10 @@ window reads, then everything else in one go when the second window needs it::
     window 0    decodes [0, hi0) of z     window 1 needs [lo1, hi1), hi1 > hi0
 
 Two calls keep the flow's extra context work small (about 4 * fctx frames in
-all) while the first audio waits only for a short prefix.
+all) while the first audio waits only for a short prefix. While the prior is
+known only for a prefix of the sentence (``prior.py``), each window's chunk
+covers just what it reads, so the second window can be served from the prefix
+too and the rest of the prior waits for the third.
 
 Core sizes grow from a short first window (fast first audio) to ``max_frames``
 (fewer, more efficient forwards): first, 2*first, 4*first, ... capped at max,
@@ -99,11 +102,14 @@ class FlowChunk:
     hi: int
 
 
-def flow_chunk(done: int, need: int, total: int, context: int) -> FlowChunk | None:
+def flow_chunk(done: int, need: int, total: int, context: int, whole: bool = True) -> FlowChunk | None:
     """The flow work before a window that reads latents up to ``need``, when the
     frames [0, done) are already computed: None if nothing is missing; the
-    first call covers [0, need), any later one the whole rest [done, total)."""
+    first call covers [0, need), any later one the whole rest [done, total).
+    ``whole=False``: ``total`` is only the prior known so far (``prior.py``), so
+    every call covers just [done, need) (and reads past it what ``total`` allows;
+    the caller checks that the context is there)."""
     if need <= done:
         return None
-    end = need if done == 0 else total
+    end = need if done == 0 or not whole else total
     return FlowChunk(done, end, max(0, done - context), min(total, end + context))

@@ -54,9 +54,10 @@ def test_cropped_chunks_equal_the_whole_flow(voice, priors):
     # A chunk in the middle of the sentence, context on both sides, cropped to its core.
     (mid,) = flow([prior[:, 100:200]], keep=[(32, 68)])
     assert float((mid - want[:, 132:168]).abs().max()) <= 1e-4
-    # With half the context on the right the last kept frames are wrong (the
-    # farthest frames' pull is weak: 8 missing still gave only 4e-5).
-    (short,) = flow([prior[:, 100:184]], keep=[(32, 68)])
+    # With a quarter of the context on the right the last kept frames are wrong
+    # (the farthest frames' pull is weak: 8 missing gave only 4e-5 with one draw
+    # of the noise, 16 missing 7e-3 with another, 24 missing 0.3).
+    (short,) = flow([prior[:, 100:176]], keep=[(32, 68)])
     assert float((short[:, -1] - want[:, 167]).abs().max()) > 1e-2
 
 

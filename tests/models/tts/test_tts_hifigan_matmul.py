@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.tts.hifigan import decode_cores
-from models.tts.hifigan_matmul import DecoderMatmul
+from models.tts.hifigan_matmul import DecoderMatmul, UpsampleAsMatmul
 from models.tts.windows import WindowPlan, plan_windows
 
 from tts_support import SENTENCE, needs_tts
@@ -18,6 +18,25 @@ def test_resblock_1_decoders_are_refused():
     assert not DecoderMatmul.supports(tiny)
     with pytest.raises(ValueError, match="resblock type 2"):
         DecoderMatmul(tiny, None)
+
+
+@pytest.mark.parametrize("cin,cout,kernel,stride", [(256, 128, 16, 8), (64, 32, 8, 4), (6, 3, 9, 3), (4, 2, 5, 5)])
+def test_upsample_as_matmul_equals_conv_transpose(cin, cout, kernel, stride):
+    torch.manual_seed(0)
+    up = torch.nn.ConvTranspose1d(cin, cout, kernel, stride, padding=(kernel - stride) // 2)
+    x = torch.randn(2, cin, 23)
+    with torch.inference_mode():
+        want = up(x)
+        got = UpsampleAsMatmul(up)(x.transpose(1, 2).contiguous()).transpose(1, 2)
+    assert got.shape == want.shape == (2, cout, (23 - 1) * stride - 2 * up.padding[0] + kernel)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_upsample_as_matmul_refuses_a_kernel_that_is_not_whole_strides():
+    up = torch.nn.ConvTranspose1d(4, 2, 5, 2)
+    assert not UpsampleAsMatmul.supports(up)
+    with pytest.raises(ValueError, match="kernel = m \\* stride"):
+        UpsampleAsMatmul(up)
 
 
 @needs_tts

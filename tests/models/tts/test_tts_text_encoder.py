@@ -73,3 +73,40 @@ def test_the_voice_uses_it_and_keeps_the_reference_path(voice, ids):
     (want,), (got,) = reference.prior([request]), voice.prior([request])
     assert got.shape == want.shape  # the same durations
     assert float((got - want).abs().max()) <= 1e-4
+
+
+@needs_tts
+def test_first_rows_then_the_rest_equal_the_whole_encoder_alone_and_padded(voice, ids):
+    from models.tts.text_encoder import TextEncoder
+
+    ours = TextEncoder(voice.model.text_encoder)
+    assert ours.ffn_reach == 2
+    n = len(ids[0])
+    x = torch.tensor([ids[0]])
+    whole = ours(x, torch.ones(1, n, 1))
+    # Rows at the start, in the middle, and two short of the end (the last that splits).
+    for rows in (1, 2, 40, n - 3):
+        first = ours(x, torch.ones(1, n, 1), rows)
+        assert first.hidden.shape == (1, rows, 192) and first.last_input.shape == (1, n, 192)
+        rest = ours.rest(first.last_input, rows)
+        for name in ("hidden", "means", "log_variances"):
+            joined = torch.cat([getattr(first, name), getattr(rest, name)], dim=1)
+            assert float((joined - getattr(whole, name)).abs().max()) <= 5e-6, (rows, name)
+    # Too few rows left to split: the whole layer, nothing pending.
+    assert ours(x, torch.ones(1, n, 1), n - 2).last_input is None
+    # In a padded batch: each item's rest from its own unpadded last input.
+    longest = max(map(len, ids))
+    t, mask = torch.zeros(len(ids), longest, dtype=torch.long), torch.zeros(len(ids), longest, 1)
+    for b, i in enumerate(ids):
+        t[b, : len(i)], mask[b, : len(i)] = torch.tensor(i), 1
+    first = ours(t, mask, 30)
+    for b, i in enumerate(ids):
+        alone = ours(torch.tensor([i]), torch.ones(1, len(i), 1))
+        if len(i) > 30:
+            rest = ours.rest(first.last_input[b : b + 1, : len(i)], 30)
+            joined = torch.cat([first.means[b : b + 1], rest.means], dim=1)
+        else:  # a short item is whole in the first rows
+            joined = first.means[b : b + 1, : len(i)]
+        assert float((joined - alone.means).abs().max()) <= 5e-5
+    with pytest.raises(ValueError, match="rest from position"):
+        ours.rest(first.last_input[2:3, :5], 30)

@@ -84,3 +84,7 @@ def test_flow_runs_a_prefix_first_then_the_rest():
     assert flow_chunk(23, 23, 418, 32) is None
     # A short sentence is covered by the first chunk.
     assert flow_chunk(0, 20, 20, 32) == FlowChunk(0, 20, 0, 20)
+    # Only a prefix of the prior known (80 frames): each chunk just what its window reads.
+    assert flow_chunk(0, 23, 80, 32, whole=False) == FlowChunk(0, 23, 0, 55)
+    assert flow_chunk(23, 47, 80, 32, whole=False) == FlowChunk(23, 47, 0, 79)
+    assert flow_chunk(47, 47, 80, 32, whole=False) is None
