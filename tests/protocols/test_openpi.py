@@ -357,3 +357,42 @@ def test_infer_reply_as_the_client_sees_it():
     assert got["actions"].dtype == np.float32 and got["actions"].tolist() == actions.tolist()
     assert got["server_timing"] == {"infer_ms": 2.0, "prev_total_ms": 3.0}
     assert ref.unpackb(op.pack(op.batch_reply([first, first])))["batch"][1]["policy_timing"] == {"infer_ms": 1.25}
+
+
+# ----------------------------------------------------------------------------- all_finite
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize(
+    "array,finite",
+    [
+        (np.zeros((50, 32), np.float32), True),
+        (np.zeros((0,), np.float32), True),
+        # Finite values whose float32 sum would overflow: the float64 sum does not.
+        (np.full((50, 32), _F32_MAX, np.float32), True),
+        (np.array([_F32_MAX, -_F32_MAX, _F32_MAX], np.float32), True),
+        (np.array([np.nan, 0.0], np.float32), False),
+        (np.array([0.0, 1.0, np.inf], np.float32), False),
+        (np.array([-np.inf, 2.0], np.float32), False),
+        (np.array([np.inf, -np.inf], np.float32), False),  # the sum is NaN: still caught
+        (np.array([1.0, np.nan], np.float16), False),
+        (np.full((3, 2), 65504.0, np.float16), True),
+        # float64 is checked element by element: a sum of finite values may overflow it.
+        (np.array([1e308, 1e308]), True),
+        (np.array([1e308, np.nan]), False),
+        (np.array([0.0, -np.inf]), False),
+    ],
+)
+def test_all_finite_is_numpy_isfinite_all(array, finite):
+    assert op.all_finite(array) is finite
+    assert bool(np.isfinite(array).all()) is finite
+
+
+def test_all_finite_finds_one_nan_anywhere_in_an_action_chunk():
+    for index in (0, 777, 1599):
+        a = np.zeros((50, 32), np.float32)
+        a.flat[index] = np.nan
+        assert op.all_finite(a) is False
+        a.flat[index] = np.inf
+        assert op.all_finite(a) is False
