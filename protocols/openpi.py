@@ -30,7 +30,6 @@ This module is pure (msgpack + numpy): decode, validate, encode. The endpoint in
 
 from __future__ import annotations
 
-import math
 import numbers
 import re
 from dataclasses import dataclass, field
@@ -74,9 +73,6 @@ RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"}
 RESERVED_KEYS = frozenset({"session_id", "sampling_params", "endpoint", "batch"})
 
 _REFUSED_KINDS = ("V", "O", "c")
-_UINT8 = np.dtype(np.uint8)
-_FLOAT32 = np.dtype(np.float32)
-_FLOAT64 = np.dtype(np.float64)
 # The state of a policy that takes none (read-only, shared by every observation).
 _NO_STATE = np.zeros((0,), np.float32)
 _NO_STATE.flags.writeable = False
@@ -395,10 +391,7 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
         if key not in msg:
             raise WireError(f"missing camera {where}{key!r}")
         img = msg[key]
-        # ``is`` first: numpy's built-in dtypes are singletons, and comparing with the type
-        # np.uint8 makes numpy convert it to a dtype on every call.
-        if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
-                or img.shape != (h, w, 3):
+        if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.shape != (h, w, 3):
             raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
         images[key] = img
 
@@ -438,13 +431,13 @@ def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
     if value.shape != (metadata.state_dim,):
         raise WireError(f"{name} must have shape [{metadata.state_dim}], got {list(value.shape)}")
     # Any real dtype is accepted (robots often send float64); the policy gets float32.
-    if (value.dtype is _FLOAT32 or value.dtype == _FLOAT32) and not value.flags.writeable:
+    if value.dtype == np.float32 and not value.flags.writeable:
         state = value  # the usual case: a read-only view of the received bytes
     else:
         with np.errstate(over="ignore", invalid="ignore"):
             state = value.astype(np.float32)
         state.flags.writeable = False
-    if not all_finite(state):
+    if not np.isfinite(state).all():
         bad = int(np.flatnonzero(~np.isfinite(state))[0])
         raise WireError(f"{name} has a non-finite value (NaN or inf) at index {bad}")
     return state
@@ -528,23 +521,6 @@ def reset_reply() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def all_finite(array: np.ndarray) -> bool:
-    """No NaN or inf in the float ``array``: for float32 and narrower, one reduction.
-
-    Their sum in float64 is NaN or inf exactly when an element is: NaN and inf poison
-    it, and finite float32 values (at most 3.4e38 each) cannot overflow float64's
-    1.8e308 in fewer than 5e269 elements. ``np.isfinite(a).all()`` is two ufunc calls,
-    a bool array and numpy's Python-level ``_all``: between 452 KB requests, with the
-    caches cold, that cost ~10-20 us of each OpenPI call for the state and again for
-    the actions (bench/openpi/profile_app.py). Wider floats could overflow the sum, so
-    they are checked element by element.
-    """
-    if array.dtype.itemsize <= 4:
-        return math.isfinite(np.add.reduce(array, axis=None, dtype=_FLOAT64))
-    return bool(np.isfinite(array).all())
-
 
 
 def _is_int(v: Any) -> bool:

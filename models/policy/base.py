@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
-from protocols.openpi import Observation, PolicyMetadata, SamplingParams, all_finite
+from protocols.openpi import Observation, PolicyMetadata, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def check_actions(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray
     if actions.shape != metadata.action_shape:
         raise ModelError(f"policy {name} returned actions {list(actions.shape)}, advertised "
                          f"{list(metadata.action_shape)}")
-    if not all_finite(actions):
+    if not np.isfinite(actions).all():
         raise ModelError(f"policy {name} returned non-finite actions")
     if actions.flags.writeable:
         actions = actions.copy() if actions is value else actions
