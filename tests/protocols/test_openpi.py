@@ -357,4 +357,3 @@ def test_infer_reply_as_the_client_sees_it():
     assert got["actions"].dtype == np.float32 and got["actions"].tolist() == actions.tolist()
     assert got["server_timing"] == {"infer_ms": 2.0, "prev_total_ms": 3.0}
     assert ref.unpackb(op.pack(op.batch_reply([first, first])))["batch"][1]["policy_timing"] == {"infer_ms": 1.25}
-
