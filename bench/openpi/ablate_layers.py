@@ -15,6 +15,8 @@ and the server process's CPU per call (/proc utime + stime), medians over rounds
   idle clock and send) with the request handling swapped for ``unpackb`` + the fixed reply.
 * ``ours-decode``: as ``ours-min`` but the request decoded and validated by
   ``protocols/openpi.decode_request`` (no engine, no policy, no metrics).
+* ``ours-policy``: then the policy's own ``run_batch`` (PolicyWork, forward, action checks).
+* ``ours-submit``: then ``Engine.submit_future`` around it (run inline) instead.
 * ``ours``: the server as ``realtime serve`` runs it (``bench_loopback`` ``serve_ours``).
 
 Consecutive rows differ by one layer, so their difference is that layer's cost per
@@ -45,19 +47,18 @@ if REPO not in sys.path:
 from bench.openpi.bench_fleet import Fleet, cpu_seconds  # noqa: E402
 from bench.openpi.bench_loopback import PATH, Server, _free_port, _no_uvloop_path, hardware, healthz, log, versions  # noqa: E402
 
-LAYERS = ("reference", "uvicorn", "starlette", "ours-min", "ours-decode", "ours")
-_PATCHED = ("uvicorn", "starlette", "ours-min", "ours-decode")
+LAYERS = ("reference", "uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit", "ours")
+_PATCHED = ("uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit")
 
 
 # ---------------------------------------------------------------- servers (child processes)
 def _serve(role: str, port: int) -> None:
-    import numpy as np
     from openpi_client import msgpack_numpy
 
+    from bench.openpi import profile_app
     from realtime.server import bind_socket, run
 
-    actions = np.zeros((50, 32), np.float32)
-    reply = {"actions": actions, "server_timing": {"infer_ms": 0.0}}
+    reply = profile_app._REPLY  # the fixed reply of every swapped-in handler
     if role == "uvicorn":
         run(_bare_asgi(msgpack_numpy, reply), sock=bind_socket("127.0.0.1", port), log_level="warning")
         return
@@ -65,21 +66,15 @@ def _serve(role: str, port: int) -> None:
         run(_starlette_app(msgpack_numpy, reply), sock=bind_socket("127.0.0.1", port), log_level="warning")
         return
     from models.policy import PROBE_METADATA, DummyPolicy
-    from protocols import openpi as wire
     from realtime import openpi_ws
     from realtime.app import build_app
     from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
 
-    async def handle_min(self: Any, message: Any) -> bytes:
-        msgpack_numpy.unpackb(message.data)
-        return self.packer.pack(reply)
-
-    async def handle_decode(self: Any, message: Any) -> bytes:
-        wire.decode_request(message.data, self.metadata)
-        return self.packer.pack(reply)
-
-    openpi_ws.OpenPIConnection.handle = handle_min if role == "ours-min" else handle_decode  # type: ignore[method-assign]
+    # profile_app's stage handlers (the same swaps, measured there without sockets).
+    handlers = {"ours-min": profile_app._handle_min, "ours-decode": profile_app._handle_decode,
+                "ours-policy": profile_app._handle_policy, "ours-submit": profile_app._handle_submit}
+    openpi_ws.OpenPIConnection.handle = handlers[role]  # type: ignore[method-assign]
     config = ServerConfig(port=port, world=WorldConfig(models=()), policy=PolicyConfig(policy=""),
                           tts=TTSConfig(enabled=False), limits=LimitsConfig(max_sessions_per_client=0))
     inventory = Inventory()

@@ -7,7 +7,8 @@
 # "ours-uvloop" too, ours as `pip install` gives it; ours itself stays on asyncio's loop, as the
 # reference always is). LAYERS=1: then bench/openpi/ablate_layers.py too (~2 more minutes,
 # same cores): per-call server CPU layer by layer (reference, bare uvicorn, Starlette, our
-# endpoint without decode, without engine, ours), JSON to $OUT/openpi_layers_pinned.json.
+# endpoint with unpackb, + decode, + the policy's run_batch, + the engine's inline submit, ours), JSON
+# to $OUT/openpi_layers_pinned.json.
 #
 # The device command (main vs this checkout vs the reference, with the layers), from the
 # lead's /work/main after `rsync` of the branch to .dev_<branch>/ and

@@ -16,7 +16,12 @@ cannot hide (process CPU time, min and median of ``--repeats``, variants interle
   bookkeeping add);
 * ``ours-decode``: handling = ``protocols.openpi.decode_request`` (decode + validate)
   and the fixed reply;
-* ``ours``: the endpoint as served (decode, engine submit run inline, policy, reply).
+* ``ours-policy``: decode, then the policy's own ``run_batch`` called directly (its
+  ``PolicyWork``, forward and action checks), the fixed reply;
+* ``ours-submit``: decode, then ``Engine.submit_future`` (run inline: the engine's job,
+  forward bookkeeping, stats and result around the same ``run_batch``), the fixed reply;
+* ``ours``: the endpoint as served (decode, engine submit run inline, policy, the reply
+  with its timings, metrics and session bookkeeping).
 
 Also: the engine's inline / total works (an instant policy should be answered inline)
 and the garbage collector's runs over the measured messages.
@@ -48,7 +53,7 @@ from openpi_client import msgpack_numpy  # noqa: E402
 
 from bench.openpi.bench_loopback import PATH, hardware, log, make_obs, versions  # noqa: E402
 
-VARIANTS = ("starlette", "ours-min", "ours-decode", "ours")
+VARIANTS = ("starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit", "ours")
 _REPLY = {"actions": np.zeros((50, 32), np.float32), "server_timing": {"infer_ms": 0.0}}
 
 
@@ -112,6 +117,28 @@ async def _handle_decode(self: Any, message: Any) -> bytes:
     return self.packer.pack(_REPLY)
 
 
+def _work(self: Any, message: Any) -> Any:
+    from models.policy.base import PolicyWork
+    from protocols import openpi as wire
+
+    req = wire.decode_request(message.data, self.metadata)
+    sid = self._session(req.session_id, None)
+    return sid, PolicyWork(session_id=sid, request_id=f"{sid}:0", observation=req.observation, sampling=req.sampling)
+
+
+async def _handle_policy(self: Any, message: Any) -> bytes:
+    _, work = _work(self, message)
+    # On the loop, outside the engine's owner lock: nothing else runs (no work is queued).
+    self.adapter.run_batch([work])
+    return self.packer.pack(_REPLY)
+
+
+async def _handle_submit(self: Any, message: Any) -> bytes:
+    sid, work = _work(self, message)
+    await self.engine.submit_future(self.model, work, session_id=sid)
+    return self.packer.pack(_REPLY)
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime import openpi_ws
@@ -126,7 +153,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     inventory.adapters[policy.name] = policy
     ours, star = build_app(config, inventory), _starlette_app()
     handle = openpi_ws.OpenPIConnection.handle
-    handlers = {"ours-min": _handle_min, "ours-decode": _handle_decode, "ours": handle}
+    handlers = {"ours-min": _handle_min, "ours-decode": _handle_decode, "ours-policy": _handle_policy,
+                "ours-submit": _handle_submit, "ours": handle}
     body = msgpack_numpy.packb(make_obs(0))
     us: dict[str, list[float]] = {v: [] for v in VARIANTS}
     collections = 0

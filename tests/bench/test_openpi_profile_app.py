@@ -18,7 +18,8 @@ def test_profile_app_measures_every_variant_through_the_real_app():
     assert set(result["variants"]) == set(profile_app.VARIANTS)
     for row in result["variants"].values():
         assert len(row["repeats"]) == 2 and all(us > 0 for us in row["repeats"])
-    # Only "ours" submits to the engine: 20 requests x 2 repeats, answered inline or not.
-    assert result["engine_works"] == 40 and 0 <= result["engine_inline_works"] <= 40
+    # "ours-submit" and "ours" submit to the engine: 20 requests x 2 repeats each, inline or not.
+    assert result["engine_works"] == 80 and 0 <= result["engine_inline_works"] <= 80
     assert set(result["steps_of_min"]) == {"ours-min_minus_starlette_us", "ours-decode_minus_ours-min_us",
-                                           "ours_minus_ours-decode_us"}
+                                           "ours-policy_minus_ours-decode_us", "ours-submit_minus_ours-policy_us",
+                                           "ours_minus_ours-submit_us"}
