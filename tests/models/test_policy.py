@@ -38,6 +38,11 @@ def _works(n: int, **kw) -> list[PolicyWork]:
 # ----------------------------------------------------------------------------- check_actions
 
 
+def test_check_actions_accepts_the_largest_finite_float32():
+    big = np.full((3, 2), np.finfo(np.float32).max, np.float32)
+    assert check_actions(big, META, "p").tolist() == big.tolist()
+
+
 def test_check_actions_returns_read_only_float32():
     src = [[1, 2], [3, 4], [5, 6]]
     out = check_actions(src, META, "p")
@@ -54,6 +59,8 @@ def test_check_actions_returns_read_only_float32():
         (np.zeros((2, 2)), "policy p returned actions [2, 2], advertised [3, 2]"),
         (np.zeros(6), "policy p returned actions [6], advertised [3, 2]"),
         (np.full((3, 2), np.nan), "policy p returned non-finite actions"),
+        (np.array([[0, 0], [np.inf, 0], [0, 0]], np.float32), "policy p returned non-finite actions"),
+        (np.array([[0, 0], [0, 0], [0, -np.inf]]), "policy p returned non-finite actions"),
         ("abc", "policy p returned actions that are not numeric: could not convert string to float: 'abc'"),
     ],
 )
