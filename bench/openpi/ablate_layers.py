@@ -37,15 +37,15 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from bench.openpi.bench_fleet import Fleet, cpu_seconds  # noqa: E402
-from bench.openpi.bench_loopback import PATH, Server, _free_port, _no_uvloop_path, hardware, healthz, log, versions  # noqa: E402
+from bench.openpi.bench_fleet import measure_rounds  # noqa: E402
+from bench.openpi.bench_loopback import (PATH, Server, _free_port, _no_uvloop_path, hardware, log,  # noqa: E402
+                                         stop_process, versions, wait_healthy)
 
 LAYERS = ("reference", "uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit", "ours")
 _PATCHED = ("uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit")
@@ -63,7 +63,7 @@ def _serve(role: str, port: int) -> None:
         run(_bare_asgi(msgpack_numpy, reply), sock=bind_socket("127.0.0.1", port), log_level="warning")
         return
     if role == "starlette":
-        run(_starlette_app(msgpack_numpy, reply), sock=bind_socket("127.0.0.1", port), log_level="warning")
+        run(profile_app.starlette_app(reply, with_healthz=True), sock=bind_socket("127.0.0.1", port), log_level="warning")
         return
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime import openpi_ws
@@ -109,28 +109,6 @@ def _bare_asgi(msgpack_numpy: Any, reply: dict) -> Any:
     return app
 
 
-def _starlette_app(msgpack_numpy: Any, reply: dict) -> Any:
-    from starlette.applications import Starlette
-    from starlette.responses import PlainTextResponse
-    from starlette.routing import Route, WebSocketRoute
-
-    async def endpoint(ws: Any) -> None:
-        await ws.accept()
-        packer = msgpack_numpy.Packer()
-        await ws.send_bytes(packer.pack({}))
-        while True:
-            message = await ws.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            msgpack_numpy.unpackb(message["bytes"])
-            await ws.send_bytes(packer.pack(reply))
-
-    async def healthz_route(request: Any) -> PlainTextResponse:
-        return PlainTextResponse("OK")
-
-    return Starlette(routes=[Route("/healthz", healthz_route), WebSocketRoute(PATH, endpoint)])
-
-
 class _Patched:
     """A server of one of ``_PATCHED``'s roles (this module's ``--role``), on asyncio's loop."""
 
@@ -141,24 +119,10 @@ class _Patched:
         self.proc = subprocess.Popen([sys.executable, "-W", "ignore", os.path.abspath(__file__), "--role", role,
                                       "--port", str(port)], cwd=REPO, env=env)
         self.uri = f"ws://127.0.0.1:{port}{PATH}" if role != "uvicorn" else f"ws://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if healthz(f"127.0.0.1:{port}") is not None:
-                    return
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"{role} server did not start")
-            time.sleep(0.1)
+        wait_healthy(self.proc, f"127.0.0.1:{port}", role)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
 
 
 # ---------------------------------------------------------------- main
@@ -166,26 +130,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     names = tuple(args.servers)
     servers = {name: (_Patched(name) if name in _PATCHED else Server(name, 0.0, no_uvloop=True)) for name in names}
-    fleet = Fleet(max(args.clients))
-    raw: dict[str, dict[int, list[tuple[float, float]]]] = {n: {c: [] for c in args.clients} for n in names}
-    try:
-        for r in range(args.rounds):
-            for clients in args.clients:
-                for name in (names if r % 2 == 0 else names[::-1]):
-                    server = servers[name]
-                    cpu0 = cpu_seconds(server.proc.pid)
-                    m = fleet.measure(server.uri, clients, args.seconds)
-                    cpu = cpu_seconds(server.proc.pid) - cpu0
-                    if m["errors"]:
-                        raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")
-                    calls = sum(len(x) for x in m["lat"])
-                    raw[name][clients].append((calls / args.seconds, 1000 * cpu / max(calls, 1)))
-                    log(f"round {r} {name:>11} {clients:>2} clients: {calls / args.seconds:8.1f} calls/s, "
-                        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call")
-    finally:
-        fleet.close()
-        for s in servers.values():
-            s.stop()
+    measured = measure_rounds(servers, names, args.clients, args.rounds, args.seconds)
+    raw = {n: {c: [(m["calls_per_s"], 1000 * m["server_cpu_s"] / max(m["calls"], 1)) for m in ms]
+               for c, ms in by_clients.items()} for n, by_clients in measured.items()}
     results: dict[str, Any] = {}
     for clients in args.clients:
         row = {name: {"calls_per_s_median": round(statistics.median(x[0] for x in raw[name][clients]), 1),

@@ -39,7 +39,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -165,28 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     servers = {name: Server(name, 0.0, repo=os.path.abspath(args.baseline) if name == BASELINE else REPO,
                             no_uvloop=args.no_uvloop and name not in ("reference", UVLOOP))
                for name in names}
-    fleet = Fleet(max(args.clients))
-    raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in args.clients} for n in names}
-    try:
-        for r in range(args.rounds):
-            order = names if r % 2 == 0 else names[::-1]
-            for clients in args.clients:
-                for name in order:
-                    server = servers[name]
-                    cpu0 = cpu_seconds(server.proc.pid)
-                    m = fleet.measure(server.uri, clients, args.seconds)
-                    cpu = cpu_seconds(server.proc.pid) - cpu0
-                    if m["errors"]:
-                        raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")
-                    calls = sum(len(x) for x in m["lat"])
-                    raw[name][clients].append({"calls": calls, "calls_per_s": calls / args.seconds,
-                                               "server_cpu_s": cpu, "lat": [y for x in m["lat"] for y in x]})
-                    log(f"round {r} {name:>9} {clients:>2} clients: {calls / args.seconds:8.1f} calls/s, "
-                        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call")
-    finally:
-        fleet.close()
-        for s in servers.values():
-            s.stop()
+    raw = measure_rounds(servers, names, args.clients, args.rounds, args.seconds)
 
     results: dict[str, Any] = {}
     for clients in args.clients:
@@ -244,6 +223,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
                   "shared with other jobs: robots, both servers and everything else share them."),
     }
+
+
+def measure_rounds(servers: dict[str, Any], names: Sequence[str], clients_list: Sequence[int], rounds: int,
+                   seconds: float) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """``rounds`` windows of each robot count on each server (``measure_server``), the servers'
+    order reversed every other round; the fleet and then every server are stopped at the end."""
+    fleet = Fleet(max(clients_list))
+    raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in clients_list} for n in names}
+    try:
+        for r in range(rounds):
+            order = list(names) if r % 2 == 0 else list(names)[::-1]
+            for clients in clients_list:
+                for name in order:
+                    raw[name][clients].append(measure_server(fleet, servers[name], name, clients, seconds, r))
+    finally:
+        fleet.close()
+        for server in servers.values():
+            server.stop()
+    return raw
+
+
+def measure_server(fleet: "Fleet", server: Any, name: str, clients: int, seconds: float, round_no: int) -> dict[str, Any]:
+    """One timed window of ``clients`` robots on ``server`` (anything with ``.proc`` and ``.uri``):
+    calls, calls/s, the server process's CPU seconds and every call's latency; logged."""
+    cpu0 = cpu_seconds(server.proc.pid)
+    m = fleet.measure(server.uri, clients, seconds)
+    cpu = cpu_seconds(server.proc.pid) - cpu0
+    if m["errors"]:
+        raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")
+    calls = sum(len(x) for x in m["lat"])
+    log(f"round {round_no} {name:>11} {clients:>2} clients: {calls / seconds:8.1f} calls/s, "
+        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call")
+    return {"calls": calls, "calls_per_s": calls / seconds, "server_cpu_s": cpu,
+            "lat": [y for x in m["lat"] for y in x]}
 
 
 def main() -> None:

@@ -113,6 +113,30 @@ def _no_uvloop_path() -> str:
     return _NO_UVLOOP
 
 
+def wait_healthy(proc: subprocess.Popen, base: str, what: str, timeout_s: float = 60.0) -> None:
+    """Until ``base``'s ``/healthz`` answers; RuntimeError if ``proc`` exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if healthz(base) is not None:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"{what} server did not start")
+        time.sleep(0.1)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class Server:
     """A server child process; ``uri`` is what a robot passes as ``host``."""
 
@@ -135,24 +159,10 @@ class Server:
         self.proc = subprocess.Popen(args, cwd=repo, env=env)
         self.base = f"127.0.0.1:{self.port}"
         self.uri = f"ws://{self.base}" if role == "reference" else f"ws://{self.base}{PATH}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if healthz(self.base) is not None:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"{kind} server did not start")
-            time.sleep(0.1)
+        wait_healthy(self.proc, self.base, kind)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)
 
     def __enter__(self) -> Server:
         return self

@@ -87,9 +87,12 @@ async def _drive(app: Any, body: bytes, messages: int) -> None:
         raise RuntimeError(f"{sent} frames sent for {messages} requests")
 
 
-def _starlette_app() -> Any:
+def starlette_app(reply: dict = _REPLY, *, with_healthz: bool = False) -> Any:
+    """The bare Starlette endpoint: receive, ``unpackb``, pack ``reply``, send (the reference's
+    work); ``with_healthz``: a ``/healthz`` route too, for a server process to be waited on."""
     from starlette.applications import Starlette
-    from starlette.routing import WebSocketRoute
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route, WebSocketRoute
 
     async def endpoint(ws: Any) -> None:
         await ws.accept()
@@ -100,9 +103,15 @@ def _starlette_app() -> Any:
             if message["type"] == "websocket.disconnect":
                 return
             msgpack_numpy.unpackb(message["bytes"])
-            await ws.send_bytes(packer.pack(_REPLY))
+            await ws.send_bytes(packer.pack(reply))
 
-    return Starlette(routes=[WebSocketRoute(PATH, endpoint)])
+    async def healthz_route(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("OK")
+
+    routes: list[Any] = [WebSocketRoute(PATH, endpoint)]
+    if with_healthz:
+        routes.append(Route("/healthz", healthz_route))
+    return Starlette(routes=routes)
 
 
 async def _handle_min(self: Any, message: Any) -> bytes:
@@ -151,7 +160,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     inventory = Inventory()
     policy = DummyPolicy(metadata=PROBE_METADATA, max_batch=32)
     inventory.adapters[policy.name] = policy
-    ours, star = build_app(config, inventory), _starlette_app()
+    ours, star = build_app(config, inventory), starlette_app()
     handle = openpi_ws.OpenPIConnection.handle
     handlers = {"ours-min": _handle_min, "ours-decode": _handle_decode, "ours-policy": _handle_policy,
                 "ours-submit": _handle_submit, "ours": handle}

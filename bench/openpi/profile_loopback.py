@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.openpi.bench_loopback import REPO, _free_port, healthz, latency_round, log, pct
+from bench.openpi.bench_loopback import REPO, _free_port, latency_round, log, pct, stop_process, wait_healthy
 
 PATH = "/v1/realtime/robot/openpi"
 
@@ -240,16 +240,7 @@ def measure(server: str, calls: int, cprofile: bool, workdir: str) -> dict[str, 
     proc = subprocess.Popen(args, cwd=REPO, stderr=subprocess.DEVNULL, env=env)
     try:
         base = f"127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if healthz(base) is not None:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{role} server did not start")
-            time.sleep(0.1)
+        wait_healthy(proc, base, role)
         uri = f"ws://{base}{PATH}" if role == "ours" else f"ws://{base}"
         latency_round(uri, 50, 50, 30.0)  # warm-up on its own connection
         proc.send_signal(signal.SIGUSR2)
@@ -267,12 +258,7 @@ def measure(server: str, calls: int, cprofile: bool, workdir: str) -> dict[str, 
             dumped = json.load(f)
         os.remove(out)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
     stages = per_call([tuple(e) for e in dumped["events"]])
     result: dict[str, Any] = {"rtt_ms": pct(timed["rtt_ms"]), "server_minor_faults_per_call": round(faults, 1),
                               "server_us": {k: pct(v) for k, v in stages.items()}}
