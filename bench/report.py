@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 def emit(report: Any, out: str | Path | None, *, indent: int = 2, echo: bool = True,
@@ -23,3 +23,14 @@ def emit(report: Any, out: str | Path | None, *, indent: int = 2, echo: bool = T
         if log is not None:
             log(f"wrote {path}")
     return text
+
+
+def load_summary(before: Sequence[float], after: Sequence[float], during: Sequence[float]) -> dict[str, Any]:
+    """A run's host load for its report: ``os.getloadavg()`` before and after, and the
+    one-minute averages sampled during it (min / max / mean)."""
+    return {
+        "getloadavg_before": [round(x, 2) for x in before],
+        "getloadavg_after": [round(x, 2) for x in after],
+        "one_minute_during": {"min": round(min(during), 2), "max": round(max(during), 2),
+                              "mean": round(sum(during) / len(during), 2)},
+    }

@@ -23,7 +23,7 @@ from bench.report import emit
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.evaluate import drive_policy
-from models.world.maze.goals import GOAL_KINDS, WALL_REACH
+from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
 
 
@@ -33,12 +33,7 @@ class GoalTracks(Episodes):
     def step(self, keys: torch.Tensor, camera: torch.Tensor | None = None) -> None:
         live = ~self.done
         super().step(keys, camera)
-        sim = self.sim
-        cells = sim.goal_cells.float()                                          # [B, 3, 2]
-        on = (sim.pos.floor()[:, None] == cells).all(2)
-        gap = torch.maximum(cells - sim.pos[:, None], sim.pos[:, None] - (cells + 1)).clamp_min(0)
-        near = gap.square().sum(2).sqrt() <= WALL_REACH
-        hit = torch.where(sim.goal_is_wall[:, None], near, on) & live[:, None]  # goals.reached, per object
+        hit = self.sim.reached_objects() & live[:, None]
         self.touched = hit if not hasattr(self, "touched") else self.touched | hit
 
 

@@ -44,13 +44,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
 import realtime.cli
 
 # Before torch loads: the adapter here waits as the server's engine does (realtime.cli's defaults).
 realtime.cli.openmp_defaults(os.environ)
-from bench.report import emit
+from bench.report import emit, load_summary
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms
 from bench.tts.serve_profile import STAGES, stages
 
@@ -306,10 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "voluntary_context_switches_per_utterance": got["switches_per_utterance"],
         "goal": {"served_ttfa_p50_ms_le": GOAL_MS, "met": served <= GOAL_MS},
         "load": {
-            "getloadavg_before": [round(x, 2) for x in load_before],
-            "getloadavg_after": [round(x, 2) for x in load_after],
-            "one_minute_during": {"min": round(min(got["loads"]), 2), "max": round(max(got["loads"]), 2),
-                                  "mean": round(float(np.mean(got["loads"])), 2)},
+            **load_summary(load_before, load_after, got["loads"]),
             "note": "a shared 2-core box: other processes ran beside this one; rerun on a quiet, pinned "
                     "machine for clean figures (the measurements are interleaved, so their ratios hold)",
         },

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from bench.report import emit
+from bench.report import emit, load_summary
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.phonemes import PhonemeTable
@@ -277,12 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "goal": {"adapter_ttfa_p50_ms_le": GOAL_MS,
                  "met": {n: r["ttfa_ms"]["p50"] <= GOAL_MS for n, r in results.items()}},
         "phonemes": "precomputed table (%s)" % args.phonemes if args.phonemes else "espeak-ng (piper-tts)",
-        "load": {
-            "getloadavg_before": [round(x, 2) for x in load_before],
-            "getloadavg_after": [round(x, 2) for x in load_after],
-            "one_minute_during": {"min": round(min(loads), 2), "max": round(max(loads), 2),
-                                  "mean": round(float(np.mean(loads)), 2)},
-        },
+        "load": load_summary(load_before, load_after, loads),
         "openmp_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                        if k in os.environ},
         "affinity": sorted(os.sched_getaffinity(0)),

@@ -288,7 +288,6 @@ def _row(variant: str, fmt: str, workers: int, switch_s: float, n: int, args: ar
         "format": fmt,
         "encode_workers": workers,
         "switch_interval_ms": 1000 * switch_s,
-        "launch_gate": "nogate" not in variant.split("/"),
         "sessions": n,
         "frames_per_s_per_session_mean": statistics.mean(per_session),
         "frames_per_s_per_session_min": min(per_session),
@@ -428,6 +427,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"{n} sessions: bare model ...")
                 bares[n] = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats))
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
+            row["launch_gate"] = p.launch_gate
             if fmt == "jpeg":
                 # "pil" also when the frames are on the host: the server's pool encodes them.
                 row["cuda_frames_jpeg_path"] = model.device_jpeg.path

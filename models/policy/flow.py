@@ -164,7 +164,7 @@ class FlowActionModel(nn.Module):
         b, c, h, w, _ = images.shape
         x = images.reshape(b * c, h, w, 3).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         pr = self.prompt_bag(prompt_ids, prompt_offsets)                 # [B, d]
-        tok = self.image_features(x, pr.repeat_interleave(c, 0)).flatten(2).transpose(1, 2)  # [B*C, tokens, d]
+        tok = self.image_features(x, pr).flatten(2).transpose(1, 2)  # [B*C, tokens, d]
         tok = tok.reshape(b, c, -1, tok.shape[-1]) + self.image_pos
         tok = tok.reshape(b, -1, tok.shape[-1])
         if self.cfg.state_dim == 0:
@@ -174,8 +174,9 @@ class FlowActionModel(nn.Module):
         return [blk.cond_kv(cond) for blk in self.blocks]
 
     def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        """The stem over camera images [N, 3, H, W] in [-1, 1] -> [N, d, h, w]; ``prompt`` [N, d]
-        (each image's prompt embedding) is there for a stem conditioned on it (the maze policy's)."""
+        """The stem over camera images [B*C, 3, H, W] in [-1, 1] (robot-major) -> [B*C, d, h, w];
+        ``prompt`` [B, d], each robot's prompt embedding, is there for a stem conditioned on it
+        (the maze policy's)."""
         return self.stem(x)
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, kvs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

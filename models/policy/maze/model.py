@@ -113,7 +113,8 @@ class MazeFlowModel(FlowActionModel):
         if not self.prompt_film:
             return self.stem(x)
         first = self.stem[:2](x)                                            # conv + GELU: [N, FILM_CHANNELS, 32, 32]
-        gamma, beta = self.film(prompt).chunk(2, dim=-1)
+        cams = x.shape[0] // prompt.shape[0]                                # one camera: no copy
+        gamma, beta = self.film(prompt if cams == 1 else prompt.repeat_interleave(cams, 0)).chunk(2, dim=-1)
         return self.stem[2:](first * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
 
     @property

@@ -161,13 +161,19 @@ class MazeSim:
 
     def reached(self) -> torch.Tensor:
         """[B] bool: each camera has reached its target goal (``goals.py``'s rule)."""
+        return self.reached_objects()[self._b, self.goal_target]
+
+    def reached_objects(self) -> torch.Tensor:
+        """[B, 3] bool: each camera is at each of its goal objects (``goals.py``'s rule), the
+        target and the distractors alike."""
         if self.goals is None:
             raise ValueError("this MazeSim has no goals")
-        cell = self.goal_cells[self._b, self.goal_target].float()           # [B, 2]
-        on_cell = (self.pos.floor() == cell).all(1)
-        gap = torch.maximum(cell - self.pos, self.pos - (cell + 1)).clamp_min(0)
-        near = gap.square().sum(1).sqrt() <= WALL_REACH
-        return torch.where(self.goal_is_wall, near, on_cell)
+        cells = self.goal_cells.float()                                      # [B, 3, 2]
+        pos = self.pos[:, None]
+        on_cell = (pos.floor() == cells).all(2)
+        gap = torch.maximum(cells - pos, pos - (cells + 1)).clamp_min(0)
+        near = gap.square().sum(2).sqrt() <= WALL_REACH
+        return torch.where(self.goal_is_wall[:, None], near, on_cell)
 
     @property
     def batch(self) -> int:
