@@ -31,8 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from openpi_client.action_chunk_broker import ActionChunkBroker
-from openpi_client.websocket_client_policy import WebsocketClientPolicy
+try:
+    from openpi_client.action_chunk_broker import ActionChunkBroker
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+except ImportError as exc:  # the robot side's one extra dependency
+    if __name__ == "__main__":
+        raise SystemExit("the robot needs openpi-client: pip install -e '.[robot]'") from exc
+    raise
 
 from models.base import ACTION_KEYS
 from models.policy.maze.episodes import BUDGET, Episodes, call_seed
