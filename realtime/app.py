@@ -14,6 +14,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from realtime import media
 from realtime.admin import ROUTES as ADMIN_ROUTES
 from realtime.config import ServerConfig
 from realtime.connection import LiveSessions
@@ -59,9 +60,12 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
             adapter.set_drop_listener(
                 lambda sid, why, name=name: loop.call_soon_threadsafe(live.dropped, name, sid, why))
         engine.start()
+        if inventory.names("world"):
+            media.start_processes()  # jpeg / png encoders (threads until they are up)
         try:
             yield
         finally:
+            media.stop_processes()
             engine.stop(ENGINE_STOP_TIMEOUT_S)
 
     routes = [

@@ -1,10 +1,11 @@
 """Frame encoding for world.v1 binary messages (jpeg, png or raw rgb8).
 
-JPEG and PNG encode on a small thread pool, off the event-loop thread: PIL drops
-the GIL while it encodes, so a batch's chunks encode in parallel with the loop's
-sends and the engine's Python, instead of one after another on the loop (64x64
-maze frames take ~0.1 ms each, 480x832 frames 1-4 ms). ``rgb8`` is one memory copy
-and stays inline: the hop would cost more than the work.
+JPEG and PNG encode off the event-loop thread (64x64 maze frames take ~0.1 ms each,
+480x832 frames 1-4 ms), in worker processes (``encode_pool.py``) that the app starts
+with ``start_processes``: PIL's Python around each frame holds a GIL, and in a thread
+it would be the engine's. Before the workers are up, after one fails, and where the app
+started none, a small thread pool encodes instead (PIL drops the GIL inside its encoder).
+``rgb8`` is one memory copy and stays inline: the hop would cost more than the work.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from protocols.world_v1 import JPEG_QUALITY
+from realtime.encode_pool import EncodePool
 
 # Encoder threads: enough to keep up with a batch's chunks, few enough to leave cores
 # to the engine and the loop. 0 encodes inline on the loop (bench_served's A/B). Below
@@ -27,7 +29,12 @@ from protocols.world_v1 import JPEG_QUALITY
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 ENCODE_WORKERS = min(4, _CORES - 2) if _CORES >= 4 else 0
 
+# Encoders are processes (True) or only the threads (False: bench_served's "threads" A/B;
+# read at start-up and for each chunk).
+ENCODE_PROCESSES = True
+
 _pool: ThreadPoolExecutor | None = None
+_processes: EncodePool | None = None
 
 
 def encode_frame(frame: np.ndarray, fmt: str) -> bytes:
@@ -50,10 +57,37 @@ def encode_frames(frames: np.ndarray, fmt: str) -> list[bytes]:
 
 
 async def encode_chunk(frames: np.ndarray, fmt: str) -> list[bytes]:
-    """``encode_frames`` off the event-loop thread (jpeg, png); one hop per chunk."""
+    """``encode_frames`` off the event-loop thread (jpeg, png): on the processes when they
+    serve this loop and are up, otherwise one thread-pool hop per chunk."""
     if fmt == "rgb8" or ENCODE_WORKERS <= 0:
         return encode_frames(frames, fmt)
+    procs = _processes
+    if ENCODE_PROCESSES and procs is not None and procs.usable and procs.loop is asyncio.get_running_loop():
+        return await procs.encode(frames, fmt)
+    return await encode_on_threads(frames, fmt)
+
+
+async def encode_on_threads(frames: np.ndarray, fmt: str) -> list[bytes]:
+    """``encode_frames`` on the thread pool (the processes' fallback)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(ENCODE_WORKERS, thread_name_prefix="encode")
+        _pool = ThreadPoolExecutor(max(1, ENCODE_WORKERS), thread_name_prefix="encode")
     return await asyncio.get_running_loop().run_in_executor(_pool, encode_frames, frames, fmt)
+
+
+def start_processes() -> EncodePool | None:
+    """Start ``ENCODE_WORKERS`` encoder processes for the running loop (the app's start-up);
+    none with fewer than 4 cores or ``ENCODE_PROCESSES`` off. They are used once all are up."""
+    global _processes
+    stop_processes()
+    if ENCODE_WORKERS > 0 and ENCODE_PROCESSES:
+        _processes = EncodePool(ENCODE_WORKERS, encode_on_threads)
+    return _processes
+
+
+def stop_processes() -> None:
+    """Stop the encoder processes (the app's shutdown); later chunks encode on threads."""
+    global _processes
+    procs, _processes = _processes, None
+    if procs is not None:
+        procs.close()

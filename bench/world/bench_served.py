@@ -127,12 +127,14 @@ class RowPlan:
     sessions: int
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
     launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
+    encode_processes: bool = True  # False: jpeg / png on the encoder threads only (``threads``)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
-        "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)"}
+        "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)",
+        "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -189,7 +191,8 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods) for n in sessions]
+        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods)
+                 for n in sessions]
     return rows
 
 
@@ -394,6 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in plan:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
+            realtime.media.ENCODE_PROCESSES = p.encode_processes
             sys.setswitchinterval(switch_s)
             app.state.engine.launch_gate.enabled = p.launch_gate
             model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
@@ -428,6 +432,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bares[n] = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats))
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
             row["launch_gate"] = p.launch_gate
+            row["encode_processes"] = p.encode_processes and workers > 0
             if fmt == "jpeg":
                 # "pil" also when the frames are on the host: the server's pool encodes them.
                 row["cuda_frames_jpeg_path"] = model.device_jpeg.path

@@ -30,3 +30,68 @@ def test_unknown_format_raises_through_the_pool(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
     with pytest.raises(ValueError, match="unknown frame format"):
         asyncio.run(media.encode_chunk(np.zeros((1, 4, 4, 3), np.uint8), "webp"))
+
+
+def _frames(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (n, 16, 24, 3), dtype=np.uint8)
+
+
+async def _until_usable(pool) -> None:
+    for _ in range(400):  # spawned workers import numpy and PIL: well under a few seconds
+        if pool.usable:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("encoder processes never became ready")
+
+
+def test_processes_encode_many_sessions_in_one_iteration_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's worth of sends in one loop iteration: each gets its own frames' bytes, in order."""
+    monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
+
+    async def main() -> None:
+        pool = media.start_processes()
+        assert pool is not None
+        try:
+            await _until_usable(pool)
+            chunks = [_frames(1 + i % 3, i) for i in range(12)]
+            fmts = ["jpeg", "png"] * 6
+            got = await asyncio.gather(*(media.encode_chunk(c, f) for c, f in zip(chunks, fmts)))
+            assert got == [media.encode_frames(c, f) for c, f in zip(chunks, fmts)]
+            # A request the worker cannot do raises its own error here (re-done by the fallback),
+            # and the others of its iteration are unaffected.
+            bad, good = media.encode_chunk(_frames(1, 99), "webp"), media.encode_chunk(chunks[0], "jpeg")
+            results = await asyncio.gather(bad, good, return_exceptions=True)
+            assert isinstance(results[0], ValueError) and results[1] == media.encode_frames(chunks[0], "jpeg")
+            assert pool.usable  # an encoder error is the request's, not the pool's
+        finally:
+            media.stop_processes()
+
+    asyncio.run(main())
+
+
+def test_a_dead_worker_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kill the workers with requests in flight: every request is still answered (by threads)."""
+    monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
+
+    async def main() -> None:
+        pool = media.start_processes()
+        assert pool is not None
+        try:
+            await _until_usable(pool)
+            chunks = [_frames(2, i) for i in range(8)]
+            futures = [asyncio.ensure_future(media.encode_chunk(c, "jpeg")) for c in chunks]
+            await asyncio.sleep(0)  # the flush has run: the jobs are written
+            for w in pool._workers:
+                w.proc.kill()
+            got = await asyncio.wait_for(asyncio.gather(*futures), 30)
+            assert got == [media.encode_frames(c, "jpeg") for c in chunks]
+            for _ in range(200):
+                if pool.failed:
+                    break
+                await asyncio.sleep(0.025)
+            assert pool.failed and not pool.usable
+            assert await media.encode_chunk(chunks[0], "png") == media.encode_frames(chunks[0], "png")
+        finally:
+            media.stop_processes()
+
+    asyncio.run(main())

@@ -1,0 +1,273 @@
+"""JPEG / PNG encoding in worker processes: one message per worker per loop iteration.
+
+Encoder *threads* (media.py's fallback) hold the GIL for PIL's Python around every
+frame, and the engine thread waits for it between its torch calls. Measured on the
+H200 (bench/results/world_jpeg_threads_h200.json, 32 maze sessions): the engine's step went
+from 16.5 ms in rgb8 to 24.6 ms in jpeg, and jpeg served 0.72x the frames of rgb8.
+Worker processes have GILs of their own::
+
+    encode(frames, fmt)   any session's send, on the loop; the first call of a loop
+                          iteration schedules the flush (call_soon)
+    flush                 that iteration's requests, each to the worker with the fewest
+                          frames in flight; one pickled message per worker, written
+                          without blocking the loop
+    worker                a spawned process (numpy + PIL; no torch, no CUDA): encodes each
+                          request's frames, replies with the payloads, in order
+    reply                 read when the socket is readable; each request's future gets
+                          its payloads
+
+A launch-gated batch's 32 sends become ready in one loop iteration, so they cost the
+loop one message per worker and one reply each, not 32 hand-offs.
+
+Nothing is lost to a worker: until every worker has said it is ready, and after one dies
+or a reply fails, requests are encoded by the ``fallback`` (media.py's threads), the
+in-flight ones included; a failed worker stops the pool's use of processes (logged once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Fallback = Callable[[np.ndarray, str], Awaitable[list[bytes]]]
+_READ_BYTES = 1 << 20
+# multiprocessing.Connection's framing (the worker side uses send_bytes / recv_bytes):
+# a 4-byte big-endian length, or -1 and an 8-byte length for messages of 2 GiB and more.
+_SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
+
+
+def _serve(conn: Any) -> None:
+    """A worker process: encode each job's requests until the pool's end of the pipe closes."""
+    from realtime.media import encode_frames
+
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    while True:
+        try:
+            job, items = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        try:
+            reply = (job, [encode_frames(frames, fmt) for frames, fmt in items], None)
+        except Exception as exc:  # noqa: BLE001 - reported back; the pool re-encodes those requests itself
+            reply = (job, None, f"{type(exc).__name__}: {exc}")
+        conn.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _frame(payload: bytes) -> bytes:
+    n = len(payload)
+    return (_SHORT.pack(n) if n < 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)) + payload
+
+
+@dataclass
+class _Request:
+    frames: np.ndarray
+    fmt: str
+    future: asyncio.Future
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: Any
+    conn: Any            # the pool's multiprocessing end (kept open: it owns the descriptor pair)
+    sock: socket.socket  # the same socket, non-blocking, for the loop's reader / writer
+    ready: bool = False
+    alive: bool = True
+    frames_in_flight: int = 0
+    writing: bool = False
+    out: bytearray = field(default_factory=bytearray)
+    inbuf: bytearray = field(default_factory=bytearray)
+    jobs: deque = field(default_factory=deque)  # (job id, requests) in the order sent
+
+
+class EncodePool:
+    """``workers`` spawned encoder processes serving the running loop (create it on that loop)."""
+
+    def __init__(self, workers: int, fallback: Fallback) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._fallback_fn = fallback
+        self._pending: list[_Request] = []
+        self._scheduled = False
+        self._ids = itertools.count(1)
+        self.failed: str | None = None
+        ctx = mp.get_context("spawn")  # the server may hold CUDA and threads: never fork it
+        self._workers: list[_Worker] = []
+        for i in range(workers):
+            ours, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_serve, args=(theirs,), name=f"encode-{i}", daemon=True)
+            proc.start()
+            theirs.close()
+            sock = socket.socket(fileno=os.dup(ours.fileno()))
+            sock.setblocking(False)
+            w = _Worker(i, proc, ours, sock)
+            self._workers.append(w)
+            self.loop.add_reader(sock.fileno(), self._readable, w)
+
+    @property
+    def usable(self) -> bool:
+        """Every worker has started and none has failed (until then, ``encode`` is not called)."""
+        return self.failed is None and bool(self._workers) and all(w.ready for w in self._workers)
+
+    def encode(self, frames: np.ndarray, fmt: str) -> asyncio.Future:
+        """A future of ``encode_frames(frames, fmt)``, computed by a worker (or the fallback)."""
+        future = self.loop.create_future()
+        self._pending.append(_Request(frames, fmt, future))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._flush)
+        return future
+
+    def close(self) -> None:
+        """Stop the workers; whatever they still hold is encoded by the fallback."""
+        self._stop("the pool closed")
+        for w in self._workers:
+            w.proc.join(timeout=1.0)
+            if w.proc.is_alive():
+                w.proc.terminate()
+
+    # ------------------------------------------------------------------ loop callbacks
+    def _flush(self) -> None:
+        self._scheduled = False
+        requests, self._pending = self._pending, []
+        if not self.usable:
+            for r in requests:
+                self._fallback(r)
+            return
+        jobs: dict[int, list[_Request]] = {}
+        for r in requests:  # each to the worker with the fewest frames in flight
+            w = min(self._workers, key=lambda x: x.frames_in_flight)
+            w.frames_in_flight += len(r.frames)
+            jobs.setdefault(w.index, []).append(r)
+        for index, group in jobs.items():
+            w = self._workers[index]
+            if self.failed is not None:  # an earlier write of this flush found a worker gone
+                for r in group:
+                    self._fallback(r)
+                continue
+            job = next(self._ids)
+            w.jobs.append((job, group))
+            w.out += _frame(pickle.dumps((job, [(r.frames, r.fmt) for r in group]), protocol=pickle.HIGHEST_PROTOCOL))
+            self._write(w)
+
+    def _write(self, w: _Worker) -> None:
+        if not w.alive:
+            return
+        try:
+            sent = w.sock.send(w.out) if w.out else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._lost(w, f"write failed: {exc}")
+            return
+        del w.out[:sent]
+        if w.out and not w.writing:
+            self.loop.add_writer(w.sock.fileno(), self._write, w)
+            w.writing = True
+        elif not w.out and w.writing:
+            self.loop.remove_writer(w.sock.fileno())
+            w.writing = False
+
+    def _readable(self, w: _Worker) -> None:
+        try:
+            data = w.sock.recv(_READ_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._lost(w, f"read failed: {exc}")
+            return
+        if not data:
+            self._lost(w, f"exited (code {w.proc.exitcode})")
+            return
+        w.inbuf += data
+        while True:
+            if len(w.inbuf) < _SHORT.size:
+                return
+            size, head = _SHORT.unpack_from(w.inbuf)[0], _SHORT.size
+            if size == -1:
+                if len(w.inbuf) < head + _LONG.size:
+                    return
+                size, head = _LONG.unpack_from(w.inbuf, head)[0], head + _LONG.size
+            if len(w.inbuf) < head + size:
+                return
+            message = bytes(w.inbuf[head:head + size])
+            del w.inbuf[:head + size]
+            try:
+                self._reply(w, pickle.loads(message))
+            except Exception as exc:  # noqa: BLE001 - a garbled reply: stop using workers, lose nothing
+                self._lost(w, f"bad reply: {type(exc).__name__}: {exc}")
+                return
+
+    def _reply(self, w: _Worker, message: tuple) -> None:
+        if message[0] == "ready":
+            w.ready = True
+            if self.usable:
+                log.info("encoder processes ready: %d", len(self._workers))
+            return
+        job, payloads, error = message
+        expected, group = w.jobs.popleft()
+        if job != expected:
+            raise ValueError(f"reply for job {job}, expected {expected}")
+        w.frames_in_flight -= sum(len(r.frames) for r in group)
+        if error is not None or payloads is None or len(payloads) != len(group):
+            for r in group:  # the fallback raises each request's own error, or encodes it
+                self._fallback(r)
+            return
+        for r, p in zip(group, payloads):
+            if not r.future.done():  # a closed session's send may have been cancelled
+                r.future.set_result(p)
+
+    # ------------------------------------------------------------------ failure
+    def _lost(self, w: _Worker, reason: str) -> None:
+        if self.failed is None:
+            log.warning("encoder process %d %s: encoding on threads from now on", w.index, reason)
+        self._stop(f"encoder process {w.index} {reason}")
+
+    def _stop(self, reason: str) -> None:
+        self.failed = self.failed or reason
+        for w in self._workers:
+            if not w.alive:
+                continue
+            w.alive = False
+            self.loop.remove_reader(w.sock.fileno())
+            if w.writing:
+                self.loop.remove_writer(w.sock.fileno())
+            w.sock.close()
+            w.conn.close()  # the worker reads EOF and exits
+            while w.jobs:
+                for r in w.jobs.popleft()[1]:
+                    self._fallback(r)
+        pending, self._pending = self._pending, []
+        for r in pending:
+            self._fallback(r)
+
+    def _fallback(self, r: _Request) -> None:
+        if r.future.done():
+            return
+        task = asyncio.ensure_future(self._fallback_fn(r.frames, r.fmt))
+
+        def done(t: asyncio.Future, future: asyncio.Future = r.future) -> None:
+            if future.done():
+                if not t.cancelled():
+                    t.exception()  # retrieved: the caller is gone
+                return
+            if t.cancelled():
+                future.cancel()
+            elif t.exception() is not None:
+                future.set_exception(t.exception())
+            else:
+                future.set_result(t.result())
+
+        task.add_done_callback(done)
