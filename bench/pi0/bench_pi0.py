@@ -4,11 +4,14 @@
    1, 8 and 32 robots, **eager** (no graphs, eager layers) beside **fast** (the served
    default: the whole call as one CUDA graph per bucket over torch.compile'd layers),
    with the fast path's prefix vs action-expert split from CUDA events, the fast path at
-   every batch bucket, and at one robot graphs without compiled layers (what compiling adds);
+   every batch bucket, and at one robot graphs without compiled layers (what compiling adds)
+   and the fast path with cuBLAS for the expert's matmuls (what skinny_linear.py adds);
 2. served: the real server (uvicorn + the engine) on loopback and robots that are
    separate processes with the real ``openpi-client`` (bench/pi0/robots.py): one robot
    (vs bare fast), then 8 and 32 robots batched (``max_batch`` 32) and one at a time
-   (the same weights behind a ``max_batch`` 1 adapter);
+   (the same weights behind a ``max_batch`` 1 adapter); at one robot also where served - bare
+   goes (the forward timed on the engine thread, the client's packing, and a stand-in policy
+   that sleeps the bare call with pi0's request);
 3. memory: weights, and per batch bucket the static K/V buffers plus the peak of a call.
 
     python -m bench.pi0.bench_pi0 --device cuda --out bench/results/pi0_h200.json
@@ -40,9 +43,11 @@ import torch  # noqa: E402
 from bench.pi0.robots import make_obs, pct  # noqa: E402
 from bench.report import emit  # noqa: E402
 from models.policy.base import PolicyWork  # noqa: E402
+from models.policy.dummy import DummyPolicy  # noqa: E402
 from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size  # noqa: E402
 from models.policy.pi0.inputs import PromptTokenizer, Stats  # noqa: E402
 from models.policy.pi0.layout import write_tokenizer  # noqa: E402
+from models.policy.pi0 import skinny_linear  # noqa: E402
 from models.policy.pi0.policy import Pi0Policy  # noqa: E402
 from models.policy.pi0.weights import build_random  # noqa: E402
 from protocols import openpi as wire  # noqa: E402
@@ -55,13 +60,32 @@ def log(msg: str) -> None:
 
 
 class CountingPi0(Pi0Policy):
-    """Records each forward's batch size (what the engine actually batched)."""
+    """Records each forward's batch size (what the engine actually batched) and its time."""
 
     sizes: list[int]
+    forward_ms: list[float]
 
     def infer_batch(self, works):  # type: ignore[override]
         self.sizes.append(len(works))
-        return super().infer_batch(works)
+        t = time.perf_counter()
+        out = super().infer_batch(works)
+        self.forward_ms.append((time.perf_counter() - t) * 1000.0)
+        return out
+
+
+class StandIn(DummyPolicy):
+    """pi0's metadata and one robot's bare call time as a sleep: what serving adds to a forward
+    that does not compete for the CPU (the forward's size and request bytes are pi0's)."""
+
+    sizes: list[int]
+    forward_ms: list[float]
+
+    def infer_batch(self, works):  # type: ignore[override]
+        self.sizes.append(len(works))
+        t = time.perf_counter()
+        out = super().infer_batch(works)
+        self.forward_ms.append((time.perf_counter() - t) * 1000.0)
+        return out
 
 
 def tiny_config():
@@ -77,7 +101,7 @@ def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | N
                 compile: bool | None = None) -> CountingPi0:
     p = CountingPi0(model, tok, state_stats=Stats("IDENTITY"), action_stats=Stats("IDENTITY"), device=dev,
                     max_batch=max_batch, name=name, use_graphs=use_graphs, compile=compile)
-    p.sizes = []
+    p.sizes, p.forward_ms = [], []
     return p
 
 
@@ -160,22 +184,25 @@ def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
     return out
 
 
-def served(policy: Pi0Policy, robots: int, seconds: float, size: int, batch_wait_ms: float) -> dict[str, Any]:
+def served(policy: CountingPi0 | StandIn, robots: int, seconds: float, size: int,
+           batch_wait_ms: float) -> dict[str, Any]:
     from realtime.app import build_app
     from realtime.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
-    config = ServerConfig(engine=EngineConfig(device=str(policy.device), batch_wait_ms=batch_wait_ms),
+    device = str(getattr(policy, "device", "cpu"))  # the stand-in has none: the engine's default
+    config = ServerConfig(engine=EngineConfig(device=device, batch_wait_ms=batch_wait_ms),
                           world=WorldConfig(models=()), policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False),
                           limits=LimitsConfig(max_sessions_per_client=0))  # every robot on loopback
     inventory = Inventory()
     inventory.adapters[policy.name] = policy
     policy.sizes.clear()
+    policy.forward_ms.clear()
     with serve_in_thread(build_app(config, inventory)) as addr:
         cmd = [sys.executable, "-m", "bench.pi0.robots", "--uri", f"ws://{addr}{PATH}", "--robots", str(robots),
-               "--seconds", str(seconds), "--cameras", ",".join(policy.client_keys), "--size", str(size),
-               "--state", str(policy.cfg.state_dim)]
+               "--seconds", str(seconds), "--cameras", ",".join(policy.metadata.image_keys), "--size", str(size),
+               "--state", str(policy.metadata.state_dim)]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=seconds + 240)
     if proc.returncode != 0:
         raise RuntimeError(f"robots failed: {proc.stderr[-2000:]}")
@@ -183,6 +210,7 @@ def served(policy: Pi0Policy, robots: int, seconds: float, size: int, batch_wait
     sizes = np.asarray(policy.sizes or [0])
     result["forwards"] = int(sizes.size)
     result["mean_batch"] = round(float(sizes.mean()), 2)
+    result["server_forward_ms"] = pct(policy.forward_ms)  # infer_batch on the engine thread, as served
     return result
 
 
@@ -241,6 +269,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time", compile=cpu_compile)
     eager = make_policy(model, tok, dev, args.max_batch, "pi0-eager", use_graphs=False, compile=False)
     graphs_only = make_policy(model, tok, dev, 1, "pi0-graphs-eager-layers", compile=False)
+    cublas = make_policy(model, tok, dev, 1, "pi0-cublas", compile=cpu_compile)  # fast, skinny_linear off
 
     res: dict[str, Any] = {
         "benchmark": "pi0_native",
@@ -279,6 +308,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res["paths"].update(fast_layers_compiled=fast.runner.fns.compiled, fast_warmup_s=round(warm_s, 1))
     log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
         f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
+    skinny_linear.USE_KERNEL = False
+    try:  # the graphs are captured now; replays keep the kernels they were captured with
+        cublas.warmup()
+    finally:
+        skinny_linear.USE_KERNEL = True
+    res["bare_fast_cublas_1"] = bare(cublas, 1, size, args.calls, args.seconds, dev, split=False)
+    res["skinny_linear_tuning"] = skinny_linear.tuning_report()
     res["fast_vs_eager"] = agreement(fast, eager, [n for n in (1, 8) if n <= args.max_batch], size)
     log(f"fast vs eager: {json.dumps(res['fast_vs_eager'])}")
     log("bare fast")
@@ -299,6 +335,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fleets: dict[str, Any] = {}
     log("served: one robot")
     fleets["1"] = {"batched": served(fast, 1, args.seconds, size, args.batch_wait_ms)}
+    if "1" in res["bare"]:
+        # Where served - bare goes: the same request and wait with no GPU work and no CPU
+        # competition (a sleep of the bare call), and the served forward timed on the engine thread.
+        stand_in = StandIn(metadata=fast.metadata, infer_ms=res["bare"]["1"]["call_ms"]["p50"], max_batch=1,
+                           name="pi0-stand-in")
+        stand_in.sizes, stand_in.forward_ms = [], []
+        one = fleets["1"]["batched"]
+        fleets["1"]["stand_in"] = served(stand_in, 1, args.seconds, size, args.batch_wait_ms)
+        fleets["1"]["split_ms"] = {
+            "served_p50": one["latency_ms"]["p50"], "bare_p50": res["bare"]["1"]["call_ms"]["p50"],
+            "served_forward_p50": one["server_forward_ms"]["p50"],
+            "stand_in_served_p50": fleets["1"]["stand_in"]["latency_ms"]["p50"],
+            "stand_in_forward_p50": fleets["1"]["stand_in"]["server_forward_ms"]["p50"],
+            "client_pack_p50": one.get("client_pack_ms", {}).get("p50"),
+            "note": "served - served_forward: the protocol, hand-offs and client; served_forward - bare: what "
+                    "serving costs the forward itself (CPU / GIL competition); the stand-in's served - forward "
+                    "is the protocol's share for these request bytes alone",
+        }
+        log(f"one robot split: {json.dumps(fleets['1']['split_ms'])}")
     for n in sizes[1:]:
         log(f"served: {n} robots, batched then one at a time")
         fleets[str(n)] = {"batched": served(fast, n, args.seconds, size, args.batch_wait_ms),
@@ -314,7 +369,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     one_bare = res["bare"]["1"]["call_ms"]["p50"]
     res["goals"] = {
         "one_robot_served_p50_ms": one_served, "goal_one_robot_ms": 20.0,
-        "one_robot_bare_fast_p50_ms": one_bare, "one_robot_bare_eager_p50_ms": res["bare_eager"]["1"]["call_ms"]["p50"],
+        "one_robot_bare_fast_p50_ms": one_bare,
+        "one_robot_bare_fast_cublas_p50_ms": res["bare_fast_cublas_1"]["call_ms"]["p50"], "one_robot_bare_eager_p50_ms": res["bare_eager"]["1"]["call_ms"]["p50"],
         "served_over_bare": round(one_served / one_bare, 3), "goal_ratio": 1.1,
         **{f"speedup_{n}": fleets[str(n)]["speedup"] for n in sizes[1:]}, "goal_speedup": 4.0,
         **({"p99_32_batched_ms": fleets["32"]["batched"]["latency_ms"]["p99"]} if "32" in fleets else {}),

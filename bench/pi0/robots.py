@@ -43,7 +43,15 @@ def _robot(args: argparse.Namespace, idx: int, barrier: Any, queue: Any) -> None
         t = time.perf_counter()
         robot.infer(obs)
         lat.append((time.perf_counter() - t) * 1000.0)
-    queue.put((lat, time.perf_counter() - start))
+    wall = time.perf_counter() - start
+    from openpi_client import msgpack_numpy
+
+    pack = []
+    for _ in range(20):  # the client's own share of a call: packing the observation
+        t = time.perf_counter()
+        msgpack_numpy.packb(obs)
+        pack.append((time.perf_counter() - t) * 1000.0)
+    queue.put((lat, wall, pack))
 
 
 def pct(xs: list[float]) -> dict[str, float]:
@@ -76,8 +84,10 @@ def main() -> None:
         p.join(30)
     lat = [x for g in got for x in g[0]]
     wall = max(g[1] for g in got)
+    pack = [x for g in got for x in g[2]]
     print(json.dumps({"robots": args.robots, "calls": len(lat), "seconds": round(wall, 3),
-                      "calls_per_s": round(len(lat) / wall, 2), "latency_ms": pct(lat)}))
+                      "calls_per_s": round(len(lat) / wall, 2), "latency_ms": pct(lat),
+                      "client_pack_ms": pct(pack)}))
     sys.stdout.flush()
 
 

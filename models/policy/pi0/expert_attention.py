@@ -161,7 +161,7 @@ def tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor)
     for block_n, splits in CANDIDATES:
         opts = {"block_n": block_n, "num_splits": splits}
         try:
-            ms = _graph_ms(lambda: expert_attention_triton(q, k, v, bias, **opts))
+            ms = graph_ms(lambda: expert_attention_triton(q, k, v, bias, **opts))
         except Exception:  # noqa: BLE001 - a variant this device cannot run (resources): skip it
             continue
         if ms < best_ms:
@@ -170,7 +170,7 @@ def tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor)
     return best
 
 
-def _graph_ms(fn, reps: int = 20) -> float:
+def graph_ms(fn, reps: int = 20) -> float:
     """GPU milliseconds of ``reps`` calls replayed from one CUDA graph (a call is a few
     microseconds of kernels: timed from the host, the launches would be measured instead)."""
     fn()  # compile outside the capture

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from models.policy.pi0.config import RMS_EPS
 from models.policy.pi0.expert_attention import expert_attention
 from models.policy.pi0.gemma import apply_rope
+from models.policy.pi0.skinny_linear import geglu, linear
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos:
     b, t, width = x.shape
     d = kv.shape[-1]
     h = F.rms_norm(x, (width,), w.in_scale, RMS_EPS)
-    qkv = F.linear(h, w.qkv).view(b, t, nh + 2, d)
+    qkv = linear(h, w.qkv).view(b, t, nh + 2, d)
     qk = apply_rope(qkv[:, :, :nh + 1], cos, sin)
     kv[0, :, start:start + t] = qk[:, :, nh]
     kv[1, :, start:start + t] = qkv[:, :, nh + 1]
@@ -73,11 +74,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
 
 def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """o projection, residual, norm, gelu-gated MLP, residual."""
-    x = x + F.linear(att, w.o)
+    """o projection, residual, norm, gelu-gated MLP, residual (``skinny_linear``'s matmuls:
+    a weight stream at the expert's few rows on CUDA, ``F.linear`` otherwise)."""
+    x = x + linear(att, w.o)
     h = F.rms_norm(x, (x.shape[-1],), w.post_scale, RMS_EPS)
-    gate, up = F.linear(h, w.gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.gelu(gate, approximate="tanh") * up, w.down)
+    return x + linear(geglu(h, w.gate_up), w.down)
 
 
 def prefix_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

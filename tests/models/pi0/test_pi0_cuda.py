@@ -63,3 +63,21 @@ def test_expert_attention_kernel_matches_the_math_path_at_full_size_and_in_a_gra
         q.copy_(torch.randn(q.shape, device="cuda", generator=g).to(torch.bfloat16))
         graph.replay()
         torch.testing.assert_close(out.float(), expert_attention_math(q, k, v, bias).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_skinny_linear_matches_cublas_at_the_expert_sizes():
+    """The expert's four matmuls at one robot (51 rows, bf16), every candidate tile and the tuned op."""
+    from models.policy.pi0.skinny_linear import CANDIDATES, geglu, linear, reference, skinny_triton
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for k, n, gated in ((1024, 2560, False), (2048, 1024, False), (1024, 8192, True), (4096, 1024, False)):
+        x = torch.randn(1, 51, k, device="cuda", generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
+        want = reference(x, w, gated).float()
+        for bn, bk, warps, stages in CANDIDATES:
+            if k % bk or (n // (2 if gated else 1)) % bn:
+                continue
+            got = skinny_triton(x, w, geglu=gated, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+            torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+        op = geglu if gated else linear
+        torch.testing.assert_close(op(x, w).float(), want, atol=3e-2, rtol=3e-2)
