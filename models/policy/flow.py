@@ -161,6 +161,16 @@ class FlowActionModel(nn.Module):
         self, images: torch.Tensor, state: torch.Tensor, prompt_ids: torch.Tensor, prompt_offsets: torch.Tensor
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """images [B, C, H, W, 3] uint8, state [B, S] -> per layer (K, V) of the observation tokens."""
+        return self.kv_of(self.condition(images, state, prompt_ids, prompt_offsets))
+
+    def kv_of(self, cond: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (K, V) of the observation tokens ``condition`` made."""
+        return [blk.cond_kv(cond) for blk in self.blocks]
+
+    def condition(
+        self, images: torch.Tensor, state: torch.Tensor, prompt_ids: torch.Tensor, prompt_offsets: torch.Tensor
+    ) -> torch.Tensor:
+        """The observation tokens [B, C * tokens + 2, d]: every camera's, then the state's and the prompt's."""
         b, c, h, w, _ = images.shape
         x = images.reshape(b * c, h, w, 3).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         pr = self.prompt_bag(prompt_ids, prompt_offsets)                 # [B, d]
@@ -170,8 +180,7 @@ class FlowActionModel(nn.Module):
         if self.cfg.state_dim == 0:
             state = torch.zeros(b, 1, device=images.device)
         st = self.state_in(state)[:, None, :]
-        cond = self.cond_norm(torch.cat([tok, st, pr[:, None, :]], dim=1))
-        return [blk.cond_kv(cond) for blk in self.blocks]
+        return self.cond_norm(torch.cat([tok, st, pr[:, None, :]], dim=1))
 
     def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         """The stem over camera images [B*C, 3, H, W] in [-1, 1] (robot-major) -> [B*C, d, h, w];

@@ -66,6 +66,7 @@ STATE_LAYOUTS: dict[str, int] = {
 LAYOUT = "memory"    # what training makes now; weights without the metadata key are "keys"
 STATE_DIM = STATE_LAYOUTS[LAYOUT]
 FILM_CHANNELS = 32   # the stem's first feature maps, which the prompt conditions (prompt_film)
+TARGET_AUX = 3       # target_aux's guess: cos / sin of the target's bearing from the heading, distance / 8
 
 
 def config(layout: str = LAYOUT, **over: object) -> FlowPolicyConfig:
@@ -87,7 +88,7 @@ class MazeFlowModel(FlowActionModel):
     weights walk to a distractor as often as to the named goal (``bench/maze/policy_goals.py``).
     """
 
-    def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False) -> None:
+    def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False, target_aux: bool = False) -> None:
         super().__init__(cfg)
         d = cfg.d_model
         self.stem = nn.Sequential(
@@ -104,6 +105,12 @@ class MazeFlowModel(FlowActionModel):
             self.film = nn.Linear(d, 2 * FILM_CHANNELS)
             nn.init.zeros_(self.film.weight)
             nn.init.zeros_(self.film.bias)
+        if target_aux:
+            # Training only (``train.py --target-aux``; not saved): from the image tokens alone, guess
+            # where the target the prompt names is. Its loss teaches the FiLM'd stem to find the
+            # named colour, which imitation alone did not (the policy reached distractors as often).
+            side = cfg.image_resolution[0] // 16
+            self.target_head = nn.Sequential(nn.Linear(side * side * d, d), nn.GELU(), nn.Linear(d, TARGET_AUX))
         if cfg.state_dim == STATE_LAYOUTS["memory"]:
             # The memory's useful facts are nonlinear in it (which panorama bin holds the
             # prompt's colour, which neighbour cell is unvisited): an MLP, not one linear map.
@@ -116,6 +123,11 @@ class MazeFlowModel(FlowActionModel):
         cams = x.shape[0] // prompt.shape[0]                                # one camera: no copy
         gamma, beta = self.film(prompt if cams == 1 else prompt.repeat_interleave(cams, 0)).chunk(2, dim=-1)
         return self.stem[2:](first * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
+
+    def target_guess(self, cond: torch.Tensor) -> torch.Tensor:
+        """``target_aux``'s guess [B, TARGET_AUX] from ``condition``'s tokens (the one camera's first)."""
+        side = self.cfg.image_resolution[0] // 16
+        return self.target_head(cond[:, :side * side].flatten(1))
 
     @property
     def state_layout(self) -> str:
@@ -214,7 +226,9 @@ def save_policy(model: MazeFlowModel, path: str | Path, extra: dict | None = Non
     meta["state_layout"] = model.state_layout
     meta["prompt_film"] = str(int(model.prompt_film))
     meta["info"] = json.dumps(extra or {})
-    tensors = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()}
+    # The training-only target head is not part of the policy.
+    tensors = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()
+               if not k.startswith("target_head.")}
     save_file(tensors, str(path), metadata=meta)
 
 

@@ -20,7 +20,10 @@ the scanner (``models/world/maze/scanner.py``: only what the robot has seen):
 
 Loss: flow matching, pi0's convention: x_t = t * noise + (1 - t) * a with a the
 key bits scaled to -1 / +1, the model predicts the velocity noise - a, t drawn
-from a logit-normal. Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step,
+from a logit-normal. With ``--target-aux W``, plus W times the squared error of a
+guess, from the image tokens alone, of where the prompt's target is (``target_of``:
+its bearing from the heading and its distance, the simulator's truth; a training
+signal only, the head is not saved). Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step,
 elapsed) every ``--ckpt-every`` seconds and at the end; ``--resume`` continues
 one (same ``--minutes`` budget: elapsed time counts). ``DIR/maze_policy.safetensors``
 is the fp16 export and ``DIR/train_log.json`` the log.
@@ -45,7 +48,8 @@ import torch
 
 from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
-from models.policy.maze.model import EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, MazeFlowModel, config, save_policy
+from models.policy.maze.model import (EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, TARGET_AUX, MazeFlowModel, config,
+                                      save_policy)
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
 from models.world.maze.planner import Planner, distance_field, goal_seeds
 from models.world.maze.scanner import Scanner
@@ -140,7 +144,7 @@ class PromptTable:
 
 
 class Buffer:
-    """A ring of (camera, state, prompt, expert chunk) on the device."""
+    """A ring of (camera, state, prompt, expert chunk, where the target is) on the device."""
 
     def __init__(self, size: int, state_dim: int, device: torch.device) -> None:
         self.size, self.n, self.head = size, 0, 0
@@ -148,18 +152,31 @@ class Buffer:
         self.state = torch.zeros(size, state_dim, device=device)
         self.prompt = torch.zeros(size, dtype=torch.int64, device=device)
         self.actions = torch.zeros(size, HORIZON, 8, dtype=torch.bool, device=device)
+        self.target = torch.zeros(size, TARGET_AUX, device=device)
 
-    def add(self, images: torch.Tensor, state: torch.Tensor, prompt: torch.Tensor, actions: torch.Tensor) -> None:
+    def add(self, images: torch.Tensor, state: torch.Tensor, prompt: torch.Tensor, actions: torch.Tensor,
+            target: torch.Tensor) -> None:
         k = images.shape[0]
         idx = (self.head + torch.arange(k, device=images.device)) % self.size
-        self.images[idx], self.state[idx], self.prompt[idx] = images, state, prompt
+        self.images[idx], self.state[idx], self.prompt[idx], self.target[idx] = images, state, prompt, target
         self.actions[idx] = actions > 0.5
         self.head = (self.head + k) % self.size
         self.n = min(self.size, self.n + k)
 
     def sample(self, batch: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
         idx = torch.randint(0, self.n, (batch,), device=self.images.device, generator=gen)
-        return self.images[idx], self.state[idx], self.prompt[idx], self.actions[idx].float() * 2 - 1
+        return (self.images[idx], self.state[idx], self.prompt[idx], self.actions[idx].float() * 2 - 1,
+                self.target[idx])
+
+
+def target_of(ep: Episodes) -> torch.Tensor:
+    """[B, TARGET_AUX]: where each robot's target is, from the simulator's truth (a training signal
+    only, ``--target-aux``): cos / sin of its bearing from the heading, and its distance / 8 (at most 1)."""
+    sim = ep.sim
+    centre = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5           # [B, 2] (x, y)
+    d = centre - sim.pos
+    bearing = torch.atan2(d[:, 1], d[:, 0]) - sim.yaw
+    return torch.stack([torch.cos(bearing), torch.sin(bearing), (d.norm(dim=1) / 8).clamp(max=1.0)], 1)
 
 
 def expert_chunk(ep: Episodes, planner: Planner | Scanner) -> torch.Tensor:
@@ -185,14 +202,19 @@ def sample_chunk(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor
 
 
 def flow_loss(model: MazeFlowModel, images: torch.Tensor, state: torch.Tensor, ids: torch.Tensor,
-              offsets: torch.Tensor, actions: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    kvs = model.encode(images[:, None], state, ids, offsets)
+              offsets: torch.Tensor, actions: torch.Tensor, gen: torch.Generator,
+              target: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The flow-matching loss, and with ``target`` (and the model's ``target_aux`` head) the
+    target guess's squared error beside it."""
+    cond = model.condition(images[:, None], state, ids, offsets)
+    kvs = model.kv_of(cond)
     b, dev = actions.shape[0], actions.device
     t = torch.sigmoid(torch.randn(b, device=dev, generator=gen))
     noise = torch.randn(actions.shape, device=dev, generator=gen)
     x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * actions
     v = model.velocity(x_t, t, kvs)
-    return (v - (noise - actions)).square().mean()
+    aux = None if target is None else (model.target_guess(cond) - target).square().mean()
+    return (v - (noise - actions)).square().mean(), aux
 
 
 def beta_at(progress: float, expert_share: float, beta_min: float, end: float = 0.8) -> float:
@@ -228,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the prompt conditions the image stem (model.py's prompt_film)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
                     help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
+    ap.add_argument("--target-aux", type=float, default=0.0, metavar="WEIGHT",
+                    help="weight of an auxiliary loss: guess from the image tokens where the named target is "
+                         "(bearing, distance; the simulator's truth, training only). 0: off")
     ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
     ap.add_argument("--ckpt-every", type=float, default=60.0)
     ap.add_argument("--log-every", type=float, default=10.0)
@@ -250,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
     cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
-    model = MazeFlowModel(cfg, prompt_film=args.prompt_film).to(dev)
+    model = MazeFlowModel(cfg, prompt_film=args.prompt_film, target_aux=args.target_aux > 0).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, elapsed, episodes_done = 0, 0.0, 0
     history: list[dict] = []
@@ -275,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return max(elapsed_s / budget_s, steps / args.max_steps)
     t0 = time.perf_counter() - elapsed
     last_log = last_ckpt = time.perf_counter()
-    loss_ema = float("nan")
+    loss_ema = aux_ema = float("nan")
     samples = 0
     stats = {"success": 0, "episodes": 0}
 
@@ -301,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(teacher, Scanner):
                 teacher.look()  # what the robot sees now (its look-ahead keeps the map as seen)
             label = expert_chunk(ep, teacher)
-            buf.add(images[live], state[live], pidx[live], label[live])
+            buf.add(images[live], state[live], pidx[live], label[live], target_of(ep)[live])
             samples += int(live.sum())
             # Per collection step, not per round: a round of slow episodes can be a fifth of a small run.
             beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)
@@ -314,28 +339,32 @@ def main(argv: list[str] | None = None) -> int:
             ep.execute(chunk[:, :EXECUTE])
             model.train()
             for _ in range(args.updates):
-                im, st, pi, act = buf.sample(args.bs, gen)
+                im, st, pi, act, tgt = buf.sample(args.bs, gen)
                 ids, offs = prompts.batch(pi)
                 lr = args.lr * min(1.0, (step + 1) / 300) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
                 for g in opt.param_groups:
                     g["lr"] = lr
-                loss = flow_loss(model, im, st, ids, offs, act, gen)
+                loss, aux = flow_loss(model, im, st, ids, offs, act, gen, tgt if args.target_aux > 0 else None)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                (loss if aux is None else loss + args.target_aux * aux).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 step += 1
                 lv = float(loss.detach())
                 loss_ema = lv if math.isnan(loss_ema) else 0.98 * loss_ema + 0.02 * lv
+                if aux is not None:
+                    av = float(aux.detach())
+                    aux_ema = av if math.isnan(aux_ema) else 0.98 * aux_ema + 0.02 * av
             model.eval()
             now = time.perf_counter()
             progress = run_progress(now - t0, step)
             if now - last_log >= args.log_every:
                 last_log = now
                 rate = stats["success"] / max(stats["episodes"], 1)
-                log.info("%s step %d loss %.4f beta %.2f samples %d train-success %.3f", bar(min(progress, 1.0)),
-                         step, loss_ema, beta, samples, rate)
+                log.info("%s step %d loss %.4f target %.4f beta %.2f samples %d train-success %.3f",
+                         bar(min(progress, 1.0)), step, loss_ema, aux_ema, beta, samples, rate)
                 history.append({"step": step, "elapsed_s": round(now - t0, 1), "loss": round(loss_ema, 5),
+                                "target_loss": None if math.isnan(aux_ema) else round(aux_ema, 5),
                                 "beta": round(beta, 3), "samples": samples, "train_success": round(rate, 4)})
             if now - last_ckpt >= args.ckpt_every:
                 last_ckpt = now
@@ -351,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
-            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "maze_workers": workers,
+            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "target_aux": args.target_aux, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

@@ -212,6 +212,28 @@ def test_training_smoke_run_and_resume(tmp_path):
     keys = tmp_path / "keys"
     assert train_main([*args[:-1], str(keys), "--max-steps", "1", "--state", "keys"]) == 0
     assert load_policy(keys / "maze_policy.safetensors").state_layout == "keys"
+    aux = tmp_path / "aux"  # the target head trains beside the policy and is not saved with it
+    assert train_main([*args[:-1], str(aux), "--max-steps", "2", "--state", "keys", "--prompt-film",
+                       "--target-aux", "0.5"]) == 0
+    log = json.loads((aux / "train_log.json").read_text())
+    assert log["target_aux"] == 0.5
+    policy = load_policy(aux / "maze_policy.safetensors")
+    assert policy.prompt_film and not hasattr(policy, "target_head")
+
+
+def test_target_of_is_the_bearing_and_distance_of_the_named_goal():
+    from models.policy.maze.episodes import Episodes
+    from models.policy.maze.train import target_of
+
+    ep = Episodes([0, 1], "marker")
+    sim = ep.sim
+    centre = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5
+    sim.yaw = torch.atan2(centre[:, 1] - sim.pos[:, 1], centre[:, 0] - sim.pos[:, 0])  # face the target
+    got = target_of(ep)
+    torch.testing.assert_close(got[:, :2], torch.tensor([[1.0, 0.0], [1.0, 0.0]]), atol=1e-5, rtol=0)
+    assert torch.allclose(got[:, 2], ((centre - sim.pos).norm(dim=1) / 8).clamp(max=1.0))
+    sim.yaw = sim.yaw - math.pi / 2  # turned left by 90 degrees: the target is to the right (+sin)
+    torch.testing.assert_close(target_of(ep)[:, :2], torch.tensor([[0.0, 1.0], [0.0, 1.0]]), atol=1e-5, rtol=0)
 
 
 def test_robot_reads_the_state_layout_from_the_metadata():
