@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,8 @@ from PIL import Image
 
 from protocols.world_v1 import JPEG_QUALITY
 from realtime.encode_pool import EncodePool
+
+log = logging.getLogger(__name__)
 
 # Encoder threads: enough to keep up with a batch's chunks, few enough to leave cores
 # to the engine and the loop. 0 encodes inline on the loop (bench_served's A/B). Below
@@ -81,7 +84,10 @@ def start_processes() -> EncodePool | None:
     global _processes
     stop_processes()
     if ENCODE_WORKERS > 0 and ENCODE_PROCESSES:
-        _processes = EncodePool(ENCODE_WORKERS, encode_on_threads)
+        try:
+            _processes = EncodePool(ENCODE_WORKERS, encode_on_threads)
+        except (OSError, RuntimeError, ValueError) as exc:  # no processes here (limits, sandbox): threads
+            log.warning("encoder processes not started (%s: %s); jpeg / png encode on threads", type(exc).__name__, exc)
     return _processes
 
 
