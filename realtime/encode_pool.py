@@ -105,16 +105,20 @@ class EncodePool:
         self.failed: str | None = None
         ctx = mp.get_context("spawn")  # the server may hold CUDA and threads: never fork it
         self._workers: list[_Worker] = []
-        for i in range(workers):
-            ours, theirs = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_serve, args=(theirs,), name=f"encode-{i}", daemon=True)
-            proc.start()
-            theirs.close()
-            sock = socket.socket(fileno=os.dup(ours.fileno()))
-            sock.setblocking(False)
-            w = _Worker(i, proc, ours, sock)
-            self._workers.append(w)
-            self.loop.add_reader(sock.fileno(), self._readable, w)
+        try:
+            for i in range(workers):
+                ours, theirs = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=_serve, args=(theirs,), name=f"encode-{i}", daemon=True)
+                proc.start()
+                theirs.close()
+                sock = socket.socket(fileno=os.dup(ours.fileno()))
+                sock.setblocking(False)
+                w = _Worker(i, proc, ours, sock)
+                self._workers.append(w)
+                self.loop.add_reader(sock.fileno(), self._readable, w)
+        except BaseException:
+            self.close()  # the workers started so far
+            raise
 
     @property
     def usable(self) -> bool:
