@@ -179,8 +179,13 @@ class FlowActionModel(nn.Module):
         tok = tok.reshape(b, -1, tok.shape[-1])
         if self.cfg.state_dim == 0:
             state = torch.zeros(b, 1, device=images.device)
-        st = self.state_in(state)[:, None, :]
+        st = self.state_features(state, pr)[:, None, :]
         return self.cond_norm(torch.cat([tok, st, pr[:, None, :]], dim=1))
+
+    def state_features(self, state: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """The state token [B, d] of state [B, S] (``prompt`` [B, d] for a subclass that reads the
+        state in the light of the prompt)."""
+        return self.state_in(state)
 
     def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         """The stem over camera images [B*C, 3, H, W] in [-1, 1] (robot-major) -> [B*C, d, h, w];

@@ -88,7 +88,8 @@ class MazeFlowModel(FlowActionModel):
     weights walk to a distractor as often as to the named goal (``bench/maze/policy_goals.py``).
     """
 
-    def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False, target_aux: bool = False) -> None:
+    def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False, target_aux: bool = False,
+                 prompt_state: bool = False) -> None:
         super().__init__(cfg)
         d = cfg.d_model
         self.stem = nn.Sequential(
@@ -106,15 +107,23 @@ class MazeFlowModel(FlowActionModel):
             nn.init.zeros_(self.film.weight)
             nn.init.zeros_(self.film.bias)
         if target_aux:
-            # Training only (``train.py --target-aux``; not saved): from the image tokens alone, guess
-            # where the target the prompt names is. Its loss teaches the FiLM'd stem to find the
+            # Training only (``train.py --target-aux``; not saved): from the image tokens and the
+            # state token, guess where the target the prompt names is. Its loss teaches the FiLM'd stem to find the
             # named colour, which imitation alone did not (the policy reached distractors as often).
             side = cfg.image_resolution[0] // 16
-            self.target_head = nn.Sequential(nn.Linear(side * side * d, d), nn.GELU(), nn.Linear(d, TARGET_AUX))
+            self.target_head = nn.Sequential(nn.Linear((side * side + 1) * d, d), nn.GELU(), nn.Linear(d, TARGET_AUX))
+        self.prompt_state = prompt_state
         if cfg.state_dim == STATE_LAYOUTS["memory"]:
             # The memory's useful facts are nonlinear in it (which panorama bin holds the
             # prompt's colour, which neighbour cell is unvisited): an MLP, not one linear map.
-            self.state_in = nn.Sequential(nn.Linear(cfg.state_dim, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+            # With prompt_state it also reads the prompt's embedding: which bin matters depends on it.
+            width = cfg.state_dim + (d if prompt_state else 0)
+            self.state_in = nn.Sequential(nn.Linear(width, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        elif prompt_state:
+            raise ValueError("prompt_state reads the memory layout's state (an MLP); this layout has none")
+
+    def state_features(self, state: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        return self.state_in(torch.cat([state, prompt], 1) if self.prompt_state else state)
 
     def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         if not self.prompt_film:
@@ -125,9 +134,9 @@ class MazeFlowModel(FlowActionModel):
         return self.stem[2:](first * (1 + gamma[:, :, None, None]) + beta[:, :, None, None])
 
     def target_guess(self, cond: torch.Tensor) -> torch.Tensor:
-        """``target_aux``'s guess [B, TARGET_AUX] from ``condition``'s tokens (the one camera's first)."""
+        """``target_aux``'s guess [B, TARGET_AUX] from ``condition``'s image tokens and state token."""
         side = self.cfg.image_resolution[0] // 16
-        return self.target_head(cond[:, :side * side].flatten(1))
+        return self.target_head(cond[:, :side * side + 1].flatten(1))
 
     @property
     def state_layout(self) -> str:
@@ -225,6 +234,7 @@ def save_policy(model: MazeFlowModel, path: str | Path, extra: dict | None = Non
     meta = {k: str(getattr(model.cfg, k)) for k in _SIZES}
     meta["state_layout"] = model.state_layout
     meta["prompt_film"] = str(int(model.prompt_film))
+    meta["prompt_state"] = str(int(model.prompt_state))
     meta["info"] = json.dumps(extra or {})
     # The training-only target head is not part of the policy.
     tensors = {k: v.detach().half().cpu().contiguous() for k, v in model.state_dict().items()
@@ -241,7 +251,8 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu", **over: ob
     sizes = {k: int(meta[k]) for k in _SIZES if k in meta}
     # The first shipped weights predate the key: they read the reactive "keys" state.
     model = MazeFlowModel(config(meta.get("state_layout", "keys"), **{**sizes, **over}),
-                          prompt_film=meta.get("prompt_film", "0") == "1")
+                          prompt_film=meta.get("prompt_film", "0") == "1",
+                          prompt_state=meta.get("prompt_state", "0") == "1")
     state = {k: v.float() for k, v in load_file(str(path)).items()}
     model.load_state_dict(state)
     return model.to(device).eval()

@@ -21,10 +21,12 @@ the scanner (``models/world/maze/scanner.py``: only what the robot has seen):
 Loss: flow matching, pi0's convention: x_t = t * noise + (1 - t) * a with a the
 key bits scaled to -1 / +1, the model predicts the velocity noise - a, t drawn
 from a logit-normal. With ``--target-aux W``, plus W times the squared error of a
-guess, from the image tokens alone, of where the prompt's target is (``target_of``:
+guess, from the image and state tokens, of where the prompt's target is (``target_of``:
 its bearing from the heading and its distance, the simulator's truth; a training
-signal only, the head is not saved). Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step,
-elapsed) every ``--ckpt-every`` seconds and at the end; ``--resume`` continues
+signal only, the head is not saved). ``--prompt-state``: the memory state's MLP reads
+the prompt too (which of the panorama's colours is the target's).
+
+Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step, elapsed) every ``--ckpt-every`` seconds and at the end; ``--resume`` continues
 one (same ``--minutes`` budget: elapsed time counts). ``DIR/maze_policy.safetensors``
 is the fp16 export and ``DIR/train_log.json`` the log.
 """
@@ -250,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the prompt conditions the image stem (model.py's prompt_film)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
                     help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
+    ap.add_argument("--prompt-state", action="store_true",
+                    help="the memory state's MLP reads the prompt's embedding too (model.py's prompt_state)")
     ap.add_argument("--target-aux", type=float, default=0.0, metavar="WEIGHT",
-                    help="weight of an auxiliary loss: guess from the image tokens where the named target is "
+                    help="weight of an auxiliary loss: guess from the image and state tokens where the named target is "
                          "(bearing, distance; the simulator's truth, training only). 0: off")
     ap.add_argument("--max-steps", type=int, default=10**9, help="a step budget beside --minutes (the first ends the run)")
     ap.add_argument("--ckpt-every", type=float, default=60.0)
@@ -275,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     torch.set_float32_matmul_precision("high")  # TF32 on the GPU: a small model, launch-bound anyway
     cfg = config(args.state, d_model=32, num_heads=2, num_layers=1) if args.tiny else config(args.state)
-    model = MazeFlowModel(cfg, prompt_film=args.prompt_film, target_aux=args.target_aux > 0).to(dev)
+    model = MazeFlowModel(cfg, prompt_film=args.prompt_film, target_aux=args.target_aux > 0,
+                          prompt_state=args.prompt_state).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     step, elapsed, episodes_done = 0, 0.0, 0
     history: list[dict] = []
@@ -380,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
-            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "target_aux": args.target_aux, "maze_workers": workers,
+            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "target_aux": args.target_aux, "prompt_state": args.prompt_state, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))

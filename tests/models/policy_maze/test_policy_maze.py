@@ -219,6 +219,12 @@ def test_training_smoke_run_and_resume(tmp_path):
     assert log["target_aux"] == 0.5
     policy = load_policy(aux / "maze_policy.safetensors")
     assert policy.prompt_film and not hasattr(policy, "target_head")
+    mem = tmp_path / "mem"  # the memory state read in the light of the prompt
+    assert train_main([*args[:-1], str(mem), "--max-steps", "1", "--prompt-state", "--target-aux", "0.5"]) == 0
+    policy = load_policy(mem / "maze_policy.safetensors")
+    assert policy.prompt_state and policy.state_layout == "memory"
+    with pytest.raises(ValueError, match="prompt_state reads the memory layout"):
+        MazeFlowModel(config("keys"), prompt_state=True)
 
 
 def test_target_of_is_the_bearing_and_distance_of_the_named_goal():
