@@ -11,8 +11,9 @@ Worker processes have GILs of their own::
     flush                 that iteration's requests, each to the worker with the fewest
                           frames in flight; one pickled message per worker, written
                           without blocking the loop
-    worker                a spawned process (numpy + PIL; no torch, no CUDA): encodes each
-                          request's frames, replies with the payloads, in order
+    worker                a fresh interpreter (numpy + PIL; no torch, no CUDA, never the
+                          server's __main__): encodes each request's frames, replies with
+                          the payloads, in order
     reply                 read when the socket is readable; each request's future gets
                           its payloads
 
@@ -29,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import socket
 import struct
+import subprocess
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -44,15 +46,19 @@ log = logging.getLogger(__name__)
 
 Fallback = Callable[[np.ndarray, str], Awaitable[list[bytes]]]
 _READ_BYTES = 1 << 20
-# multiprocessing.Connection's framing (the worker side uses send_bytes / recv_bytes):
+# multiprocessing.connection.Connection's framing (the worker's send_bytes / recv_bytes):
 # a 4-byte big-endian length, or -1 and an 8-byte length for messages of 2 GiB and more.
 _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
 
 
-def _serve(conn: Any) -> None:
-    """A worker process: encode each job's requests until the pool's end of the pipe closes."""
+def serve(fd: int) -> None:
+    """A worker process (``python -c``, started by ``EncodePool``): encode each job's requests
+    until the pool's end of the socket ``fd`` closes."""
+    from multiprocessing.connection import Connection
+
     from realtime.media import encode_frames
 
+    conn = Connection(fd)
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     while True:
         try:
@@ -78,12 +84,21 @@ class _Request:
     future: asyncio.Future
 
 
+def _start_worker(fd: int) -> subprocess.Popen:
+    """A fresh interpreter that imports only this module's worker (never the server's
+    ``__main__``, as multiprocessing's spawn would: a script that starts a server at import
+    would start one per worker), with ``fd`` its end of the socket."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where ``realtime`` is
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.Popen([sys.executable, "-c", f"from realtime.encode_pool import serve; serve({fd})"],
+                            pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL, close_fds=True)
+
+
 @dataclass
 class _Worker:
     index: int
-    proc: Any
-    conn: Any            # the pool's multiprocessing end (kept open: it owns the descriptor pair)
-    sock: socket.socket  # the same socket, non-blocking, for the loop's reader / writer
+    proc: subprocess.Popen
+    sock: socket.socket  # the pool's end, non-blocking, for the loop's reader / writer
     ready: bool = False
     alive: bool = True
     frames_in_flight: int = 0
@@ -103,19 +118,18 @@ class EncodePool:
         self._scheduled = False
         self._ids = itertools.count(1)
         self.failed: str | None = None
-        ctx = mp.get_context("spawn")  # the server may hold CUDA and threads: never fork it
         self._workers: list[_Worker] = []
         try:
             for i in range(workers):
-                ours, theirs = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=_serve, args=(theirs,), name=f"encode-{i}", daemon=True)
-                proc.start()
-                theirs.close()
-                sock = socket.socket(fileno=os.dup(ours.fileno()))
-                sock.setblocking(False)
-                w = _Worker(i, proc, ours, sock)
+                ours, theirs = socket.socketpair()
+                try:
+                    proc = _start_worker(theirs.fileno())
+                finally:
+                    theirs.close()
+                ours.setblocking(False)
+                w = _Worker(i, proc, ours)
                 self._workers.append(w)
-                self.loop.add_reader(sock.fileno(), self._readable, w)
+                self.loop.add_reader(ours.fileno(), self._readable, w)
         except BaseException:
             self.close()  # the workers started so far
             raise
@@ -138,9 +152,11 @@ class EncodePool:
         """Stop the workers; whatever they still hold is encoded by the fallback."""
         self._stop("the pool closed")
         for w in self._workers:
-            w.proc.join(timeout=1.0)
-            if w.proc.is_alive():
-                w.proc.terminate()
+            try:
+                w.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
 
     # ------------------------------------------------------------------ loop callbacks
     def _flush(self) -> None:
@@ -193,7 +209,7 @@ class EncodePool:
             self._lost(w, f"read failed: {exc}")
             return
         if not data:
-            self._lost(w, f"exited (code {w.proc.exitcode})")
+            self._lost(w, f"exited (code {w.proc.poll()})")
             return
         w.inbuf += data
         while True:
@@ -248,8 +264,7 @@ class EncodePool:
             self.loop.remove_reader(w.sock.fileno())
             if w.writing:
                 self.loop.remove_writer(w.sock.fileno())
-            w.sock.close()
-            w.conn.close()  # the worker reads EOF and exits
+            w.sock.close()  # the worker reads EOF and exits
             while w.jobs:
                 for r in w.jobs.popleft()[1]:
                     self._fallback(r)

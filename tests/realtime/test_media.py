@@ -95,3 +95,35 @@ def test_a_dead_worker_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
             media.stop_processes()
 
     asyncio.run(main())
+
+
+SCRIPT = """
+import asyncio, os, sys
+print("module level ran in", os.getpid(), flush=True)  # a script with no __main__ guard
+from realtime import media
+media.ENCODE_WORKERS = 2
+async def main():
+    pool = media.start_processes()
+    for _ in range(400):
+        if pool.usable:
+            break
+        await asyncio.sleep(0.025)
+    print("usable", pool.usable, flush=True)
+    media.stop_processes()
+asyncio.run(main())
+"""
+
+
+def test_workers_never_run_the_servers_main_script(tmp_path) -> None:
+    """Workers are fresh interpreters: a script without a ``__main__`` guard runs once, not once per worker."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "serve_unguarded.py"
+    script.write_text(SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=root))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("module level ran") == 1 and "usable True" in proc.stdout, proc.stdout
