@@ -54,10 +54,13 @@ _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
 def serve(fd: int) -> None:
     """A worker process (``python -c``, started by ``EncodePool``): encode each job's requests
     until the pool's end of the socket ``fd`` closes."""
+    import signal
     from multiprocessing.connection import Connection
 
     from realtime.media import encode_frames
 
+    # Ctrl-C reaches the whole process group; the server shuts down and closes the socket.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     while True:
