@@ -59,33 +59,27 @@ def log(msg: str) -> None:
     print(f"[pi0_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-class CountingPi0(Pi0Policy):
+class _Timed:
     """Records each forward's batch size (what the engine actually batched) and its time."""
 
     sizes: list[int]
     forward_ms: list[float]
 
-    def infer_batch(self, works):  # type: ignore[override]
+    def infer_batch(self, works):  # type: ignore[no-untyped-def]
         self.sizes.append(len(works))
         t = time.perf_counter()
-        out = super().infer_batch(works)
+        out = super().infer_batch(works)  # type: ignore[misc]
         self.forward_ms.append((time.perf_counter() - t) * 1000.0)
         return out
 
 
-class StandIn(DummyPolicy):
+class CountingPi0(_Timed, Pi0Policy):
+    """The pi0 policy, timed (``_Timed``)."""
+
+
+class StandIn(_Timed, DummyPolicy):
     """pi0's metadata and one robot's bare call time as a sleep: what serving adds to a forward
     that does not compete for the CPU (the forward's size and request bytes are pi0's)."""
-
-    sizes: list[int]
-    forward_ms: list[float]
-
-    def infer_batch(self, works):  # type: ignore[override]
-        self.sizes.append(len(works))
-        t = time.perf_counter()
-        out = super().infer_batch(works)
-        self.forward_ms.append((time.perf_counter() - t) * 1000.0)
-        return out
 
 
 def tiny_config():

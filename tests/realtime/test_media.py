@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 
 import numpy as np
@@ -36,12 +37,20 @@ def _frames(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 255, (n, 16, 24, 3), dtype=np.uint8)
 
 
-async def _until_usable(pool) -> None:
-    for _ in range(400):  # spawned workers import numpy and PIL: well under a few seconds
-        if pool.usable:
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("encoder processes never became ready")
+@contextlib.asynccontextmanager
+async def _running_pool():
+    """The app's encoder processes for this loop, once every worker is up; stopped after."""
+    pool = media.start_processes()
+    assert pool is not None
+    try:
+        for _ in range(400):  # fresh interpreters import numpy and PIL: well under a few seconds
+            if pool.usable:
+                break
+            await asyncio.sleep(0.025)
+        assert pool.usable, "encoder processes never became ready"
+        yield pool
+    finally:
+        media.stop_processes()
 
 
 def test_processes_encode_many_sessions_in_one_iteration_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,10 +58,7 @@ def test_processes_encode_many_sessions_in_one_iteration_exactly(monkeypatch: py
     monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
 
     async def main() -> None:
-        pool = media.start_processes()
-        assert pool is not None
-        try:
-            await _until_usable(pool)
+        async with _running_pool() as pool:
             chunks = [_frames(1 + i % 3, i) for i in range(12)]
             fmts = ["jpeg", "png"] * 6
             got = await asyncio.gather(*(media.encode_chunk(c, f) for c, f in zip(chunks, fmts)))
@@ -63,8 +69,6 @@ def test_processes_encode_many_sessions_in_one_iteration_exactly(monkeypatch: py
             results = await asyncio.gather(bad, good, return_exceptions=True)
             assert isinstance(results[0], ValueError) and results[1] == media.encode_frames(chunks[0], "jpeg")
             assert pool.usable  # an encoder error is the request's, not the pool's
-        finally:
-            media.stop_processes()
 
     asyncio.run(main())
 
@@ -74,10 +78,7 @@ def test_a_dead_worker_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(media, "ENCODE_WORKERS", 2)
 
     async def main() -> None:
-        pool = media.start_processes()
-        assert pool is not None
-        try:
-            await _until_usable(pool)
+        async with _running_pool() as pool:
             chunks = [_frames(2, i) for i in range(8)]
             futures = [asyncio.ensure_future(media.encode_chunk(c, "jpeg")) for c in chunks]
             await asyncio.sleep(0)  # the flush has run: the jobs are written
@@ -91,8 +92,6 @@ def test_a_dead_worker_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
                 await asyncio.sleep(0.025)
             assert pool.failed and not pool.usable
             assert await media.encode_chunk(chunks[0], "png") == media.encode_frames(chunks[0], "png")
-        finally:
-            media.stop_processes()
 
     asyncio.run(main())
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import torch
 
@@ -34,3 +37,24 @@ def write_tiny(folder: str, cfg: Pi0Config = TINY, seed: int = 0, expert_head: b
     write_checkpoint(folder, model, expert_head=expert_head)
     write_tokenizer(folder, CORPUS, vocab_size=cfg.vocab_size)
     return model
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def run_interpreted(code: str, min_triton: tuple[int, int] = (3, 9)) -> dict:
+    """Run ``code`` under the Triton interpreter (a subprocess: TRITON_INTERPRET must be set
+    before triton is imported) and return the JSON its last line prints; skips the test without
+    Triton, or with a Triton older than ``min_triton``, whose interpreter cannot run these kernels."""
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < min_triton:
+        # Measured on the H200 host: Triton 3.6's interpreter fails on a loop's bounds ("only
+        # 0-dimensional arrays can be converted to Python scalars"), while the compiled
+        # kernels there match the torch paths (test_pi0_cuda.py).
+        pytest.skip(f"the interpreter of Triton {triton.__version__} cannot run this kernel")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -4,18 +4,14 @@ set before triton is imported). The bf16 kernel on CUDA is in test_pi0_cuda.py."
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from models.policy.pi0.expert_attention import expert_attention, expert_attention_math
+from pi0_support import run_interpreted
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def case(b: int, t: int, h: int, d: int, keys: int, seed: int = 0):
@@ -68,16 +64,6 @@ print(json.dumps(out))
 
 
 def test_triton_kernel_under_the_interpreter():
-    triton = pytest.importorskip("triton")
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        # Measured on the H200 host: Triton 3.6's interpreter fails on the split loop's bounds
-        # ("only 0-dimensional arrays can be converted to Python scalars"), while the compiled
-        # kernel there matches the math path (test_pi0_cuda.py).
-        pytest.skip(f"the interpreter of Triton {triton.__version__} cannot run this kernel")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_interpreted(INTERPRETED)
     assert set(errors) == {"one_split", "three_splits", "empty_splits", "head_dim_32_ragged"}
     assert all(e < 1e-5 for e in errors.values()), errors

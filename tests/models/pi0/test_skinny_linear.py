@@ -4,18 +4,14 @@ TRITON_INTERPRET must be set before triton is imported). bf16 at pi0's sizes is 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from models.policy.pi0.skinny_linear import MAX_ROWS, applies, geglu, linear, reference
+from pi0_support import run_interpreted
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_cpu_takes_the_torch_path_exactly():
@@ -56,13 +52,6 @@ print(json.dumps(out))
 
 
 def test_triton_kernel_under_the_interpreter():
-    triton = pytest.importorskip("triton")
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 9):
-        pytest.skip(f"the interpreter of Triton {triton.__version__} is not the one this test was written for")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-c", INTERPRETED], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    errors = run_interpreted(INTERPRETED)
     assert set(errors) == {"plain_51_rows", "plain_one_row", "geglu_51_rows", "geglu_ragged"}
     assert all(e < 1e-4 for e in errors.values()), errors
