@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import struct
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -126,28 +127,32 @@ def _decode(obj: dict) -> Any:
         data, shape = obj.get(b"data"), obj.get(b"shape")
         if not isinstance(data, bytes):
             raise WireError("array data must be bytes")
-        dtype = _dtype(obj.get(b"dtype"))
-        if type(shape) is not list:
-            raise WireError("array shape must be a list of non-negative ints")
-        if len(shape) > MAX_ARRAY_DIMS:
-            raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
-        count = 1
-        for d in shape:
-            if type(d) is not int or d < 0:
-                raise WireError("array shape must be a list of non-negative ints")
-            # No real array of a bounded body has a longer axis; a zero-size array could
-            # otherwise claim [0, 2**63] and make numpy raise instead of us.
-            if d > MAX_MESSAGE_BYTES:
-                raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
-            count *= d
-        if count * dtype.itemsize != len(data):
-            raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
-                            f"{count * dtype.itemsize}")
-        # A view of the immutable received bytes: read-only, as with the reference.
-        return np.ndarray(buffer=data, dtype=dtype, shape=shape)
+        return _array(data, _dtype(obj.get(b"dtype")), shape)
     if b"__npgeneric__" in obj:
         return _scalar(_dtype(obj.get(b"dtype")), obj.get(b"data"))
     return obj
+
+
+def _array(data: bytes | memoryview, dtype: np.dtype, shape: Any) -> np.ndarray:
+    """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``WireError``."""
+    if type(shape) is not list:
+        raise WireError("array shape must be a list of non-negative ints")
+    if len(shape) > MAX_ARRAY_DIMS:
+        raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise WireError("array shape must be a list of non-negative ints")
+        # No real array of a bounded body has a longer axis; a zero-size array could
+        # otherwise claim [0, 2**63] and make numpy raise instead of us.
+        if d > MAX_MESSAGE_BYTES:
+            raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
+        count *= d
+    if count * dtype.itemsize != len(data):
+        raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
+                        f"{count * dtype.itemsize}")
+    # A view of the immutable received bytes: read-only, as with the reference.
+    return np.ndarray(buffer=data, dtype=dtype, shape=shape)
 
 
 def _scalar(dtype: np.dtype, data: Any) -> np.generic:
@@ -192,12 +197,145 @@ def unpack(data: bytes) -> Any:
     """Decode one message; anything malformed becomes a ``WireError``."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise WireError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
+    if type(data) is bytes:
+        flat = _unpack_flat(data)
+        if flat is not None:
+            return flat
+    return _unpack_msgpack(data)
+
+
+def _unpack_msgpack(data: bytes) -> Any:
+    """Any message, by msgpack with ``_decode`` as its hook (the one source of errors)."""
     try:
         return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False)
     except WireError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
         raise WireError(f"body is not valid msgpack ({str(exc) or type(exc).__name__})") from None
+
+
+# How openpi-client's pack_array writes every array: a map of 4 entries, in this order,
+# {b"__ndarray__": True, b"data": <bin>, b"dtype": <str>, b"shape": <array of ints>}.
+_ND_HEAD = b"\x84\xc4\x0b__ndarray__\xc3\xc4\x04data"
+_ND_DTYPE = b"\xc4\x05dtype"
+_ND_SHAPE = b"\xc4\x05shape"
+_U16 = struct.Struct(">H").unpack_from
+_U32 = struct.Struct(">I").unpack_from
+
+
+def _unpack_flat(data: bytes) -> dict[str, Any] | None:
+    """The usual request, decoded without copying its images; None for anything else.
+
+    The usual request is what openpi-client sends every call: one map of str keys to
+    arrays in ``pack_array``'s layout (above) or strings. msgpack would copy each
+    array's bytes out of the message first (three cameras: ~450 KB a call, and the
+    cache they evict); here a one-byte-per-item array (uint8: the cameras) is a
+    read-only view of ``data`` itself. A wider one (the state) is copied, so that it
+    is aligned as msgpack's copy was. The result is what ``_unpack_msgpack`` returns,
+    arrays equal and read-only alike (tests/protocols/test_openpi_flat.py compares
+    the two). Anything else (other value types, other layouts, a truncated, trailing
+    or malformed body) is None, and msgpack decodes it or names the error.
+    """
+    try:
+        return _flat_map(data)
+    except (IndexError, UnicodeDecodeError, struct.error, WireError):
+        return None
+
+
+def _flat_map(b: bytes) -> dict[str, Any] | None:
+    mv = memoryview(b)
+    t = b[0]
+    if 0x80 <= t <= 0x8F:  # fixmap
+        count, p = t & 0x0F, 1
+    elif t == 0xDE:  # map 16
+        count, p = _U16(b, 1)[0], 3
+    else:
+        return None
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        key, p = _flat_str(b, mv, p)
+        if key is None:
+            return None
+        t = b[p]
+        value: Any
+        if t == 0x84:
+            if not b.startswith(_ND_HEAD, p):
+                return None
+            value, p = _flat_array(b, mv, p + len(_ND_HEAD))
+            if value is None:
+                return None
+        elif t == 0xC0:
+            value, p = None, p + 1
+        elif t == 0xC2 or t == 0xC3:
+            value, p = t == 0xC3, p + 1
+        else:
+            value, p = _flat_str(b, mv, p)
+            if value is None:
+                return None
+        out[key] = value
+    return out if p == len(b) else None
+
+
+def _flat_str(b: bytes, mv: memoryview, p: int) -> tuple[str | None, int]:
+    """A msgpack str at ``p`` and the offset after it; (None, p) if there is none."""
+    t = b[p]
+    if 0xA0 <= t <= 0xBF:
+        start, end = p + 1, p + 1 + (t & 0x1F)
+    elif t == 0xD9:
+        start = p + 2
+        end = start + b[p + 1]
+    elif t == 0xDA:
+        start = p + 3
+        end = start + _U16(b, p + 1)[0]
+    else:
+        return None, p
+    if end > len(b):
+        return None, p
+    return str(mv[start:end], "utf-8"), end
+
+
+def _flat_array(b: bytes, mv: memoryview, p: int) -> tuple[np.ndarray | None, int]:
+    """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape."""
+    t = b[p]
+    if t == 0xC6:
+        size, p = _U32(b, p + 1)[0], p + 5
+    elif t == 0xC5:
+        size, p = _U16(b, p + 1)[0], p + 3
+    elif t == 0xC4:
+        size, p = b[p + 1], p + 2
+    else:
+        return None, p
+    start, p = p, p + size
+    if p > len(b) or not b.startswith(_ND_DTYPE, p):
+        return None, p
+    spec, p = _flat_str(b, mv, p + len(_ND_DTYPE))
+    if spec is None or not b.startswith(_ND_SHAPE, p):
+        return None, p
+    p += len(_ND_SHAPE)
+    t = b[p]
+    if not 0x90 <= t <= 0x9F:  # fixarray
+        return None, p
+    p += 1
+    shape = []
+    for _ in range(t & 0x0F):
+        t = b[p]
+        if t <= 0x7F:
+            shape.append(t)
+            p += 1
+        elif t == 0xCC:
+            shape.append(b[p + 1])
+            p += 2
+        elif t == 0xCD:
+            shape.append(_U16(b, p + 1)[0])
+            p += 3
+        elif t == 0xCE:
+            shape.append(_U32(b, p + 1)[0])
+            p += 5
+        else:
+            return None, p
+    dtype = _dtype(spec)
+    view = mv[start:start + size]
+    return _array(view if dtype.itemsize == 1 else bytes(view), dtype, shape), p
 
 
 # --------------------------------------------------------------------------- metadata
