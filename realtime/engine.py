@@ -70,6 +70,9 @@ except (ImportError, AttributeError):  # not Linux
     _RUSAGE_THREAD = None
 
 
+_NO_RETURNERS: frozenset[str] = frozenset()
+
+
 class EngineStopped(Exception):
     """The engine is stopped or dead; nothing more runs."""
 
@@ -412,7 +415,11 @@ class Engine:
             self._forward(batch)
         finally:
             model = batch[0].model
-            self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
+            if len(batch) == 1:  # an inline forward, or a lone caller: no generator
+                sid = batch[0].session_id
+                self._returners[model] = _NO_RETURNERS if sid is None else frozenset((sid,))
+            else:
+                self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
             self._free_since[model] = time.perf_counter()
 
     def _forward(self, batch: list[_Job]) -> None:
@@ -547,6 +554,11 @@ def _preemptions() -> int:
 
 
 def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:
+    if loop is not None and asyncio._get_running_loop() is loop:  # an inline forward: no closure, no hop
+        if not fut.done():
+            fut.set_result(value)
+        return
+
     def set_result() -> None:
         if not fut.done():
             fut.set_result(value)

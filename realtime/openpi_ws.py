@@ -184,6 +184,7 @@ class OpenPIConnection:
             if self.draining:  # before the handler returns (uvicorn then drops the socket)
                 await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
             self.quiet.set()
+            self.idle.close()
             self._release()
             if self.slot is not None:
                 self.slot.release()

@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from bench.openpi.bench_fleet import measure_rounds  # noqa: E402
+from bench.openpi.bench_fleet import WARMUP_SECONDS, measure_rounds  # noqa: E402
 from bench.openpi.bench_loopback import (PATH, Server, _free_port, _no_uvloop_path, hardware, log,  # noqa: E402
                                          stop_process, versions, wait_healthy)
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     names = tuple(args.servers)
     servers = {name: (_Patched(name) if name in _PATCHED else Server(name, 0.0, no_uvloop=True)) for name in names}
-    measured = measure_rounds(servers, names, args.clients, args.rounds, args.seconds)
+    measured = measure_rounds(servers, names, args.clients, args.rounds, args.seconds, WARMUP_SECONDS)
     raw = {n: {c: [(m["calls_per_s"], 1000 * m["server_cpu_s"] / max(m["calls"], 1)) for m in ms]
                for c, ms in by_clients.items()} for n, by_clients in measured.items()}
     results: dict[str, Any] = {}
