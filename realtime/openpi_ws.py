@@ -62,7 +62,7 @@ from realtime.connection import (
     new_session_id,
     run_handler,
 )
-from realtime.engine import Engine
+from realtime.engine import NOT_RUN, Engine
 from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
@@ -310,10 +310,13 @@ class OpenPIConnection:
         work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
         started = time.perf_counter()
         try:
-            answer = self.engine.submit_future(self.model, work, session_id=sid)
-            if not answer.done():
-                self._watch()
-            result: PolicyResult = await answer
+            # An instant policy is answered here and now; anything else through the engine.
+            result: PolicyResult = self.engine.run_now(self.model, work, session_id=sid)
+            if result is NOT_RUN:
+                answer = self.engine.submit_future(self.model, work, session_id=sid)
+                if not answer.done():
+                    self._watch()
+                result = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
         self.used[sid].ticked(self.used[sid].chunk_index + 1)

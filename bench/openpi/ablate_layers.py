@@ -16,7 +16,7 @@ and the server process's CPU per call (/proc utime + stime), medians over rounds
 * ``ours-decode``: as ``ours-min`` but the request decoded and validated by
   ``protocols/openpi.decode_request`` (no engine, no policy, no metrics).
 * ``ours-policy``: then the policy's own ``run_batch`` (PolicyWork, forward, action checks).
-* ``ours-submit``: then ``Engine.submit_future`` around it (run inline) instead.
+* ``ours-submit``: then the engine around it as the endpoint calls it (``Engine.run_now``, inline).
 * ``ours``: the server as ``realtime serve`` runs it (``bench_loopback`` ``serve_ours``).
 
 Consecutive rows differ by one layer, so their difference is that layer's cost per
