@@ -243,7 +243,7 @@ def _unpack_flat(data: bytes) -> dict[str, Any] | None:
 
 
 def _flat_map(b: bytes) -> dict[str, Any] | None:
-    mv = memoryview(b)
+    n, mv = len(b), memoryview(b)
     t = b[0]
     if 0x80 <= t <= 0x8F:  # fixmap
         count, p = t & 0x0F, 1
@@ -253,7 +253,7 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {}
     for _ in range(count):
-        key, p = _flat_str(b, mv, p)
+        key, p = _flat_str(b, mv, p, n)
         if key is None:
             return None
         t = b[p]
@@ -261,7 +261,7 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
         if t == 0x84:
             if not b.startswith(_ND_HEAD, p):
                 return None
-            value, p = _flat_array(b, mv, p + len(_ND_HEAD))
+            value, p = _flat_array(b, mv, p + len(_ND_HEAD), n)
             if value is None:
                 return None
         elif t == 0xC0:
@@ -269,14 +269,14 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
         elif t == 0xC2 or t == 0xC3:
             value, p = t == 0xC3, p + 1
         else:
-            value, p = _flat_str(b, mv, p)
+            value, p = _flat_str(b, mv, p, n)
             if value is None:
                 return None
         out[key] = value
-    return out if p == len(b) else None
+    return out if p == n else None
 
 
-def _flat_str(b: bytes, mv: memoryview, p: int) -> tuple[str | None, int]:
+def _flat_str(b: bytes, mv: memoryview, p: int, n: int) -> tuple[str | None, int]:
     """A msgpack str at ``p`` and the offset after it; (None, p) if there is none."""
     t = b[p]
     if 0xA0 <= t <= 0xBF:
@@ -289,13 +289,14 @@ def _flat_str(b: bytes, mv: memoryview, p: int) -> tuple[str | None, int]:
         end = start + _U16(b, p + 1)[0]
     else:
         return None, p
-    if end > len(b):
+    if end > n:
         return None, p
     return str(mv[start:end], "utf-8"), end
 
 
-def _flat_array(b: bytes, mv: memoryview, p: int) -> tuple[np.ndarray | None, int]:
-    """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape."""
+def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | None, int]:
+    """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape.
+    Checked as ``_array`` checks (any failure: None, and msgpack's path names it)."""
     t = b[p]
     if t == 0xC6:
         size, p = _U32(b, p + 1)[0], p + 5
@@ -306,36 +307,38 @@ def _flat_array(b: bytes, mv: memoryview, p: int) -> tuple[np.ndarray | None, in
     else:
         return None, p
     start, p = p, p + size
-    if p > len(b) or not b.startswith(_ND_DTYPE, p):
+    if p > n or not b.startswith(_ND_DTYPE, p):
         return None, p
-    spec, p = _flat_str(b, mv, p + len(_ND_DTYPE))
+    spec, p = _flat_str(b, mv, p + len(_ND_DTYPE), n)
     if spec is None or not b.startswith(_ND_SHAPE, p):
         return None, p
     p += len(_ND_SHAPE)
     t = b[p]
-    if not 0x90 <= t <= 0x9F:  # fixarray
+    if not 0x90 <= t <= 0x9F:  # fixarray: at most 15 dimensions, within MAX_ARRAY_DIMS
         return None, p
     p += 1
     shape = []
-    for _ in range(t & 0x0F):
+    count = 1
+    for _ in range(t & 0x0F):  # non-negative ints only: what msgpack gives for these types
         t = b[p]
         if t <= 0x7F:
-            shape.append(t)
-            p += 1
+            d, p = t, p + 1
         elif t == 0xCC:
-            shape.append(b[p + 1])
-            p += 2
+            d, p = b[p + 1], p + 2
         elif t == 0xCD:
-            shape.append(_U16(b, p + 1)[0])
-            p += 3
+            d, p = _U16(b, p + 1)[0], p + 3
         elif t == 0xCE:
-            shape.append(_U32(b, p + 1)[0])
-            p += 5
+            d, p = _U32(b, p + 1)[0], p + 5
         else:
             return None, p
+        shape.append(d)
+        count *= d
     dtype = _dtype(spec)
+    if count * dtype.itemsize != size or max(shape, default=0) > MAX_MESSAGE_BYTES:
+        return None, p
     view = mv[start:start + size]
-    return _array(view if dtype.itemsize == 1 else bytes(view), dtype, shape), p
+    # A view of the immutable received bytes: read-only, as msgpack's path gives.
+    return np.ndarray(buffer=view if dtype.itemsize == 1 else bytes(view), dtype=dtype, shape=shape), p
 
 
 # --------------------------------------------------------------------------- metadata
