@@ -319,7 +319,8 @@ class OpenPIConnection:
                 result = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
-        self.used[sid].ticked(self.used[sid].chunk_index + 1)
+        entry = self.used[sid]
+        entry.ticked(entry.chunk_index + 1)
         infer_ms = (time.perf_counter() - started) * 1000.0
         self.policy_call.observe(infer_ms / 1000.0)
         return wire.infer_reply(
