@@ -78,6 +78,9 @@ _REFUSED_KINDS = ("V", "O", "c")
 _NO_STATE = np.zeros((0,), np.float32)
 _NO_STATE.flags.writeable = False
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,128}$")
+# numpy's dtypes of builtin types are singletons: "is" first, then the full comparison.
+_UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
 
 
 class WireError(ValueError):
@@ -377,6 +380,8 @@ class PolicyMetadata:
         object.__setattr__(self, "image_resolution", (int(res[0]), int(res[1])))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
         object.__setattr__(self, "_named", frozenset({*keys, self.state_key, self.prompt_key, *RESERVED_KEYS}))
+        object.__setattr__(self, "_image_shape", (*self.image_resolution, 3))
+        object.__setattr__(self, "_state_shape", (self.state_dim,))
 
     def to_wire(self) -> dict[str, Any]:
         """The metadata dict sent as the first frame (plain types only)."""
@@ -414,6 +419,15 @@ class PolicyMetadata:
     def named_keys(self) -> frozenset[str]:
         """Every top-level key with a meaning of its own: cameras, state, prompt, protocol keys."""
         return self._named
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """Every camera's array shape: ``[H, W, 3]``."""
+        return self._image_shape
+
+    @property
+    def state_shape(self) -> tuple[int]:
+        return self._state_shape
 
     @property
     def action_shape(self) -> tuple[int, int]:
@@ -526,18 +540,20 @@ def _infer_request(msg: dict, metadata: PolicyMetadata, where: str) -> InferRequ
 
 def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where: str = "") -> Observation:
     """Check camera keys, image shape/dtype, state length and finiteness, prompt type."""
-    h, w = metadata.image_resolution
+    image_shape = metadata.image_shape
     images: dict[str, np.ndarray] = {}
     for key in metadata.image_keys:
         if key not in msg:
             raise WireError(f"missing camera {where}{key!r}")
         img = msg[key]
-        if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.shape != (h, w, 3):
+        if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
+                or img.shape != image_shape:
+            h, w = metadata.image_resolution
             raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
         images[key] = img
 
     if metadata.state_dim > 0 or metadata.state_key in msg:
-        state = _state(msg.get(metadata.state_key), metadata, f"{where}{metadata.state_key!r}")
+        state = _state(msg.get(metadata.state_key), metadata, where)
     else:
         state = _NO_STATE
 
@@ -562,7 +578,15 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
 
 
-def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
+def _state(value: Any, metadata: PolicyMetadata, where: str) -> np.ndarray:
+    if type(value) is np.ndarray and value.dtype is _FLOAT32 and value.shape == metadata.state_shape \
+            and not value.flags.writeable:  # the usual case: read-only float32 of the right length
+        if np.isfinite(value).all():
+            return value
+    return _state_checked(value, metadata, f"{where}{metadata.state_key!r}")
+
+
+def _state_checked(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
     if value is None:
         raise WireError(f"missing {name} (float32 [{metadata.state_dim}])")
     if isinstance(value, (list, tuple)) and all(_is_real(v) for v in value):

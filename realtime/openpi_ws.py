@@ -195,7 +195,7 @@ class OpenPIConnection:
         idle timeout (no inference runs meanwhile: this is the only wait between requests).
         A watch started during the previous request (``_watch``) may hold it already."""
         if self.pending is None:
-            return await receive_or_idle(self.idle, self._receive, lambda: False)
+            return await receive_or_idle(self.idle, self._receive, _never_busy)
         pending = self.pending
         if self.idle.enabled:
             while not pending.done() and not self.idle.stopped:
@@ -345,6 +345,11 @@ class OpenPIConnection:
                 raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
             self.used[s].chunk_index = 0
         log.info("session %s: reset %s", self.conn_id, sids)
+
+
+def _never_busy() -> bool:
+    """Between requests nothing runs for the robot (receive_or_idle's ``busy``)."""
+    return False
 
 
 # The text frame's prefix per engine outcome (the real client raises the text as is).
