@@ -136,7 +136,7 @@ def _decode(obj: dict) -> Any:
     return obj
 
 
-def _array(data: bytes | memoryview, dtype: np.dtype, shape: Any) -> np.ndarray:
+def _array(data: bytes, dtype: np.dtype, shape: Any) -> np.ndarray:
     """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``WireError``."""
     if type(shape) is not list:
         raise WireError("array shape must be a list of non-negative ints")
@@ -237,7 +237,8 @@ def _unpack_flat(data: bytes) -> dict[str, Any] | None:
     is aligned as msgpack's copy was. The result is what ``_unpack_msgpack`` returns,
     arrays equal and read-only alike (tests/protocols/test_openpi_flat.py compares
     the two). Anything else (other value types, other layouts, a truncated, trailing
-    or malformed body) is None, and msgpack decodes it or names the error.
+    or malformed body) is None, and msgpack decodes it or names the error. (A policy
+    that keeps a camera array keeps the whole message alive with it.)
     """
     try:
         return _flat_map(data)

@@ -18,7 +18,8 @@ One step of the loop::
 
 Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
 its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
-itself (or ``run_now``, which skips the job and future too), on the event loop, when nothing is queued for it, no control is pending
+itself (or by ``run_now``, which makes no job or future either), on the event loop,
+when nothing is queued for it, no control is pending
 and the engine thread is not running anything: the hand-off to the engine thread
 and back would cost more than the forward (two thread wake-ups and ~0.1 ms of
 CPU). Whoever runs a model holds ``_owner``, so one thread at a time still owns
