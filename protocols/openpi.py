@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import struct
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -77,6 +78,9 @@ _REFUSED_KINDS = ("V", "O", "c")
 _NO_STATE = np.zeros((0,), np.float32)
 _NO_STATE.flags.writeable = False
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,128}$")
+# numpy's dtypes of builtin types are singletons: "is" first, then the full comparison.
+_UINT8 = np.dtype(np.uint8)
+_FLOAT32 = np.dtype(np.float32)
 
 
 class WireError(ValueError):
@@ -126,28 +130,32 @@ def _decode(obj: dict) -> Any:
         data, shape = obj.get(b"data"), obj.get(b"shape")
         if not isinstance(data, bytes):
             raise WireError("array data must be bytes")
-        dtype = _dtype(obj.get(b"dtype"))
-        if type(shape) is not list:
-            raise WireError("array shape must be a list of non-negative ints")
-        if len(shape) > MAX_ARRAY_DIMS:
-            raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
-        count = 1
-        for d in shape:
-            if type(d) is not int or d < 0:
-                raise WireError("array shape must be a list of non-negative ints")
-            # No real array of a bounded body has a longer axis; a zero-size array could
-            # otherwise claim [0, 2**63] and make numpy raise instead of us.
-            if d > MAX_MESSAGE_BYTES:
-                raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
-            count *= d
-        if count * dtype.itemsize != len(data):
-            raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
-                            f"{count * dtype.itemsize}")
-        # A view of the immutable received bytes: read-only, as with the reference.
-        return np.ndarray(buffer=data, dtype=dtype, shape=shape)
+        return _array(data, _dtype(obj.get(b"dtype")), shape)
     if b"__npgeneric__" in obj:
         return _scalar(_dtype(obj.get(b"dtype")), obj.get(b"data"))
     return obj
+
+
+def _array(data: bytes, dtype: np.dtype, shape: Any) -> np.ndarray:
+    """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``WireError``."""
+    if type(shape) is not list:
+        raise WireError("array shape must be a list of non-negative ints")
+    if len(shape) > MAX_ARRAY_DIMS:
+        raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise WireError("array shape must be a list of non-negative ints")
+        # No real array of a bounded body has a longer axis; a zero-size array could
+        # otherwise claim [0, 2**63] and make numpy raise instead of us.
+        if d > MAX_MESSAGE_BYTES:
+            raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
+        count *= d
+    if count * dtype.itemsize != len(data):
+        raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
+                        f"{count * dtype.itemsize}")
+    # A view of the immutable received bytes: read-only, as with the reference.
+    return np.ndarray(buffer=data, dtype=dtype, shape=shape)
 
 
 def _scalar(dtype: np.dtype, data: Any) -> np.generic:
@@ -192,12 +200,149 @@ def unpack(data: bytes) -> Any:
     """Decode one message; anything malformed becomes a ``WireError``."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise WireError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
+    if type(data) is bytes:
+        flat = _unpack_flat(data)
+        if flat is not None:
+            return flat
+    return _unpack_msgpack(data)
+
+
+def _unpack_msgpack(data: bytes) -> Any:
+    """Any message, by msgpack with ``_decode`` as its hook (the one source of errors)."""
     try:
         return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False)
     except WireError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
         raise WireError(f"body is not valid msgpack ({str(exc) or type(exc).__name__})") from None
+
+
+# How openpi-client's pack_array writes every array: a map of 4 entries, in this order,
+# {b"__ndarray__": True, b"data": <bin>, b"dtype": <str>, b"shape": <array of ints>}.
+_ND_HEAD = b"\x84\xc4\x0b__ndarray__\xc3\xc4\x04data"
+_ND_DTYPE = b"\xc4\x05dtype"
+_ND_SHAPE = b"\xc4\x05shape"
+_U16 = struct.Struct(">H").unpack_from
+_U32 = struct.Struct(">I").unpack_from
+
+
+def _unpack_flat(data: bytes) -> dict[str, Any] | None:
+    """The usual request, decoded without copying its images; None for anything else.
+
+    The usual request is what openpi-client sends every call: one map of str keys to
+    arrays in ``pack_array``'s layout (above) or strings. msgpack would copy each
+    array's bytes out of the message first (three cameras: ~450 KB a call, and the
+    cache they evict); here a one-byte-per-item array (uint8: the cameras) is a
+    read-only view of ``data`` itself. A wider one (the state) is copied, so that it
+    is aligned as msgpack's copy was. The result is what ``_unpack_msgpack`` returns,
+    arrays equal and read-only alike (tests/protocols/test_openpi_flat.py compares
+    the two). Anything else (other value types, other layouts, a truncated, trailing
+    or malformed body) is None, and msgpack decodes it or names the error. (A policy
+    that keeps a camera array keeps the whole message alive with it.)
+    """
+    try:
+        return _flat_map(data)
+    except (IndexError, UnicodeDecodeError, struct.error, WireError):
+        return None
+
+
+def _flat_map(b: bytes) -> dict[str, Any] | None:
+    n, mv = len(b), memoryview(b)
+    t = b[0]
+    if 0x80 <= t <= 0x8F:  # fixmap
+        count, p = t & 0x0F, 1
+    elif t == 0xDE:  # map 16
+        count, p = _U16(b, 1)[0], 3
+    else:
+        return None
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        key, p = _flat_str(b, mv, p, n)
+        if key is None:
+            return None
+        t = b[p]
+        value: Any
+        if t == 0x84:
+            if not b.startswith(_ND_HEAD, p):
+                return None
+            value, p = _flat_array(b, mv, p + len(_ND_HEAD), n)
+            if value is None:
+                return None
+        elif t == 0xC0:
+            value, p = None, p + 1
+        elif t == 0xC2 or t == 0xC3:
+            value, p = t == 0xC3, p + 1
+        else:
+            value, p = _flat_str(b, mv, p, n)
+            if value is None:
+                return None
+        out[key] = value
+    return out if p == n else None
+
+
+def _flat_str(b: bytes, mv: memoryview, p: int, n: int) -> tuple[str | None, int]:
+    """A msgpack str at ``p`` and the offset after it; (None, p) if there is none."""
+    t = b[p]
+    if 0xA0 <= t <= 0xBF:
+        start, end = p + 1, p + 1 + (t & 0x1F)
+    elif t == 0xD9:
+        start = p + 2
+        end = start + b[p + 1]
+    elif t == 0xDA:
+        start = p + 3
+        end = start + _U16(b, p + 1)[0]
+    else:
+        return None, p
+    if end > n:
+        return None, p
+    return str(mv[start:end], "utf-8"), end
+
+
+def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | None, int]:
+    """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape.
+    Checked as ``_array`` checks (any failure: None, and msgpack's path names it)."""
+    t = b[p]
+    if t == 0xC6:
+        size, p = _U32(b, p + 1)[0], p + 5
+    elif t == 0xC5:
+        size, p = _U16(b, p + 1)[0], p + 3
+    elif t == 0xC4:
+        size, p = b[p + 1], p + 2
+    else:
+        return None, p
+    start, p = p, p + size
+    if p > n or not b.startswith(_ND_DTYPE, p):
+        return None, p
+    spec, p = _flat_str(b, mv, p + len(_ND_DTYPE), n)
+    if spec is None or not b.startswith(_ND_SHAPE, p):
+        return None, p
+    p += len(_ND_SHAPE)
+    t = b[p]
+    if not 0x90 <= t <= 0x9F:  # fixarray: at most 15 dimensions, within MAX_ARRAY_DIMS
+        return None, p
+    p += 1
+    shape = []
+    count = 1
+    for _ in range(t & 0x0F):  # non-negative ints only: what msgpack gives for these types
+        t = b[p]
+        if t <= 0x7F:
+            d, p = t, p + 1
+        elif t == 0xCC:
+            d, p = b[p + 1], p + 2
+        elif t == 0xCD:
+            d, p = _U16(b, p + 1)[0], p + 3
+        elif t == 0xCE:
+            d, p = _U32(b, p + 1)[0], p + 5
+        else:
+            return None, p
+        shape.append(d)
+        count *= d
+    dtype = _dtype(spec)
+    if count * dtype.itemsize != size or max(shape, default=0) > MAX_MESSAGE_BYTES:
+        return None, p
+    view = mv[start:start + size]
+    # A view of the immutable received bytes: read-only, as msgpack's path gives.
+    return np.ndarray(buffer=view if dtype.itemsize == 1 else bytes(view), dtype=dtype, shape=shape), p
 
 
 # --------------------------------------------------------------------------- metadata
@@ -236,6 +381,8 @@ class PolicyMetadata:
         object.__setattr__(self, "image_resolution", (int(res[0]), int(res[1])))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
         object.__setattr__(self, "_named", frozenset({*keys, self.state_key, self.prompt_key, *RESERVED_KEYS}))
+        object.__setattr__(self, "_image_shape", (*self.image_resolution, 3))
+        object.__setattr__(self, "_state_shape", (self.state_dim,))
 
     def to_wire(self) -> dict[str, Any]:
         """The metadata dict sent as the first frame (plain types only)."""
@@ -273,6 +420,15 @@ class PolicyMetadata:
     def named_keys(self) -> frozenset[str]:
         """Every top-level key with a meaning of its own: cameras, state, prompt, protocol keys."""
         return self._named
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """Every camera's array shape: ``[H, W, 3]``."""
+        return self._image_shape
+
+    @property
+    def state_shape(self) -> tuple[int]:
+        return self._state_shape
 
     @property
     def action_shape(self) -> tuple[int, int]:
@@ -385,18 +541,20 @@ def _infer_request(msg: dict, metadata: PolicyMetadata, where: str) -> InferRequ
 
 def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where: str = "") -> Observation:
     """Check camera keys, image shape/dtype, state length and finiteness, prompt type."""
-    h, w = metadata.image_resolution
+    image_shape = metadata.image_shape
     images: dict[str, np.ndarray] = {}
     for key in metadata.image_keys:
         if key not in msg:
             raise WireError(f"missing camera {where}{key!r}")
         img = msg[key]
-        if not isinstance(img, np.ndarray) or img.dtype != np.uint8 or img.shape != (h, w, 3):
+        if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
+                or img.shape != image_shape:
+            h, w = metadata.image_resolution
             raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
         images[key] = img
 
     if metadata.state_dim > 0 or metadata.state_key in msg:
-        state = _state(msg.get(metadata.state_key), metadata, f"{where}{metadata.state_key!r}")
+        state = _state(msg.get(metadata.state_key), metadata, where)
     else:
         state = _NO_STATE
 
@@ -421,7 +579,15 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
 
 
-def _state(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
+def _state(value: Any, metadata: PolicyMetadata, where: str) -> np.ndarray:
+    if type(value) is np.ndarray and value.dtype is _FLOAT32 and value.shape == metadata.state_shape \
+            and not value.flags.writeable:  # the usual case: read-only float32 of the right length
+        if np.isfinite(value).all():
+            return value
+    return _state_checked(value, metadata, f"{where}{metadata.state_key!r}")
+
+
+def _state_checked(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
     if value is None:
         raise WireError(f"missing {name} (float32 [{metadata.state_dim}])")
     if isinstance(value, (list, tuple)) and all(_is_real(v) for v in value):

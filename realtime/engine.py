@@ -18,7 +18,8 @@ One step of the loop::
 
 Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
 its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
-itself, on the event loop, when nothing is queued for it, no control is pending
+itself (or by ``run_now``, which makes no job or future either), on the event loop,
+when nothing is queued for it, no control is pending
 and the engine thread is not running anything: the hand-off to the engine thread
 and back would cost more than the forward (two thread wake-ups and ~0.1 ms of
 CPU). Whoever runs a model holds ``_owner``, so one thread at a time still owns
@@ -68,6 +69,18 @@ try:
     _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD  # type: ignore[attr-defined]
 except (ImportError, AttributeError):  # not Linux
     _RUSAGE_THREAD = None
+
+
+_NO_RETURNERS: frozenset[str] = frozenset()
+
+
+class _NotRun:
+    def __repr__(self) -> str:
+        return "NOT_RUN"
+
+
+# What ``Engine.run_now`` returns when the work was not run (it must be queued instead).
+NOT_RUN: Any = _NotRun()
 
 
 class EngineStopped(Exception):
@@ -241,6 +254,28 @@ class Engine:
                     self._cv.notify()
         return job.future
 
+    def run_now(self, model: str, work: Any, *, session_id: str | None = None) -> Any:
+        """``work``'s result, computed here and now where ``submit_future`` would run it inline
+        (see "Inline forwards"), or ``NOT_RUN`` where it would queue it (nothing was done:
+        call ``submit_future``). The outcome is the one awaiting ``submit_future`` gives (the
+        result, or the ``ModelError`` / ``EngineDeadError`` it raises), the stats the same,
+        without the job, future and batch it makes (~10 us of an instant policy's call).
+        No ``validate``: a caller with a postcondition uses ``submit_future``. Event loop only."""
+        if not self._fast[model]:
+            return NOT_RUN
+        self._raise_if_down()
+        queue = self._ticks[model]
+        if self._controls or queue or not self._owner.acquire(blocking=False):
+            return NOT_RUN
+        try:
+            # Checked again now that no one else can start (as in _run_inline).
+            if self._controls or queue or not self.healthy:
+                return NOT_RUN
+            self.stats.inline_works += 1
+            return self._run_now(model, work, session_id)
+        finally:
+            self._owner.release()
+
     def _run_inline(self, job: _Job) -> bool:
         """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
         queue = self._ticks[job.model]
@@ -412,46 +447,22 @@ class Engine:
             self._forward(batch)
         finally:
             model = batch[0].model
-            self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
+            if len(batch) == 1:  # an inline forward, or a lone caller: no generator
+                sid = batch[0].session_id
+                self._returners[model] = _NO_RETURNERS if sid is None else frozenset((sid,))
+            else:
+                self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
             self._free_since[model] = time.perf_counter()
 
     def _forward(self, batch: list[_Job]) -> None:
-        adapter = self._adapters[batch[0].model]
-        timed = adapter.inline_forward_s > 0
-        preempted = _preemptions() if timed else 0
-        started = time.perf_counter()
-        if self._launches[batch[0].model]:
-            self.launch_gate.close()
+        model = batch[0].model
+        adapter = self._adapters[model]
         try:
-            results = adapter.run_batch([j.work for j in batch])
-            if len(results) != len(batch):
-                raise ModelError(f"{adapter.name} returned {len(results)} results for {len(batch)} works")
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if is_fatal(exc):
-                self._die(f"{adapter.name}: {exc!r}", batch)
-                return
-            for job in batch:
-                self._end(adapter, job, committed=False)
-            if len(batch) > 1:
-                log.warning("batch of %d on %s failed (%r); re-running one by one", len(batch), adapter.name, exc)
-                for job in batch:
-                    self._forward([job])
-                return
-            self._fail(batch[0], exc)
+            results = self._run_model(model, adapter, [j.work for j in batch])
+        except Exception as exc:  # noqa: BLE001 - classified by _batch_failed
+            self._batch_failed(adapter, batch, exc)
             return
-        finally:
-            self.launch_gate.open()
-            elapsed = time.perf_counter() - started
-            self.stats.busy_seconds += elapsed
-            self.stats.models[batch[0].model].busy_seconds += elapsed
-            # A slow forward during which the OS preempted this thread says nothing about
-            # the model (a fast one needs no second look).
-            if timed and (elapsed <= adapter.inline_forward_s or _preemptions() == preempted):
-                self._note_forward(batch[0].model, elapsed, adapter.inline_forward_s)
-        self.stats.batches += 1
-        self.stats.batch_sizes[len(batch)] += 1
-        model_stats = self.stats.models[batch[0].model]
-        model_stats.batch_size.observe(len(batch))
+        model_stats = self._count_batch(model, len(batch))
         done: list[tuple[_Job, Any]] = []
         for job, result in zip(batch, results):
             try:
@@ -470,6 +481,90 @@ class Engine:
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
         _resolve_all(done)
+
+    def _run_model(self, model: str, adapter: ModelAdapter, works: list[Any]) -> Sequence[Any]:
+        """``adapter.run_batch(works)``, its time counted (busy time, the inline window);
+        raises what it raised, or a ``ModelError`` for a wrong number of results."""
+        timed = adapter.inline_forward_s > 0
+        preempted = _preemptions() if timed else 0
+        started = time.perf_counter()
+        if self._launches[model]:
+            self.launch_gate.close()
+        try:
+            results = adapter.run_batch(works)
+            if len(results) != len(works):
+                raise ModelError(f"{adapter.name} returned {len(results)} results for {len(works)} works")
+            return results
+        finally:
+            self.launch_gate.open()
+            elapsed = time.perf_counter() - started
+            self.stats.busy_seconds += elapsed
+            self.stats.models[model].busy_seconds += elapsed
+            # A slow forward during which the OS preempted this thread says nothing about
+            # the model (a fast one needs no second look).
+            if timed and (elapsed <= adapter.inline_forward_s or _preemptions() == preempted):
+                self._note_forward(model, elapsed, adapter.inline_forward_s)
+
+    def _batch_failed(self, adapter: ModelAdapter, batch: list[_Job], exc: Exception) -> None:
+        """``run_batch`` raised ``exc``: a fatal error kills the engine; otherwise nothing is
+        committed, and a batch of several is re-run one work at a time so that the bad one
+        fails alone."""
+        if is_fatal(exc):
+            self._die(f"{adapter.name}: {exc!r}", batch)
+            return
+        for job in batch:
+            self._end(adapter, job, committed=False)
+        if len(batch) > 1:
+            log.warning("batch of %d on %s failed (%r); re-running one by one", len(batch), adapter.name, exc)
+            for job in batch:
+                self._forward([job])
+            return
+        self._fail(batch[0], exc)
+
+    def _count_batch(self, model: str, size: int) -> ModelStats:
+        self.stats.batches += 1
+        self.stats.batch_sizes[size] += 1
+        model_stats = self.stats.models[model]
+        model_stats.batch_size.observe(size)
+        return model_stats
+
+    def _run_now(self, model: str, work: Any, session_id: str | None) -> Any:
+        """``_forward`` of one work run inline, with no job, future or batch list made unless
+        it fails (then the same handlers as ``_forward``, and their error raised). The owner
+        lock is held."""
+        adapter = self._adapters[model]
+        enqueued = time.perf_counter()
+        try:
+            try:
+                result = self._run_model(model, adapter, [work])[0]
+            except Exception as exc:  # noqa: BLE001 - classified by _batch_failed
+                job = self._job_now(model, work, session_id, enqueued)
+                self._batch_failed(adapter, [job], exc)
+                return job.future.result()  # raises the error the handlers set
+            model_stats = self._count_batch(model, 1)
+            if session_id is not None:
+                try:
+                    adapter.end_tick(session_id, True)
+                except Exception as exc:  # noqa: BLE001 - as in _end
+                    job = self._job_now(model, work, session_id, enqueued)
+                    if is_fatal(exc):
+                        self._die(f"{adapter.name}: {exc!r}", [job])
+                    else:
+                        self._fail(job, exc)
+                    return job.future.result()
+            self.stats.works += 1
+            model_stats.ticks += 1
+            model_stats.tick_seconds.observe(time.perf_counter() - enqueued)
+            return result
+        finally:
+            self._returners[model] = _NO_RETURNERS if session_id is None else frozenset((session_id,))
+            self._free_since[model] = time.perf_counter()
+
+    @staticmethod
+    def _job_now(model: str, work: Any, session_id: str | None, enqueued: float) -> _Job:
+        """The job ``_run_now`` did not need until its work failed (the failure handlers take one)."""
+        loop = asyncio.get_running_loop()
+        return _Job(model, work, session_id, None, loop.create_future(), loop, enqueued)
 
     def _launched(self, model: str) -> None:
         """``model``'s device work for this batch is queued (its launch listener)."""
@@ -547,6 +642,11 @@ def _preemptions() -> int:
 
 
 def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:
+    if loop is not None and asyncio._get_running_loop() is loop:  # an inline forward: no closure, no hop
+        if not fut.done():
+            fut.set_result(value)
+        return
+
     def set_result() -> None:
         if not fut.done():
             fut.set_result(value)

@@ -101,6 +101,16 @@ class IdleClock:
         """From now on ``receive_or_idle`` only receives (the connection's drain began)."""
         self.stopped = True
 
+    def close(self) -> None:
+        """The connection has ended: cancel the timer now. Left armed, it would hold this
+        clock in the event loop for up to ``timeout_s`` after the socket is gone, one per
+        closed connection, however fast a client reconnects. Idempotent."""
+        self.stopped = True
+        self._waiter = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     @property
     def enabled(self) -> bool:
         return self.timeout_s > 0

@@ -62,7 +62,7 @@ from realtime.connection import (
     new_session_id,
     run_handler,
 )
-from realtime.engine import Engine
+from realtime.engine import NOT_RUN, Engine
 from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ class OpenPIConnection:
             if self.draining:  # before the handler returns (uvicorn then drops the socket)
                 await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
             self.quiet.set()
+            self.idle.close()
             self._release()
             if self.slot is not None:
                 self.slot.release()
@@ -194,7 +195,7 @@ class OpenPIConnection:
         idle timeout (no inference runs meanwhile: this is the only wait between requests).
         A watch started during the previous request (``_watch``) may hold it already."""
         if self.pending is None:
-            return await receive_or_idle(self.idle, self._receive, lambda: False)
+            return await receive_or_idle(self.idle, self._receive, _never_busy)
         pending = self.pending
         if self.idle.enabled:
             while not pending.done() and not self.idle.stopped:
@@ -309,13 +310,17 @@ class OpenPIConnection:
         work = PolicyWork(session_id=sid, request_id=rid, observation=req.observation, sampling=req.sampling)
         started = time.perf_counter()
         try:
-            answer = self.engine.submit_future(self.model, work, session_id=sid)
-            if not answer.done():
-                self._watch()
-            result: PolicyResult = await answer
+            # An instant policy is answered here and now; anything else through the engine.
+            result: PolicyResult = self.engine.run_now(self.model, work, session_id=sid)
+            if result is NOT_RUN:
+                answer = self.engine.submit_future(self.model, work, session_id=sid)
+                if not answer.done():
+                    self._watch()
+                result = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
-        self.used[sid].ticked(self.used[sid].chunk_index + 1)
+        entry = self.used[sid]
+        entry.ticked(entry.chunk_index + 1)
         infer_ms = (time.perf_counter() - started) * 1000.0
         self.policy_call.observe(infer_ms / 1000.0)
         return wire.infer_reply(
@@ -340,6 +345,11 @@ class OpenPIConnection:
                 raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
             self.used[s].chunk_index = 0
         log.info("session %s: reset %s", self.conn_id, sids)
+
+
+def _never_busy() -> bool:
+    """Between requests nothing runs for the robot (receive_or_idle's ``busy``)."""
+    return False
 
 
 # The text frame's prefix per engine outcome (the real client raises the text as is).

@@ -390,10 +390,13 @@ async def tts_endpoint(ws: WebSocket) -> None:
         await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal))
         await conn.close(CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
         return
+    idle: IdleClock | None = None
     try:
         idle = IdleClock(state.config.limits.idle_timeout_s)
         session = TTSConnection(conn, state.engine, names[0], state.live_sessions, idle)
         state.live_sessions.attach(session)
         await run_handler(session.run(), state.live_sessions)
     finally:
+        if idle is not None:
+            idle.close()
         slot.release()

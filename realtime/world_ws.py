@@ -139,6 +139,7 @@ class WorldConnection:
                 except _IdleClosed:
                     break
         finally:
+            self.idle.close()
             try:
                 await self.close_session(notify=False)
             finally:

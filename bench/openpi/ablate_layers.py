@@ -16,7 +16,7 @@ and the server process's CPU per call (/proc utime + stime), medians over rounds
 * ``ours-decode``: as ``ours-min`` but the request decoded and validated by
   ``protocols/openpi.decode_request`` (no engine, no policy, no metrics).
 * ``ours-policy``: then the policy's own ``run_batch`` (PolicyWork, forward, action checks).
-* ``ours-submit``: then ``Engine.submit_future`` around it (run inline) instead.
+* ``ours-submit``: then the engine around it as the endpoint calls it (``Engine.run_now``, inline).
 * ``ours``: the server as ``realtime serve`` runs it (``bench_loopback`` ``serve_ours``).
 
 Consecutive rows differ by one layer, so their difference is that layer's cost per
@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from bench.openpi.bench_fleet import measure_rounds  # noqa: E402
+from bench.openpi.bench_fleet import WARMUP_SECONDS, measure_rounds  # noqa: E402
 from bench.openpi.bench_loopback import (PATH, Server, _free_port, _no_uvloop_path, hardware, log,  # noqa: E402
                                          stop_process, versions, wait_healthy)
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_start = [round(x, 2) for x in os.getloadavg()]
     names = tuple(args.servers)
     servers = {name: (_Patched(name) if name in _PATCHED else Server(name, 0.0, no_uvloop=True)) for name in names}
-    measured = measure_rounds(servers, names, args.clients, args.rounds, args.seconds)
+    measured = measure_rounds(servers, names, args.clients, args.rounds, args.seconds, WARMUP_SECONDS)
     raw = {n: {c: [(m["calls_per_s"], 1000 * m["server_cpu_s"] / max(m["calls"], 1)) for m in ms]
                for c, ms in by_clients.items()} for n, by_clients in measured.items()}
     results: dict[str, Any] = {}

@@ -27,6 +27,10 @@ A before/after comparison in one run: ``--servers ours reference baseline --base
 ``--no-uvloop`` runs ours on asyncio's loop, as on a host without uvloop (the reference
 always is); ``ours-uvloop`` is ours on uvloop beside it.
 
+Before the first round every server serves the largest fleet for ``--warmup-seconds``,
+uncounted (``WARMUP_SECONDS`` says why); each measurement also records the server's
+minor page faults per call.
+
 Bounded: rounds x clients x 2 measurements of --seconds (+ ~1 s set-up each).
 Progress goes to stderr. The load average is recorded at start and end.
 """
@@ -62,6 +66,13 @@ BASELINE = "baseline"
 UVLOOP = "ours-uvloop"
 SERVERS = ("ours", "reference", HOP, BASELINE, UVLOOP)
 WARMUP_CALLS = 5
+# Before the first round, every server serves the largest fleet this long, uncounted. Without
+# it the run's first window (ours, in round 0) measured 20-60% above the same server's later
+# rounds, and the reference's glibc heap was still settling: its page faults per call fall
+# from ~100 to ~1 at some point of its first thousands of calls, at no fixed count, which is
+# what made its calls/s rise round after round (bench/results/openpi_fleet_lean_devbox.json
+# records faults per call; ours runs with fixed malloc thresholds, realtime/allocator.py).
+WARMUP_SECONDS = 3.0
 
 
 # ---------------------------------------------------------------- robots (child processes)
@@ -148,9 +159,18 @@ class Fleet:
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), in seconds."""
+    return _proc_stat(pid)[0]
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of a process so far (all its threads)."""
+    return _proc_stat(pid)[1]
+
+
+def _proc_stat(pid: int) -> tuple[float, int]:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 # ---------------------------------------------------------------- main
@@ -165,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     servers = {name: Server(name, 0.0, repo=os.path.abspath(args.baseline) if name == BASELINE else REPO,
                             no_uvloop=args.no_uvloop and name not in ("reference", UVLOOP))
                for name in names}
-    raw = measure_rounds(servers, names, args.clients, args.rounds, args.seconds)
+    raw = measure_rounds(servers, names, args.clients, args.rounds, args.seconds, args.warmup_seconds)
 
     results: dict[str, Any] = {}
     for clients in args.clients:
@@ -178,6 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "rounds_calls_per_s": [round(x["calls_per_s"], 1) for x in rs],
                 "rtt_ms": pct([y for x in rs for y in x["lat"]]),
                 "server_cpu_ms_per_call": round(1000 * sum(x["server_cpu_s"] for x in rs) / max(calls, 1), 4),
+                "server_minor_faults_per_call": round(sum(x["server_minor_faults"] for x in rs) / max(calls, 1), 2),
+                "rounds_minor_faults_per_call": [round(x["server_minor_faults"] / max(x["calls"], 1), 2) for x in rs],
             }
         per_round = [o["calls_per_s"] / f["calls_per_s"] for o, f in zip(raw["ours"][clients], raw["reference"][clients])]
         row["ratio_calls_per_s_ours_over_reference"] = round(row["ours"]["calls_per_s"] / row["reference"]["calls_per_s"], 3)
@@ -211,6 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "no_uvloop": args.no_uvloop,
         "rounds": args.rounds,
         "seconds_per_measurement": args.seconds,
+        "warmup_seconds_per_server": args.warmup_seconds,
         "results": results,
         "goals": {f"calls_per_s_at_least_reference_{c}_clients": results[str(c)]["ratio_calls_per_s_ours_over_reference"] >= 1.0
                   for c in args.clients},
@@ -219,6 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
                   f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back); "
                   f"{BASELINE} is ours from the --baseline checkout; {UVLOOP} is ours on uvloop. "
+                  f"Before round 0 every server served {max(args.clients)} robots for {args.warmup_seconds:g} s, "
+                  "uncounted. "
                   f"uvloop {'hidden from' if args.no_uvloop else 'as installed for'} ours (--no-uvloop). "
                   f"Load average (1, 5, 15 min) {load_start} at start, {load_end} at end, on {os.cpu_count()} cores "
                   "shared with other jobs: robots, both servers and everything else share them."),
@@ -226,12 +251,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_rounds(servers: dict[str, Any], names: Sequence[str], clients_list: Sequence[int], rounds: int,
-                   seconds: float) -> dict[str, dict[int, list[dict[str, Any]]]]:
+                   seconds: float, warmup_seconds: float = 0.0) -> dict[str, dict[int, list[dict[str, Any]]]]:
     """``rounds`` windows of each robot count on each server (``measure_server``), the servers'
-    order reversed every other round; the fleet and then every server are stopped at the end."""
+    order reversed every other round, after one uncounted window of ``warmup_seconds`` per
+    server at the most robots (round -1 in the log); the fleet and then every server are
+    stopped at the end."""
     fleet = Fleet(max(clients_list))
     raw: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in clients_list} for n in names}
     try:
+        if warmup_seconds > 0:  # not counted: see WARMUP_SECONDS
+            for name in names:
+                measure_server(fleet, servers[name], name, max(clients_list), warmup_seconds, -1)
         for r in range(rounds):
             order = list(names) if r % 2 == 0 else list(names)[::-1]
             for clients in clients_list:
@@ -247,15 +277,16 @@ def measure_rounds(servers: dict[str, Any], names: Sequence[str], clients_list: 
 def measure_server(fleet: "Fleet", server: Any, name: str, clients: int, seconds: float, round_no: int) -> dict[str, Any]:
     """One timed window of ``clients`` robots on ``server`` (anything with ``.proc`` and ``.uri``):
     calls, calls/s, the server process's CPU seconds and every call's latency; logged."""
-    cpu0 = cpu_seconds(server.proc.pid)
+    cpu0, faults0 = _proc_stat(server.proc.pid)
     m = fleet.measure(server.uri, clients, seconds)
-    cpu = cpu_seconds(server.proc.pid) - cpu0
+    cpu1, faults1 = _proc_stat(server.proc.pid)
+    cpu, faults = cpu1 - cpu0, faults1 - faults0
     if m["errors"]:
         raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")
     calls = sum(len(x) for x in m["lat"])
     log(f"round {round_no} {name:>11} {clients:>2} clients: {calls / seconds:8.1f} calls/s, "
-        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call")
-    return {"calls": calls, "calls_per_s": calls / seconds, "server_cpu_s": cpu,
+        f"server CPU {1000 * cpu / max(calls, 1):.3f} ms/call, {faults / max(calls, 1):.1f} page faults/call")
+    return {"calls": calls, "calls_per_s": calls / seconds, "server_cpu_s": cpu, "server_minor_faults": faults,
             "lat": [y for x in m["lat"] for y in x]}
 
 
@@ -264,6 +295,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
+    ap.add_argument("--warmup-seconds", type=float, default=WARMUP_SECONDS,
+                    help="uncounted seconds per server at the most robots before the first round (0: none)")
     ap.add_argument("--with-hop", action="store_true", help=f"also measure {HOP!r} (inline forwards off)")
     ap.add_argument("--servers", nargs="+", choices=SERVERS, default=list(NAMES),
                     help=f"which servers to measure (ours and reference always); {BASELINE!r} needs --baseline, "

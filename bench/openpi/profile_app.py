@@ -18,8 +18,8 @@ cannot hide (process CPU time, min and median of ``--repeats``, variants interle
   and the fixed reply;
 * ``ours-policy``: decode, then the policy's own ``run_batch`` called directly (its
   ``PolicyWork``, forward and action checks), the fixed reply;
-* ``ours-submit``: decode, then ``Engine.submit_future`` (run inline: the engine's job,
-  forward bookkeeping, stats and result around the same ``run_batch``), the fixed reply;
+* ``ours-submit``: decode, then the engine as the endpoint calls it (``Engine.run_now``, inline:
+  the forward's bookkeeping and stats around the same ``run_batch``), the fixed reply;
 * ``ours``: the endpoint as served (decode, engine submit run inline, policy, the reply
   with its timings, metrics and session bookkeeping).
 
@@ -143,8 +143,11 @@ async def _handle_policy(self: Any, message: Any) -> bytes:
 
 
 async def _handle_submit(self: Any, message: Any) -> bytes:
+    from realtime.engine import NOT_RUN
+
     sid, work = _work(self, message)
-    await self.engine.submit_future(self.model, work, session_id=sid)
+    if self.engine.run_now(self.model, work, session_id=sid) is NOT_RUN:  # as the endpoint calls it
+        await self.engine.submit_future(self.model, work, session_id=sid)
     return self.packer.pack(_REPLY)
 
 

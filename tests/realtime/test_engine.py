@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import pytest
 
 from models.base import EngineDeadError, ModelAdapter, ModelError
-from realtime.engine import Engine, EngineStopped, TickCancelled
+from realtime.engine import NOT_RUN, Engine, EngineStopped, TickCancelled
 
 
 class Doubler(ModelAdapter[int, int]):
@@ -412,3 +412,69 @@ def test_a_model_without_inline_forward_s_always_runs_on_the_engine_thread():
 
     me, inline = with_engine(model, main)
     assert inline == 0 and me not in seen
+
+
+class FailingEndTick(FastDoubler):
+    """A FastDoubler whose end_tick raises for session "bad"."""
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        super().end_tick(session_id, committed)
+        if session_id == "bad" and committed:
+            raise ValueError("cannot keep it")
+
+
+async def _measured_fast(engine: Engine) -> None:
+    """Submit until the engine runs "fast" inline (forwards preempted by the OS do not count)."""
+    k = 0
+    while engine.run_now("fast", 1, session_id="r") is NOT_RUN and k < 200:
+        await engine.submit("fast", 1, session_id="r")
+        k += 1
+
+
+def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
+    model = FailingEndTick()
+
+    async def main(engine: Engine):
+        assert engine.run_now("fast", 3, session_id="r") is NOT_RUN  # not measured yet: nothing ran
+        assert model.batches == []
+        await _measured_fast(engine)
+        me = threading.get_ident()
+        works, inline, ticks = engine.stats.works, engine.stats.inline_works, engine.stats.models["fast"].ticks
+        result = engine.run_now("fast", 21, session_id="r")
+        if result is NOT_RUN:  # a loaded host stretched the forward before: measure again
+            await _measured_fast(engine)
+            works, inline, ticks = engine.stats.works, engine.stats.inline_works, engine.stats.models["fast"].ticks
+            result = engine.run_now("fast", 21, session_id="r")
+        assert result == 42
+        assert model.threads[-1] == me and model.ended[-1] == ("r", True)
+        assert (engine.stats.works, engine.stats.inline_works, engine.stats.models["fast"].ticks) == (
+            works + 1, inline + 1, ticks + 1)
+        assert engine._returners["fast"] == frozenset({"r"})
+        # A failing forward: not committed, the error that awaiting submit would raise.
+        await _measured_fast(engine)  # (again, should a loaded host have stretched a forward)
+        with pytest.raises(ModelError, match="ValueError: unlucky"):
+            engine.run_now("fast", 13, session_id="r")
+        assert model.ended[-1] == ("r", False) and engine.stats.failed_works == 1
+        # An end_tick that raises: the tick does not count, the session gets a ModelError.
+        await _measured_fast(engine)
+        works = engine.stats.works
+        with pytest.raises(ModelError, match="ValueError: cannot keep it"):
+            engine.run_now("fast", 4, session_id="bad")
+        assert engine.stats.works == works and engine.stats.failed_works == 2
+        # While a control is pending, nothing runs here: the caller queues instead.
+        hold = threading.Event()
+        engine.post_control(lambda: hold.wait(5))
+        await asyncio.sleep(0.05)
+        ran = len(model.batches)
+        assert engine.run_now("fast", 5, session_id="r") is NOT_RUN and len(model.batches) == ran
+        hold.set()
+        await asyncio.sleep(0.05)
+        # A fatal error kills the engine, as from the engine thread.
+        await _measured_fast(engine)
+        with pytest.raises(EngineDeadError):
+            engine.run_now("fast", 666, session_id="r")
+        assert not engine.healthy
+        with pytest.raises(EngineDeadError):
+            engine.run_now("fast", 1, session_id="r")
+
+    with_engine(model, main)

@@ -75,3 +75,18 @@ def test_a_stopped_clock_only_receives():
         assert await task == 7
 
     asyncio.run(main())
+
+
+def test_close_cancels_the_armed_timer():
+    async def main() -> None:
+        clock = IdleClock(300.0)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        queue.put_nowait(1)
+        assert await receive_or_idle(clock, queue.get, lambda: False) == 1
+        timer = clock._timer
+        assert timer is not None and not timer.cancelled()  # armed for the next wait, as designed
+        clock.close()  # the connection ended: nothing of it stays in the loop for 300 s
+        assert timer.cancelled() and clock._timer is None and clock.stopped
+        clock.close()  # idempotent
+
+    asyncio.run(main())
