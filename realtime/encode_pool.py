@@ -20,9 +20,10 @@ Worker processes have GILs of their own::
 A launch-gated batch's 32 sends become ready in one loop iteration, so they cost the
 loop one message per worker and one reply each, not 32 hand-offs.
 
-Nothing is lost to a worker: until every worker has said it is ready, and after one dies
-or a reply fails, requests are encoded by the ``fallback`` (media.py's threads), the
-in-flight ones included; a failed worker stops the pool's use of processes (logged once).
+Nothing is lost to a worker: until every worker has said it is ready, and after one dies,
+stops answering (``STUCK_S``) or sends a bad reply, requests are encoded by the ``fallback``
+(media.py's threads), the in-flight ones included; a failed worker stops the pool's use of
+processes (logged once).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 Fallback = Callable[[np.ndarray, str], Awaitable[list[bytes]]]
 _READ_BYTES = 1 << 20
+# A job this old has a stuck worker (a chunk's frames take milliseconds; a LingBot chunk of
+# 480x832 frames, tens): the watchdog hands its requests to the fallback.
+STUCK_S = 5.0
 # multiprocessing.connection.Connection's framing (the worker's send_bytes / recv_bytes):
 # a 4-byte big-endian length, or -1 and an 8-byte length for messages of 2 GiB and more.
 _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
@@ -108,7 +112,8 @@ class _Worker:
     writing: bool = False
     out: bytearray = field(default_factory=bytearray)
     inbuf: bytearray = field(default_factory=bytearray)
-    jobs: deque = field(default_factory=deque)  # (job id, requests) in the order sent
+    jobs: deque = field(default_factory=deque)  # (job id, requests, sent at) in the order sent
+    watchdog: asyncio.TimerHandle | None = None
 
 
 class EncodePool:
@@ -181,7 +186,9 @@ class EncodePool:
                     self._fallback(r)
                 continue
             job = next(self._ids)
-            w.jobs.append((job, group))
+            w.jobs.append((job, group, self.loop.time()))
+            if w.watchdog is None:
+                w.watchdog = self.loop.call_later(STUCK_S, self._watch, w)
             w.out += _frame(pickle.dumps((job, [(r.frames, r.fmt) for r in group]), protocol=pickle.HIGHEST_PROTOCOL))
             self._write(w)
 
@@ -240,7 +247,7 @@ class EncodePool:
                 log.info("encoder processes ready: %d", len(self._workers))
             return
         job, payloads, error = message
-        expected, group = w.jobs.popleft()
+        expected, group, _ = w.jobs.popleft()
         if job != expected:
             raise ValueError(f"reply for job {job}, expected {expected}")
         w.frames_in_flight -= sum(len(r.frames) for r in group)
@@ -251,6 +258,18 @@ class EncodePool:
         for r, p in zip(group, payloads):
             if not r.future.done():  # a closed session's send may have been cancelled
                 r.future.set_result(p)
+
+    def _watch(self, w: _Worker) -> None:
+        """A worker whose oldest job is ``STUCK_S`` old is stuck (a chunk takes milliseconds):
+        its jobs go to the fallback, as for a dead one."""
+        w.watchdog = None
+        if not w.alive or not w.jobs:
+            return
+        age = self.loop.time() - w.jobs[0][2]
+        if age >= STUCK_S:
+            self._lost(w, f"gave no answer for {age:.1f} s")
+            return
+        w.watchdog = self.loop.call_later(STUCK_S - age, self._watch, w)
 
     # ------------------------------------------------------------------ failure
     def _lost(self, w: _Worker, reason: str) -> None:
@@ -264,6 +283,9 @@ class EncodePool:
             if not w.alive:
                 continue
             w.alive = False
+            if w.watchdog is not None:
+                w.watchdog.cancel()
+                w.watchdog = None
             self.loop.remove_reader(w.sock.fileno())
             if w.writing:
                 self.loop.remove_writer(w.sock.fileno())

@@ -126,3 +126,26 @@ def test_workers_never_run_the_servers_main_script(tmp_path) -> None:
                           env=dict(os.environ, PYTHONPATH=root))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("module level ran") == 1 and "usable True" in proc.stdout, proc.stdout
+
+
+def test_a_stuck_worker_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that stops answering (SIGSTOP) is given up after STUCK_S: its requests are answered."""
+    import signal
+
+    from realtime import encode_pool
+
+    monkeypatch.setattr(media, "ENCODE_WORKERS", 1)
+    monkeypatch.setattr(encode_pool, "STUCK_S", 0.5)
+
+    async def main() -> None:
+        async with _running_pool() as pool:
+            pool._workers[0].proc.send_signal(signal.SIGSTOP)
+            try:
+                chunk = _frames(2, 7)
+                got = await asyncio.wait_for(media.encode_chunk(chunk, "jpeg"), 20)
+                assert got == media.encode_frames(chunk, "jpeg")
+                assert pool.failed and "gave no answer" in pool.failed
+            finally:
+                pool._workers[0].proc.send_signal(signal.SIGCONT)
+
+    asyncio.run(main())
