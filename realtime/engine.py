@@ -264,33 +264,26 @@ class Engine:
         if not self._fast[model]:
             return NOT_RUN
         self._raise_if_down()
+        return self._inline(model, lambda: self._run_now(model, work, session_id))
+
+    def _run_inline(self, job: _Job) -> bool:
+        """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
+        return self._inline(job.model, lambda: self._run_batch([job])) is not NOT_RUN
+
+    def _inline(self, model: str, run: Callable[[], Any]) -> Any:
+        """``run()`` on this thread if the engine is idle for ``model``, else ``NOT_RUN``."""
         queue = self._ticks[model]
         if self._controls or queue or not self._owner.acquire(blocking=False):
             return NOT_RUN
         try:
-            # Checked again now that no one else can start (as in _run_inline).
-            if self._controls or queue or not self.healthy:
-                return NOT_RUN
-            self.stats.inline_works += 1
-            return self._run_now(model, work, session_id)
-        finally:
-            self._owner.release()
-
-    def _run_inline(self, job: _Job) -> bool:
-        """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
-        queue = self._ticks[job.model]
-        if self._controls or queue or not self._owner.acquire(blocking=False):
-            return False
-        try:
             # Checked again now that no one else can start: a tick queued or a control
             # posted meanwhile goes first, on the engine thread.
             if self._controls or queue or not self.healthy:
-                return False
+                return NOT_RUN
             self.stats.inline_works += 1
-            self._run_batch([job])
+            return run()
         finally:
             self._owner.release()
-        return True
 
     async def control(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread ahead of every queued tick."""

@@ -81,20 +81,23 @@ def test_unpack_matches_the_client(obj):
     _same(ours, theirs)
 
 
-def _same(a, b):
+def _same(a, b, aligned: bool = False):
+    """Equal decoded values: types, array bytes, read-only arrays (and, with ``aligned``, the
+    arrays' alignment alike: test_openpi_flat.py's two decoders)."""
     assert type(a) is type(b)
     if isinstance(a, np.ndarray):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert a.tobytes() == b.tobytes()
         assert not a.flags.writeable and not b.flags.writeable
+        assert not aligned or a.flags.aligned == b.flags.aligned
     elif isinstance(a, dict):
         assert list(a) == list(b)
         for k in a:
-            _same(a[k], b[k])
+            _same(a[k], b[k], aligned)
     elif isinstance(a, list):
         assert len(a) == len(b)
         for x, y in zip(a, b):
-            _same(x, y)
+            _same(x, y, aligned)
     else:
         assert a == b
 

@@ -14,6 +14,7 @@ import pytest
 from openpi_client import msgpack_numpy as ref
 
 from protocols import openpi as op
+from test_openpi import _same
 
 pytest.importorskip("hypothesis")  # the dev extra
 
@@ -34,24 +35,6 @@ def _probe_obs(seed: int = 0) -> dict:
     }
 
 
-def _same(a, b) -> None:
-    assert type(a) is type(b)
-    if isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-        assert not a.flags.writeable and not b.flags.writeable
-        assert a.flags.aligned == b.flags.aligned
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, list):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    else:
-        assert a == b
-
-
 def _outcome(fn, data):
     try:
         return "ok", fn(data)
@@ -64,7 +47,7 @@ def _check(data) -> None:
     ours, theirs = _outcome(op.unpack, data), _outcome(op._unpack_msgpack, data)
     assert ours[0] == theirs[0], (ours, theirs)
     if ours[0] == "ok":
-        _same(ours[1], theirs[1])
+        _same(ours[1], theirs[1], aligned=True)
     else:
         assert ours[1] == theirs[1]
 
@@ -73,7 +56,7 @@ def test_the_clients_observation_is_decoded_without_copying_the_cameras():
     body = ref.packb(_probe_obs())
     flat = op._unpack_flat(body)
     assert flat is not None
-    _same(flat, op._unpack_msgpack(body))
+    _same(flat, op._unpack_msgpack(body), aligned=True)
     for key in ("observation/exterior_image_1_left", "observation/wrist_image_left"):
         cam = flat[key]
         assert cam.base is body  # a view of the received message itself
