@@ -157,10 +157,13 @@ class Buffer:
         self.target = torch.zeros(size, TARGET_AUX, device=device)
 
     def add(self, images: torch.Tensor, state: torch.Tensor, prompt: torch.Tensor, actions: torch.Tensor,
-            target: torch.Tensor) -> None:
+            target: torch.Tensor | None = None) -> None:
+        """``target``: ``target_of``'s rows, for ``--target-aux`` (None: not trained, not stored)."""
         k = images.shape[0]
         idx = (self.head + torch.arange(k, device=images.device)) % self.size
-        self.images[idx], self.state[idx], self.prompt[idx], self.target[idx] = images, state, prompt, target
+        self.images[idx], self.state[idx], self.prompt[idx] = images, state, prompt
+        if target is not None:
+            self.target[idx] = target
         self.actions[idx] = actions > 0.5
         self.head = (self.head + k) % self.size
         self.n = min(self.size, self.n + k)
@@ -174,11 +177,8 @@ class Buffer:
 def target_of(ep: Episodes) -> torch.Tensor:
     """[B, TARGET_AUX]: where each robot's target is, from the simulator's truth (a training signal
     only, ``--target-aux``): cos / sin of its bearing from the heading, and its distance / 8 (at most 1)."""
-    sim = ep.sim
-    centre = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5           # [B, 2] (x, y)
-    d = centre - sim.pos
-    bearing = torch.atan2(d[:, 1], d[:, 0]) - sim.yaw
-    return torch.stack([torch.cos(bearing), torch.sin(bearing), (d.norm(dim=1) / 8).clamp(max=1.0)], 1)
+    bearing, distance = ep.sim.target_bearing()
+    return torch.stack([torch.cos(bearing), torch.sin(bearing), (distance / 8).clamp(max=1.0)], 1)
 
 
 def expert_chunk(ep: Episodes, planner: Planner | Scanner) -> torch.Tensor:
@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(teacher, Scanner):
                 teacher.look()  # what the robot sees now (its look-ahead keeps the map as seen)
             label = expert_chunk(ep, teacher)
-            buf.add(images[live], state[live], pidx[live], label[live], target_of(ep)[live])
+            buf.add(images[live], state[live], pidx[live], label[live],
+                    target_of(ep)[live] if args.target_aux > 0 else None)
             samples += int(live.sum())
             # Per collection step, not per round: a round of slow episodes can be a fifth of a small run.
             beta = beta_at(progress, args.expert_share, args.beta_min, args.beta_end)

@@ -42,9 +42,9 @@ except ImportError:  # CPU-only installs: F.linear runs instead
     class tl:  # noqa: N801 - just what the kernel signature evaluates at import
         constexpr = None
 
-MAX_ROWS = 64        # one program holds every row: the expert's 51 at one robot
+BLOCK_M = 64         # one program holds every row: the expert's 51 at one robot
+MAX_ROWS = BLOCK_M
 USE_KERNEL = True    # False: F.linear everywhere (the benchmarks' cuBLAS baseline, read at trace time)
-BLOCK_M = 64
 
 
 def _jit(fn):

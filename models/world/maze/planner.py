@@ -60,8 +60,7 @@ class Planner:
             self.dist = torch.as_tensor(fields, dtype=torch.int64, device=sim.device)
             if self.dist.shape != sim.grid.shape:
                 raise ValueError(f"distance fields {tuple(self.dist.shape)} for mazes {tuple(sim.grid.shape)}")
-        cell = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5      # [B, 2] target centre
-        self._target_centre = cell
+        self._target_centre = sim.target_cell.float() + 0.5                # [B, 2] target centre
         self._steps = torch.tensor(_STEPS, dtype=torch.int64, device=sim.device)  # [4, 2]
 
     def keys(self) -> torch.Tensor:

@@ -29,10 +29,8 @@ from models.world.maze.sim import FOV, KL, MazeSim
 
 def beacon_in_view(sim: MazeSim) -> torch.Tensor:
     """[B] bool: the target's centre is within the camera's horizontal field of view."""
-    centre = sim.goal_cells[sim._b, sim.goal_target].float() + 0.5
-    rel = centre - sim.pos
-    err = torch.remainder(torch.atan2(rel[:, 1], rel[:, 0]) - sim.yaw + torch.pi, 2 * torch.pi) - torch.pi
-    return err.abs() < FOV / 2
+    bearing, _ = sim.target_bearing()
+    return bearing.abs() < FOV / 2
 
 
 def corridor_view(grid: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
@@ -86,7 +84,7 @@ class Scanner:
             raise ValueError("the scanner needs a MazeSim with goals")
         self.sim = sim
         B, n, dev = sim.batch, sim.n, sim.device
-        target = sim.goal_cells[sim._b, sim.goal_target]                      # [B, 2] (x, y)
+        target = sim.target_cell                                              # [B, 2] (x, y)
         self._target = target
         self.known = torch.zeros(B, n, n, dtype=torch.int64, device=dev)      # 1: a wall it has seen
         self.known[sim._b, target[:, 1], target[:, 0]] = sim.grid[sim._b, target[:, 1], target[:, 0]]

@@ -176,6 +176,20 @@ class MazeSim:
         return torch.where(self.goal_is_wall[:, None], near, on_cell)
 
     @property
+    def target_cell(self) -> torch.Tensor:
+        """[B, 2] (x, y) int64: each camera's target goal cell."""
+        if self.goals is None:
+            raise ValueError("this MazeSim has no goals")
+        return self.goal_cells[self._b, self.goal_target]
+
+    def target_bearing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each camera's target cell's centre is: its bearing from the heading (radians in
+        [-pi, pi), positive to the right, the way L turns) and its distance in cells, each [B]."""
+        rel = self.target_cell.float() + 0.5 - self.pos
+        bearing = torch.remainder(torch.atan2(rel[:, 1], rel[:, 0]) - self.yaw + torch.pi, 2 * torch.pi) - torch.pi
+        return bearing, rel.norm(dim=1)
+
+    @property
     def batch(self) -> int:
         return len(self.seeds)
 
