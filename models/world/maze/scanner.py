@@ -84,39 +84,42 @@ class Scanner:
             raise ValueError("the scanner needs a MazeSim with goals")
         self.sim = sim
         B, n, dev = sim.batch, sim.n, sim.device
-        target = sim.target_cell                                              # [B, 2] (x, y)
-        self._target = target
+        t = sim.target_cell                                                   # [B, 2] (x, y)
         self.known = torch.zeros(B, n, n, dtype=torch.int64, device=dev)      # 1: a wall it has seen
-        self.known[sim._b, target[:, 1], target[:, 0]] = sim.grid[sim._b, target[:, 1], target[:, 0]]
+        self.known[sim._b, t[:, 1], t[:, 0]] = sim.grid[sim._b, t[:, 1], t[:, 0]]
         self.seen = torch.zeros(B, n, n, dtype=torch.bool, device=dev)
-        self.found = torch.zeros(B, dtype=torch.bool, device=dev)
-        self._found_now = self.found.clone()
-        self.planner = Planner(sim, self._field())
-        self.replans = 0
-        self.look()
-
-    def _field(self) -> torch.Tensor:
-        sim, t = self.sim, self._target
-        src = torch.zeros_like(self.seen)
-        # A marker: its own cell. A goal wall: its floor neighbours (in the map as known).
-        src[sim._b, t[:, 1], t[:, 0]] = ~sim.goal_is_wall
-        n = sim.n
+        # Where the distances start: a marker's own cell; a goal wall's floor neighbours (in the
+        # map as known: known_distances keeps only sources on known floor).
+        self._src = torch.zeros_like(self.seen)
+        self._src[sim._b, t[:, 1], t[:, 0]] = ~sim.goal_is_wall
         for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
             x, y = (t[:, 0] + dx).clamp(0, n - 1), (t[:, 1] + dy).clamp(0, n - 1)
             inside = ((t[:, 0] + dx) == x) & ((t[:, 1] + dy) == y)
-            src[sim._b, y, x] |= sim.goal_is_wall & inside
-        return known_distances(self.known, src)
+            self._src[sim._b, y, x] |= sim.goal_is_wall & inside
+        self.found = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.replans = 0
+        self._see()  # the first view, before the first field: one search, not two
+        self.planner = Planner(sim, known_distances(self.known, self._src))
+        self.found |= beacon_in_view(sim)
+        self._found_now = self.found.clone()
 
-    def look(self) -> None:
-        """Learn what the cameras see now: corridors from their cells, the target's beacon."""
+    def _see(self) -> torch.Tensor:
+        """Add what the cameras see down their corridors now to the map; [B] bool: a new wall."""
         sim = self.sim
         cell = sim.pos.floor().long().clamp(0, sim.n - 1)
         view = corridor_view(sim.grid, cell) & ~self.seen
         self.seen |= view
         walls = view & (sim.grid > 0)
-        if bool(walls.any()):
-            self.known = torch.where(walls, 1, self.known)
-            self.planner.dist = self._field()
+        self.known = torch.where(walls, 1, self.known)
+        return walls.flatten(1).any(1)
+
+    def look(self) -> None:
+        """Learn what the cameras see now: corridors from their cells, the target's beacon.
+        Only the mazes with a new wall are planned again."""
+        sim = self.sim
+        changed = self._see()
+        if bool(changed.any()):
+            self.planner.dist[changed] = known_distances(self.known[changed], self._src[changed])
             self.replans += 1
         self.found |= beacon_in_view(sim)
         self._found_now = self.found.clone()
