@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,3 +35,11 @@ def load_summary(before: Sequence[float], after: Sequence[float], during: Sequen
         "one_minute_during": {"min": round(min(during), 2), "max": round(max(during), 2),
                               "mean": round(sum(during) / len(during), 2)},
     }
+
+
+def proc_stat(pid: int) -> tuple[float, int]:
+    """A process's CPU seconds (utime + stime, all its threads) and minor page faults so far,
+    from ``/proc/<pid>/stat`` (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])

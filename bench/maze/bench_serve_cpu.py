@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # also runnable as a script
     sys.path.insert(0, str(ROOT))
 
-from bench.report import emit  # noqa: E402
+from bench.report import emit, proc_stat  # noqa: E402
 from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
 KEYS = ("w",)
@@ -56,12 +56,6 @@ KEYS = ("w",)
 
 def log(msg: str) -> None:
     print(f"[bench_serve_cpu {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (its threads included), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load1() -> float:
@@ -201,7 +195,7 @@ def served(port: int, server_pid: int, n: int, args: argparse.Namespace) -> dict
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     url = f"ws://127.0.0.1:{port}/v1/realtime/world"
-    load0, s0 = load1(), cpu_seconds(server_pid)
+    load0, s0 = load1(), proc_stat(server_pid)[0]
     t0 = time.perf_counter()
     proc = ctx.Process(target=_client_process, args=(url, n, args.format, args.credits, args.warmup, args.seconds,
                                                      queue))
@@ -209,7 +203,7 @@ def served(port: int, server_pid: int, n: int, args: argparse.Namespace) -> dict
     res = queue.get(timeout=args.warmup + args.seconds + 600)
     proc.join(60)
     wall = time.perf_counter() - t0
-    server_cpu = cpu_seconds(server_pid) - s0
+    server_cpu = proc_stat(server_pid)[0] - s0
     per = [s["frames_per_s"] for s in res["sessions"]]
     ticks = [t for s in res["sessions"] for t in s["tick_ms"]]
     gaps = [g for s in res["sessions"] for g in s["gap_ms"]]

@@ -23,18 +23,21 @@ from bench.report import emit
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.evaluate import drive_policy
-from models.world.maze.goals import GOAL_KINDS
+from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS
 from models.world.maze.planner import goal_seeds
 
 
 class GoalTracks(Episodes):
     """Episodes that also note every goal object (target and distractors) each camera reached."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.touched = torch.zeros(self.sim.batch, len(COLOUR_NAMES), dtype=torch.bool, device=self.sim.device)
+
     def step(self, keys: torch.Tensor, camera: torch.Tensor | None = None) -> None:
         live = ~self.done
         super().step(keys, camera)
-        hit = self.sim.reached_objects() & live[:, None]
-        self.touched = hit if not hasattr(self, "touched") else self.touched | hit
+        self.touched |= self.sim.reached_objects() & live[:, None]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -38,8 +38,8 @@ import torch
 
 from bench.report import emit
 from models.policy.maze.episodes import BUDGET, Episodes
-from models.world.maze.goals import GOAL_KINDS, GoalEpisode, approach_cells, floor_distances
-from models.world.maze.planner import UNREACHABLE, Planner, goal_seeds
+from models.world.maze.goals import GOAL_KINDS, GoalEpisode
+from models.world.maze.planner import Planner, distance_field, goal_seeds
 from models.world.maze.scanner import Scanner
 
 SIGHTS = ("cells", "corridors")
@@ -88,9 +88,7 @@ class KnownMap:
 
     def field(self) -> list[list[int]]:
         """Path lengths to the target's approach cells over the known map (``UNREACHABLE`` on known walls)."""
-        sources = approach_cells(self.known, self.goal.kind, self.goal.target_cell)
-        dist = floor_distances(self.known, sources)
-        return [[dist.get((x, y), UNREACHABLE) for x in range(self.n)] for y in range(self.n)]
+        return distance_field(self.known, self.goal)
 
 
 def drive_explorer(ep: Episodes, sight: str) -> int:

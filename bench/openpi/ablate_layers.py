@@ -45,7 +45,7 @@ if REPO not in sys.path:
 
 from bench.openpi.bench_fleet import WARMUP_SECONDS, measure_rounds  # noqa: E402
 from bench.openpi.bench_loopback import (PATH, Server, _free_port, _no_uvloop_path, hardware, log,  # noqa: E402
-                                         stop_process, versions, wait_healthy)
+                                         ours_app, stop_process, versions, wait_healthy)
 
 LAYERS = ("reference", "uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit", "ours")
 _PATCHED = ("uvicorn", "starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit")
@@ -65,22 +65,13 @@ def _serve(role: str, port: int) -> None:
     if role == "starlette":
         run(profile_app.starlette_app(reply, with_healthz=True), sock=bind_socket("127.0.0.1", port), log_level="warning")
         return
-    from models.policy import PROBE_METADATA, DummyPolicy
     from realtime import openpi_ws
-    from realtime.app import build_app
-    from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-    from realtime.registry import Inventory
 
     # profile_app's stage handlers (the same swaps, measured there without sockets).
     handlers = {"ours-min": profile_app._handle_min, "ours-decode": profile_app._handle_decode,
                 "ours-policy": profile_app._handle_policy, "ours-submit": profile_app._handle_submit}
     openpi_ws.OpenPIConnection.handle = handlers[role]  # type: ignore[method-assign]
-    config = ServerConfig(port=port, world=WorldConfig(models=()), policy=PolicyConfig(policy=""),
-                          tts=TTSConfig(enabled=False), limits=LimitsConfig(max_sessions_per_client=0))
-    inventory = Inventory()
-    policy = DummyPolicy(metadata=PROBE_METADATA, max_batch=32)
-    inventory.adapters[policy.name] = policy
-    run(build_app(config, inventory), sock=bind_socket("127.0.0.1", port), log_level="warning")
+    run(ours_app(port), sock=bind_socket("127.0.0.1", port), log_level="warning")
 
 
 def _bare_asgi(msgpack_numpy: Any, reply: dict) -> Any:

@@ -45,14 +45,12 @@ import sys
 import time
 from typing import Any, Sequence
 
-import numpy as np
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from bench.openpi.bench_loopback import Server, hardware, log, make_obs, pct, versions  # noqa: E402
-
+from bench.report import proc_stat  # noqa: E402
 
 NAMES = ("ours", "reference")
 # With --with-hop: ours again with the policy's inline forwards off (every forward handed
@@ -155,22 +153,6 @@ class Fleet:
             c.send(None)
         for p in self.procs:
             p.join(10)
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds."""
-    return _proc_stat(pid)[0]
-
-
-def minor_faults(pid: int) -> int:
-    """Minor page faults of a process so far (all its threads)."""
-    return _proc_stat(pid)[1]
-
-
-def _proc_stat(pid: int) -> tuple[float, int]:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 # ---------------------------------------------------------------- main
@@ -277,9 +259,9 @@ def measure_rounds(servers: dict[str, Any], names: Sequence[str], clients_list: 
 def measure_server(fleet: "Fleet", server: Any, name: str, clients: int, seconds: float, round_no: int) -> dict[str, Any]:
     """One timed window of ``clients`` robots on ``server`` (anything with ``.proc`` and ``.uri``):
     calls, calls/s, the server process's CPU seconds and every call's latency; logged."""
-    cpu0, faults0 = _proc_stat(server.proc.pid)
+    cpu0, faults0 = proc_stat(server.proc.pid)
     m = fleet.measure(server.uri, clients, seconds)
-    cpu1, faults1 = _proc_stat(server.proc.pid)
+    cpu1, faults1 = proc_stat(server.proc.pid)
     cpu, faults = cpu1 - cpu0, faults1 - faults0
     if m["errors"]:
         raise RuntimeError(f"{name}, {clients} clients: {m['errors'][:3]}")

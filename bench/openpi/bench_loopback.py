@@ -68,7 +68,8 @@ def pct(xs: list[float]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- servers (child processes)
-def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: bool = True) -> None:
+def ours_app(port: int = 0, infer_ms: float = 0.0, batch_wait_ms: float | None = None, inline: bool = True) -> Any:
+    """Our app serving only the probe's ``DummyPolicy`` (the benches' instant policy)."""
     sys.path.insert(0, REPO)
     from models.policy import PROBE_METADATA, DummyPolicy
     from realtime.app import build_app
@@ -85,10 +86,15 @@ def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: 
     if not inline:  # "ours-hop": every forward handed to the engine thread and back
         policy.inline_forward_s = 0.0
     inventory.adapters[policy.name] = policy
+    return build_app(config, inventory)
+
+
+def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: bool = True) -> None:
     # The same process set-up and uvicorn settings as ``realtime serve``.
+    app = ours_app(port, infer_ms, batch_wait_ms, inline)
     from realtime.server import bind_socket, run
 
-    run(build_app(config, inventory), sock=bind_socket("127.0.0.1", port), log_level="warning")
+    run(app, sock=bind_socket("127.0.0.1", port), log_level="warning")
 
 
 def serve_reference(port: int, infer_ms: float) -> None:

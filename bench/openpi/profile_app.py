@@ -51,7 +51,7 @@ if REPO not in sys.path:
 import numpy as np  # noqa: E402
 from openpi_client import msgpack_numpy  # noqa: E402
 
-from bench.openpi.bench_loopback import PATH, hardware, log, make_obs, versions  # noqa: E402
+from bench.openpi.bench_loopback import PATH, hardware, log, make_obs, ours_app, versions  # noqa: E402
 
 VARIANTS = ("starlette", "ours-min", "ours-decode", "ours-policy", "ours-submit", "ours")
 _REPLY = {"actions": np.zeros((50, 32), np.float32), "server_timing": {"infer_ms": 0.0}}
@@ -152,18 +152,9 @@ async def _handle_submit(self: Any, message: Any) -> bytes:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from models.policy import PROBE_METADATA, DummyPolicy
     from realtime import openpi_ws
-    from realtime.app import build_app
-    from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-    from realtime.registry import Inventory
 
-    config = ServerConfig(port=0, world=WorldConfig(models=()), policy=PolicyConfig(policy=""),
-                          tts=TTSConfig(enabled=False), limits=LimitsConfig(max_sessions_per_client=0))
-    inventory = Inventory()
-    policy = DummyPolicy(metadata=PROBE_METADATA, max_batch=32)
-    inventory.adapters[policy.name] = policy
-    ours, star = build_app(config, inventory), starlette_app()
+    ours, star = ours_app(), starlette_app()
     handle = openpi_ws.OpenPIConnection.handle
     handlers = {"ours-min": _handle_min, "ours-decode": _handle_decode, "ours-policy": _handle_policy,
                 "ours-submit": _handle_submit, "ours": handle}

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from bench.openpi.bench_loopback import REPO, _free_port, latency_round, log, pct, stop_process, wait_healthy
+from bench.report import proc_stat
 
 PATH = "/v1/realtime/robot/openpi"
 
@@ -224,12 +225,6 @@ def per_call(events: list[tuple[str, float, float, int]]) -> dict[str, list[floa
     return out
 
 
-def _minor_faults(pid: int) -> int:
-    """The process's minor page faults so far (/proc/<pid>/stat, field 10)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
-
-
 def measure(server: str, calls: int, cprofile: bool, workdir: str) -> dict[str, Any]:
     role, _, tuned = server.partition("-")
     port = _free_port()
@@ -245,9 +240,9 @@ def measure(server: str, calls: int, cprofile: bool, workdir: str) -> dict[str, 
         latency_round(uri, 50, 50, 30.0)  # warm-up on its own connection
         proc.send_signal(signal.SIGUSR2)
         time.sleep(0.2)
-        faults = _minor_faults(proc.pid)
+        faults = proc_stat(proc.pid)[1]
         timed = latency_round(uri, 0, calls, 60.0)
-        faults = (_minor_faults(proc.pid) - faults) / max(1, len(timed["rtt_ms"]))
+        faults = (proc_stat(proc.pid)[1] - faults) / max(1, len(timed["rtt_ms"]))
         proc.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 30
         while not os.path.exists(out):

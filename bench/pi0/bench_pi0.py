@@ -62,8 +62,10 @@ def log(msg: str) -> None:
 class _Timed:
     """Records each forward's batch size (what the engine actually batched) and its time."""
 
-    sizes: list[int]
-    forward_ms: list[float]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sizes: list[int] = []
+        self.forward_ms: list[float] = []
 
     def infer_batch(self, works):  # type: ignore[no-untyped-def]
         self.sizes.append(len(works))
@@ -95,7 +97,6 @@ def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | N
                 compile: bool | None = None) -> CountingPi0:
     p = CountingPi0(model, tok, state_stats=Stats("IDENTITY"), action_stats=Stats("IDENTITY"), device=dev,
                     max_batch=max_batch, name=name, use_graphs=use_graphs, compile=compile)
-    p.sizes, p.forward_ms = [], []
     return p
 
 
@@ -191,8 +192,7 @@ def served(policy: CountingPi0 | StandIn, robots: int, seconds: float, size: int
                           limits=LimitsConfig(max_sessions_per_client=0))  # every robot on loopback
     inventory = Inventory()
     inventory.adapters[policy.name] = policy
-    policy.sizes.clear()
-    policy.forward_ms.clear()
+    policy.sizes, policy.forward_ms = [], []  # this run's forwards only
     with serve_in_thread(build_app(config, inventory)) as addr:
         cmd = [sys.executable, "-m", "bench.pi0.robots", "--uri", f"ws://{addr}{PATH}", "--robots", str(robots),
                "--seconds", str(seconds), "--cameras", ",".join(policy.metadata.image_keys), "--size", str(size),
@@ -334,7 +334,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # competition (a sleep of the bare call), and the served forward timed on the engine thread.
         stand_in = StandIn(metadata=fast.metadata, infer_ms=res["bare"]["1"]["call_ms"]["p50"], max_batch=1,
                            name="pi0-stand-in")
-        stand_in.sizes, stand_in.forward_ms = [], []
         one = fleets["1"]["batched"]
         fleets["1"]["stand_in"] = served(stand_in, 1, args.seconds, size, args.batch_wait_ms)
         fleets["1"]["split_ms"] = {
@@ -342,7 +341,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "served_forward_p50": one["server_forward_ms"]["p50"],
             "stand_in_served_p50": fleets["1"]["stand_in"]["latency_ms"]["p50"],
             "stand_in_forward_p50": fleets["1"]["stand_in"]["server_forward_ms"]["p50"],
-            "client_pack_p50": one.get("client_pack_ms", {}).get("p50"),
+            "client_pack_p50": one["client_pack_ms"]["p50"],
             "note": "served - served_forward: the protocol, hand-offs and client; served_forward - bare: what "
                     "serving costs the forward itself (CPU / GIL competition); the stand-in's served - forward "
                     "is the protocol's share for these request bytes alone",

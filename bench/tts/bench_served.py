@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-
 import realtime.cli
 
 # Before torch loads: the adapter here waits as the server's engine does (realtime.cli's defaults).
