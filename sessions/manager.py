@@ -35,6 +35,7 @@ class SessionManager:
         prompt: str | None = None,
         max_pending: int = 64,
         release: Callable[[], None] | None = None,
+        max_in_flight: int = 1,
     ) -> Session:
         """Register a new ACTIVE session. BAD_REQUEST for an id outside
         ``[A-Za-z0-9._:-]{1,128}``, SESSION_EXISTS for a taken id (tombstones
@@ -55,7 +56,8 @@ class SessionManager:
                 ErrorCode.BUSY, f"{len(self._sessions)} sessions open, at most {self.max_sessions}"
             )
         session = Session(
-            session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, release=release
+            session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, release=release,
+            max_in_flight=max_in_flight,
         )
         self._sessions[session_id] = session
         log.info("session %s: created (%d open)", session_id, len(self._sessions))

@@ -8,6 +8,15 @@ A tick is a transaction (see DESIGN.md, "Tick lifecycle")::
     complete_tick(metadata)            metadata == snapshot: commit everything
       or fail_tick(reason)             commit nothing, FAILED until reset or close
 
+With ``max_in_flight`` > 1 a tick may begin on top of ticks still in flight (the
+server keeps the engine's queue full; see ``realtime/world_ws.py``): its snapshot
+takes the events no earlier tick took, and its controls are prepared from the
+state the earlier ticks will commit. Ticks complete in the order they began; a
+failure abandons every tick in flight::
+
+    begin_tick -> t0    begin_tick -> t1 (on top of t0)
+    complete_tick(t0)   complete_tick(t1)          chunk indexes 0, 1
+
 States and the transitions allowed between them::
 
     ACTIVE --fail--> FAILED --reset--> ACTIVE        (reset also ACTIVE -> ACTIVE)
@@ -20,6 +29,7 @@ thread only ever sees the immutable TickRequest.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 from collections.abc import Callable, Mapping
@@ -87,6 +97,7 @@ class Session:
         prompt: str | None = None,
         max_pending: int = 64,
         release: Callable[[], None] | None = None,
+        max_in_flight: int = 1,
     ) -> None:
         if type(session_id) is not str or not session_id:
             raise ValueError(f"session_id must be a non-empty str, got {session_id!r}")
@@ -95,12 +106,15 @@ class Session:
                 raise ValueError(f"reducer for track {track!r} declares track {reducer.track!r}")
         if type(max_pending) is not int or max_pending < 1:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be a positive int, got {max_in_flight!r}")
         check_prompt(prompt)
         self._session_id = session_id
         self._reducers: dict[str, ControlReducer] = dict(reducers)
         self._initial_prompt = prompt
         self._prompt = prompt
         self._max_pending = max_pending
+        self._max_in_flight = max_in_flight
         self._release = release
         self._state = SessionState.ACTIVE
         self._chunk_index = 0
@@ -108,8 +122,8 @@ class Session:
         self._pending: dict[int, SessionEvent] = {}
         self._applied = AppliedIds()
         self._floor = -1  # highest committed (applied) event id
-        self._in_flight: TickRequest | None = None
-        self._prepared: dict[str, Prepared] = {}
+        # Ticks begun and not yet completed, oldest first, each with its prepared controls.
+        self._flights: collections.deque[tuple[TickRequest, dict[str, Prepared]]] = collections.deque()
         self._ticks_begun = 0  # never reset: request ids stay unique for the object
         self._worker_live = False
         self._failure: str | None = None
@@ -133,13 +147,24 @@ class Session:
     def event_floor(self) -> int:
         """Highest event id applied or in flight; -1 before any. Ids at or below it
         are refused as stale (or answered duplicate if they were applied)."""
-        if self._in_flight is not None and self._in_flight.applied_event_ids:
-            return max(self._floor, self._in_flight.applied_event_ids[-1])
-        return self._floor
+        floor = self._floor
+        for request, _ in self._flights:
+            if request.applied_event_ids:
+                floor = max(floor, request.applied_event_ids[-1])
+        return floor
 
     @property
     def in_flight(self) -> TickRequest | None:
-        return self._in_flight
+        """The oldest tick in flight (the next to complete), or None."""
+        return self._flights[0][0] if self._flights else None
+
+    @property
+    def ticks_in_flight(self) -> int:
+        return len(self._flights)
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
 
     @property
     def pending_event_ids(self) -> tuple[int, ...]:
@@ -148,9 +173,11 @@ class Session:
 
     @property
     def waiting_event_ids(self) -> tuple[int, ...]:
-        """Pending ids not in the in-flight snapshot: they go into the next tick."""
-        taken = set(self._in_flight.applied_event_ids) if self._in_flight else set()
-        return tuple(i for i in sorted(self._pending) if i not in taken)
+        """Pending ids in no in-flight snapshot: they go into the next tick."""
+        return tuple(i for i in sorted(self._pending) if i not in self._taken())
+
+    def _taken(self) -> set[int]:
+        return {eid for request, _ in self._flights for eid in request.applied_event_ids}
 
     @property
     def prompt(self) -> str | None:
@@ -183,7 +210,7 @@ class Session:
         return (
             f"Session({self._session_id!r}, state={self._state.name}, "
             f"chunk_index={self._chunk_index}, floor={self.event_floor}, "
-            f"pending={len(self._pending)}, in_flight={self._in_flight is not None})"
+            f"pending={len(self._pending)}, in_flight={len(self._flights)})"
         )
 
     # -- events ----------------------------------------------------------------
@@ -277,19 +304,21 @@ class Session:
     # -- ticks -----------------------------------------------------------------
 
     def begin_tick(self) -> TickRequest:
-        """Snapshot every pending event into the next tick. Needs ACTIVE and no tick
-        in flight (a SessionStateError otherwise: the caller's bug)."""
+        """Snapshot every pending event no tick in flight took into the next tick. Needs
+        ACTIVE and fewer than ``max_in_flight`` ticks in flight (a SessionStateError
+        otherwise: the caller's bug)."""
         if self._state is not SessionState.ACTIVE:
             raise SessionStateError(
                 f"session {self._session_id}: begin_tick in state {self._state.name}"
             )
-        if self._in_flight is not None:
+        if len(self._flights) >= self._max_in_flight:
             raise SessionStateError(
-                f"session {self._session_id}: begin_tick while {self._in_flight.request_id} "
-                "is in flight"
+                f"session {self._session_id}: begin_tick while {self._flights[-1][0].request_id} "
+                f"is in flight ({len(self._flights)} of at most {self._max_in_flight})"
             )
-        events = [self._pending[eid] for eid in sorted(self._pending)]
-        prompt = self._prompt
+        taken = self._taken()
+        events = [self._pending[eid] for eid in sorted(self._pending) if eid not in taken]
+        prompt = self._flights[-1][0].prompt if self._flights else self._prompt
         for event in events:
             if event.prompt is not None:
                 prompt = event.prompt
@@ -298,7 +327,7 @@ class Session:
             updates = [c.data for e in events for c in e.controls if c.track == track]
             try:
                 # Every track, even without updates: held keys carry on.
-                prepared[track] = reducer.prepare(updates)
+                prepared[track] = self._prepare_on_flights(track, reducer, updates)
             except Exception as exc:
                 reason = f"reducer {track!r} prepare failed: {exc!r}"
                 self.fail_tick(reason)
@@ -306,14 +335,13 @@ class Session:
         request = TickRequest(
             session_id=self._session_id,
             request_id=f"{self._session_id}:{self._ticks_begun}",
-            chunk_index=self._chunk_index,
+            chunk_index=self._chunk_index + len(self._flights),
             applied_event_ids=tuple(e.event_id for e in events),
             prompt=prompt,
             controls=FrozenDict({track: p.value for track, p in prepared.items()}),
         )
         self._ticks_begun += 1
-        self._in_flight = request
-        self._prepared = prepared
+        self._flights.append((request, prepared))
         self._worker_live = True
         log.debug(
             "session %s: begin tick %s chunk %d events %s",
@@ -324,19 +352,32 @@ class Session:
         )
         return request
 
+    def _prepare_on_flights(self, track: str, reducer: ControlReducer, updates: list) -> Prepared:
+        """``reducer.prepare(updates)`` from the state the ticks in flight will leave: their
+        prepared states committed for the call, the committed state put back after it."""
+        if not self._flights:
+            return reducer.prepare(updates)
+        saved = reducer.save()
+        try:
+            for _, prepared in self._flights:
+                reducer.commit(prepared[track])
+            return reducer.prepare(updates)
+        finally:
+            reducer.restore(saved)
+
     def complete_tick(self, metadata: ChunkMetadata) -> TickRequest:
-        """Commit the in-flight tick if ``metadata`` matches it; returns its snapshot.
+        """Commit the oldest in-flight tick if ``metadata`` matches it; returns its snapshot.
 
         A mismatch or a reducer commit failure commits nothing, fails the session
         (as :meth:`fail_tick`) and raises ``SessionError(SESSION_FAILED)``.
         """
         if not isinstance(metadata, ChunkMetadata):
             raise TypeError(f"complete_tick takes ChunkMetadata, got {type(metadata).__name__}")
-        request = self._in_flight
-        if request is None:
+        if not self._flights:
             # A result for a tick already abandoned by a failure or a close.
             self._check_open(None)
             raise SessionStateError(f"session {self._session_id}: no tick in flight")
+        request, prepared = self._flights[0]
         if not metadata.matches(request):
             reason = "metadata mismatch: " + "; ".join(metadata.mismatch(request))
             self.fail_tick(reason)
@@ -347,7 +388,7 @@ class Session:
         for track, reducer in self._reducers.items():
             try:
                 saved[track] = reducer.save()
-                reducer.commit(self._prepared[track])
+                reducer.commit(prepared[track])
             except Exception as exc:
                 for done, state in saved.items():
                     try:
@@ -366,8 +407,7 @@ class Session:
             self._floor = request.applied_event_ids[-1]
         self._prompt = request.prompt
         self._chunk_index += 1
-        self._in_flight = None
-        self._prepared = {}
+        self._flights.popleft()
         log.debug(
             "session %s: committed %s chunk %d floor %d",
             self._session_id,
@@ -378,7 +418,7 @@ class Session:
         return request
 
     def fail_tick(self, reason: str) -> None:
-        """ACTIVE -> FAILED: drop the in-flight tick uncommitted and release worker
+        """ACTIVE -> FAILED: drop every in-flight tick uncommitted and release worker
         state; chunk index and pending queue stay as they were. Failing a session
         that is already failed or closing changes nothing (a late engine report)."""
         if self._state is not SessionState.ACTIVE:
@@ -390,9 +430,8 @@ class Session:
             )
             return
         self._transition(SessionState.FAILED)
-        abandoned = self._in_flight.request_id if self._in_flight else None
-        self._in_flight = None
-        self._prepared = {}
+        abandoned = ", ".join(r.request_id for r, _ in self._flights) or None
+        self._flights.clear()
         self._failure = reason
         log.warning(
             "session %s: failed at chunk %d (request %s): %s",
@@ -414,10 +453,10 @@ class Session:
             raise SessionError(
                 ErrorCode.SESSION_CLOSED, f"session {self._session_id} is {self._state.value}"
             )
-        if self._in_flight is not None:
+        if self._flights:
             raise SessionError(
                 ErrorCode.BUSY,
-                f"session {self._session_id}: tick {self._in_flight.request_id} is in flight",
+                f"session {self._session_id}: tick {self._flights[0][0].request_id} is in flight",
             )
         self._transition(SessionState.ACTIVE)
         dropped = tuple(sorted(self._pending))
@@ -437,14 +476,15 @@ class Session:
         return dropped
 
     def begin_close(self) -> None:
-        """ACTIVE/FAILED/CLEANUP_FAILED -> CLOSING; an in-flight tick is abandoned."""
+        """ACTIVE/FAILED/CLEANUP_FAILED -> CLOSING; the ticks in flight are abandoned."""
         self._transition(SessionState.CLOSING)
-        if self._in_flight is not None:
+        if self._flights:
             log.info(
-                "session %s: close abandons tick %s", self._session_id, self._in_flight.request_id
+                "session %s: close abandons ticks %s",
+                self._session_id,
+                ", ".join(r.request_id for r, _ in self._flights),
             )
-            self._in_flight = None
-            self._prepared = {}
+            self._flights.clear()
 
     def finish_close(self, ok: bool) -> None:
         """CLOSING -> CLOSED (releasing live worker state) or, if cleanup failed,
