@@ -75,6 +75,9 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     # submitting thread when the engine is idle, instead of being handed to the engine
     # thread and back (realtime/engine.py, "Inline forwards"). 0: always the engine thread.
     inline_forward_s: float = 0.0
+    # A session's tick builds on its previous one (a world's KV): when one fails, the
+    # session's ticks queued behind it are dropped before they run (realtime/engine.py).
+    chained_ticks: bool = False
 
     @abc.abstractmethod
     def describe(self) -> Mapping[str, Any]:

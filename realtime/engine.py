@@ -27,8 +27,25 @@ every model; a forward over the limit sends the model back to the engine thread 
 once. Such a model is never waited for returners either: merging forwards that
 cost microseconds saves nothing.
 
+Held results: a model that announces its launches (``ModelAdapter.launched``)
+gets its batch's results resolved once the *next* batch's device work is queued,
+not as soon as the batch ends. Sessions whose next tick is already queued (a world
+session with ticks in flight, ``Session.max_in_flight``) then wake the event loop
+while the device computes, and the loop's Python does not take the GIL from the
+engine while it prepares the next batch::
+
+    engine:  [prep N+1][launch]--- device N+1 ---[sync][post]   [prep N+2][launch] ...
+    loop:                  results N: commit, queue N+2, send chunk N
+
+Nothing waits on a held result: they are resolved before the engine waits (idle, or for
+returners), before controls and other models' batches, and when a batch ends at the latest.
+Only a model whose last batch queued its device work within ``LAUNCH_HOLD_MAX_S`` of its start
+is held (a model that computes inside ``run_batch`` and says so at the end would hold its
+results for a whole forward).
+
 A batch that raises is re-run one work at a time, so one bad session fails
-alone. A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
+alone. A failed tick of a model with ``chained_ticks`` (a world) also drops the
+session's ticks queued behind it: they would run on state that was never committed. A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
 error, recognised by type) marks the engine dead:
 ``healthy`` turns False, every queued and future call fails fast.
 """
@@ -45,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from models.base import EngineDeadError, ModelAdapter, ModelError, failure_code, is_fatal
-from realtime.launch_gate import LaunchGate
+from realtime.launch_gate import LAUNCH_HOLD_MAX_S, LaunchGate
 from realtime.stats import ModelStats
 
 log = logging.getLogger(__name__)
@@ -167,6 +184,10 @@ class Engine:
         # the others compute inside run_batch, and holding sends would only delay them.
         self.launch_gate = LaunchGate()
         self._launches: dict[str, bool] = {n: False for n in self._adapters}
+        # A launching model's last batch's results, until the next launch (see "Held results").
+        self._held: list[tuple[_Job, Any]] = []
+        self._prep_s: dict[str, float] = {n: float("inf") for n in self._adapters}  # last start -> launch
+        self._batch_started = 0.0
         for name, adapter in self._adapters.items():
             adapter.set_launch_listener(lambda name=name: self._launched(name))
 
@@ -353,19 +374,39 @@ class Engine:
         while True:
             with self._cv:
                 while not self._stopping and not self._controls and not any(self._ticks.values()):
+                    if self._held:
+                        self._cv.release()  # resolved outside the lock: submits need it
+                        try:
+                            self._flush()
+                        finally:
+                            self._cv.acquire()
+                        continue
                     self._cv.wait()
                 if self._stopping:
+                    self._flush()
                     return
                 controls = list(self._controls)
                 self._controls.clear()
             with self._owner:
+                if controls:
+                    self._flush()  # results first, as they came
                 for item in controls:
                     self._run_control(item)
                 if self._dead is not None:
                     continue
                 batch = self._take_batch()
+                if batch and not self._launches[batch[0].model]:
+                    self._flush()
                 if batch:
                     self._run_batch(batch)
+                elif self._held and not self._controls:
+                    self._flush()
+
+    def _flush(self) -> None:
+        """Resolve the held results (see "Held results")."""
+        if self._held:
+            held, self._held = self._held, []
+            _resolve_all(held)
 
     def _run_control(self, item: _Control) -> None:
         self.stats.controls += 1
@@ -407,6 +448,9 @@ class Engine:
             deadline = self._free_since[name] + self._wait[name]
             if len(queue) < limit and returners and not self._unbatched[name]:
                 awaited = set(returners).difference(j.session_id for j in queue)
+                if awaited and self._held:
+                    _resolve_all(self._held)  # the returners wait for these: never hold them here
+                    self._held = []
                 self._awaited = awaited
                 try:
                     while awaited and len(queue) < limit and not self._controls and not self._stopping:
@@ -473,14 +517,17 @@ class Engine:
         model_stats.ticks += len(done)
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
-        _resolve_all(done)
+        if self._prep_s[model] <= LAUNCH_HOLD_MAX_S and threading.current_thread() is self._thread:
+            self._held.extend(done)  # until the next batch's launch
+        else:
+            _resolve_all(done)
 
     def _run_model(self, model: str, adapter: ModelAdapter, works: list[Any]) -> Sequence[Any]:
         """``adapter.run_batch(works)``, its time counted (busy time, the inline window);
         raises what it raised, or a ``ModelError`` for a wrong number of results."""
         timed = adapter.inline_forward_s > 0
         preempted = _preemptions() if timed else 0
-        started = time.perf_counter()
+        started = self._batch_started = time.perf_counter()
         if self._launches[model]:
             self.launch_gate.close()
         try:
@@ -490,6 +537,7 @@ class Engine:
             return results
         finally:
             self.launch_gate.open()
+            self._flush()  # a batch that launched nothing: the last one's results wait no longer
             elapsed = time.perf_counter() - started
             self.stats.busy_seconds += elapsed
             self.stats.models[model].busy_seconds += elapsed
@@ -560,9 +608,12 @@ class Engine:
         return _Job(model, work, session_id, None, loop.create_future(), loop, enqueued)
 
     def _launched(self, model: str) -> None:
-        """``model``'s device work for this batch is queued (its launch listener)."""
+        """``model``'s device work for this batch is queued (its launch listener): the
+        loop may send, and take the last batch's results, while the device computes."""
         self._launches[model] = True
+        self._prep_s[model] = time.perf_counter() - self._batch_started
         self.launch_gate.open()
+        self._flush()
 
     def _note_forward(self, model: str, elapsed: float, limit: float) -> None:
         """Keep the model's last forward times; decide whether it runs inline and is batched.
@@ -595,6 +646,9 @@ class Engine:
         return True
 
     def _fail(self, job: _Job, exc: BaseException) -> None:
+        self._flush()  # a session's results reach it in order: an earlier success first
+        if job.session_id is not None and self._adapters[job.model].chained_ticks:
+            self._purge(job.model, job.session_id)
         self.stats.failed_works += 1
         self.stats.models[job.model].failures[failure_code(exc)] += 1
         log.warning("session %s: tick on %s failed: %r", job.session_id, job.model, exc)
@@ -603,6 +657,7 @@ class Engine:
 
     def _die(self, reason: str, running: Sequence[_Job] = ()) -> None:
         log.error("engine is dead: %s", reason)
+        self._flush()  # those ticks were committed before the engine died
         self._dead = reason
         error = EngineDeadError(reason)
         for job in running:

@@ -189,6 +189,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
     """Base of every world model the engine runs."""
 
     kind = "world"
+    chained_ticks = True  # each chunk is generated from the KV the last one committed
     geometry: WorldGeometry
     control_schemas: tuple[str, ...] = (KEYS_SCHEMA,)
     uses_prompts: bool = False
