@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
+    serve.add_argument("--ticks-in-flight", type=int, choices=(1, 2), default=1,
+                       help="world ticks a session may have queued in the engine at once: 2 queues the next "
+                            "tick while one runs, so the engine never waits for the event loop (throughput), "
+                            "at one more chunk of input latency; 1 builds each tick after the last committed")
     serve.add_argument("--frames-per-chunk", type=int, default=None,
                        help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
@@ -203,7 +207,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
                           kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib),
-                          trajectory_root=args.trajectory_root),
+                          trajectory_root=args.trajectory_root, session_ticks_in_flight=args.ticks_in_flight),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

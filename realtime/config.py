@@ -32,6 +32,11 @@ class WorldConfig:
     # The trusted folder of named camera trajectories (world models that play them).
     trajectory_root: str | None = None
     max_pending_events: int = 64
+    # Ticks a session may have in the engine at once (credits allowing): 2 keeps the engine's
+    # queue full while the loop commits and sends the last chunk (throughput), at one more
+    # chunk of input latency: an event arriving meanwhile goes into the tick after the queued
+    # one. 1: each tick is built after the last one committed. Frame-streaming sessions use 1.
+    session_ticks_in_flight: int = 1
     max_sessions: int = 256
     # World KV pools: this fraction of the device's free memory, or a fixed budget (CPU tests).
     gpu_memory_fraction: float = 0.9

@@ -27,6 +27,7 @@ does ``session.close`` with its ``session_id`` from a new connection after a dis
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import time
@@ -80,6 +81,7 @@ class WorldConnection:
         self.manager: SessionManager = state.world_sessions
         self.world_models: list[str] = state.inventory.names(KIND)
         self.max_pending: int = state.config.world.max_pending_events
+        self.ticks_in_flight: int = state.config.world.session_ticks_in_flight
         self.live = state.live_sessions
         self.client = client_address(ws)
         self.slots = state.client_slots
@@ -239,6 +241,8 @@ class WorldConnection:
                 prompt=req.prompt,
                 max_pending=self.max_pending,
                 release=lambda: engine.post_release(model, sid),
+                # A streamed tick's frames go out before its commit: one tick at a time.
+                max_in_flight=1 if req.stream_frames else self.ticks_in_flight,
             )
             await self._admit(adapter, model, sid, options)
         except BaseException:
@@ -497,43 +501,45 @@ class WorldConnection:
     async def _drive(self) -> None:
         """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
         driver commits, queues its next tick, and then sends, so a batch's sessions are
-        back in the engine's queue moments after it ends. Sends stay in chunk order."""
+        back in the engine's queue moments after it ends. With ``ticks_in_flight`` 2
+        (``Session.max_in_flight``) tick N+1 is queued while N runs, so the engine takes
+        it without waiting for this loop (each queued tick holds one of the credits).
+        Sends stay in chunk order. Once stopped, no tick is queued; the ones the engine
+        took are committed and sent, the others were dropped by ``_stop_driver``."""
         session, adapter = self.session, self.adapter
         assert session is not None and adapter is not None
         sid = session.session_id
         sending: asyncio.Task | None = None
-        stream: FrameStream | None = None
+        ahead: collections.deque[_Queued] = collections.deque()  # submitted ticks, oldest first
         try:
-            while not self._stopping:
-                if self.credits <= 0 or session.state is not SessionState.ACTIVE:
+            while True:
+                while (not self._stopping and session.state is SessionState.ACTIVE
+                       and len(ahead) < session.max_in_flight and self.credits > len(ahead)):
+                    try:
+                        ahead.append(self._queue_tick(session, adapter, sending))
+                    except _NotBuilt as exc:  # the model's own bug fails its session, told
+                        # Uncaught, it would end this task silently and the client would wait forever.
+                        log.warning("session %s: %s.tick failed: %r", sid, self.model, exc.error)
+                        pending = list(session.pending_event_ids)
+                        session.fail_tick(f"tick could not be built: {exc.error!r}")
+                        self._mark("failed")
+                        await _finish(sending)
+                        await self._report_failure(pending, Failure.MODEL,
+                                                   f"{type(exc.error).__name__}: {exc.error}")
+                        return
+                if not ahead:
+                    if self._stopping:
+                        return
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                request = session.begin_tick()
-                started = time.perf_counter()
+                queued = ahead[0]
                 try:
-                    # The format travels on the tick: the model may encode jpeg on its device.
-                    work = adapter.tick(request, self.seed, self.options, format=self.format)
-                except Exception as exc:  # noqa: BLE001 - the model's own bug fails its session, told
-                    # Uncaught, it would end this task silently and the client would wait forever.
-                    log.warning("session %s: %s.tick failed: %r", sid, self.model, exc)
-                    pending = list(session.pending_event_ids)
-                    session.fail_tick(f"tick could not be built: {exc!r}")
-                    self._mark("failed")
-                    await _finish(sending)
-                    await self._report_failure(pending, Failure.MODEL, f"{type(exc).__name__}: {exc}")
-                    return
-                if self.image is not None and request.chunk_index == 0:
-                    work = dataclasses.replace(work, image=self.image)
-                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
-                                     taken=self.idle.touch) if self.stream_frames else None
-                if stream is not None:
-                    work = dataclasses.replace(work, frame_sink=stream.sink)
-                try:
-                    chunk: WorldChunk = await self.engine.submit(self.model, work, session_id=sid)
+                    chunk: WorldChunk = await queued.future
                 except ENGINE_ERRORS as exc:
-                    if stream is not None:  # what was streamed goes out before the error
-                        await stream.finish()
+                    ahead.popleft()
+                    if queued.stream is not None:  # what was streamed goes out before the error
+                        await queued.stream.finish()
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:
                         return  # reset/close purged it; they take it from here
@@ -543,12 +549,13 @@ class WorldConnection:
                     await _finish(sending)
                     await self._report_failure(pending, failure, str(exc))
                     return
-                tick_ms = (time.perf_counter() - started) * 1000.0
+                ahead.popleft()
+                tick_ms = (time.perf_counter() - queued.started) * 1000.0
                 try:
                     committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
-                    if stream is not None:
-                        await stream.finish()
+                    if queued.stream is not None:
+                        await queued.stream.finish()
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
                     return
@@ -558,12 +565,38 @@ class WorldConnection:
                 self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
                 # The commit goes out after the streamed frames (_send_chunk finishes the stream).
-                sending = self._sending = asyncio.create_task(self._send_chunk(committed, chunk, tick_ms, stream))
-                stream = None
+                sending = self._sending = asyncio.create_task(
+                    self._send_chunk(committed, chunk, tick_ms, queued.stream))
         finally:
             await _finish(sending)
-            if stream is not None:  # a tick the driver left unfinished (cancelled)
-                stream.cancel()
+            for queued in ahead:  # ticks this driver leaves unfinished (cancelled, failed)
+                if queued.stream is not None:
+                    queued.stream.cancel()
+                _drop(queued.future)
+
+    def _queue_tick(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_Queued":
+        """Begin the session's next tick and hand it to the engine; ``_NotBuilt`` if the
+        model could not build it (the session's tick is begun: the caller fails it)."""
+        request = session.begin_tick()
+        started = time.perf_counter()
+        try:
+            # The format travels on the tick: the model may encode jpeg on its device.
+            work = adapter.tick(request, self.seed, self.options, format=self.format)
+        except Exception as exc:  # noqa: BLE001 - reported by the driver
+            raise _NotBuilt(exc) from exc
+        if self.image is not None and request.chunk_index == 0:
+            work = dataclasses.replace(work, image=self.image)
+        # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
+        stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
+                             taken=self.idle.touch) if self.stream_frames else None
+        if stream is not None:
+            work = dataclasses.replace(work, frame_sink=stream.sink)
+        try:
+            future = self.engine.submit_future(self.model, work, session_id=session.session_id)
+        except ENGINE_ERRORS as exc:  # a dead or stopped engine: the driver reports it in order
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(exc)
+        return _Queued(future, started, stream)
 
     async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float,
                           stream: "FrameStream | None" = None) -> None:
@@ -640,6 +673,33 @@ class FrameStream:
     def cancel(self) -> None:
         """Stop the pump if the driver ends without finishing the tick (no-op after ``finish``)."""
         self._pump.cancel()
+
+
+@dataclasses.dataclass
+class _Queued:
+    """A tick the driver handed to the engine."""
+
+    future: asyncio.Future
+    started: float
+    stream: "FrameStream | None"
+
+
+class _NotBuilt(Exception):
+    """``adapter.tick`` raised ``error`` (the model's own bug)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
+def _drop(future: asyncio.Future) -> None:
+    """Give up a queued tick's future: the engine skips it if it has not started; an
+    outcome that came already is taken, so that nothing logs it as never retrieved."""
+    if future.done():
+        if not future.cancelled():
+            future.exception()
+    else:
+        future.cancel()
 
 
 async def _finish(task: asyncio.Task | None) -> None:

@@ -40,6 +40,7 @@ class ScriptedWorld(TinyWorld):
         super().__init__(**kw)
         self.released: list[str] = []
         self.batch_sizes: list[int] = []
+        self.prompts: list[str | None] = []  # every tick's prompt, as run
         self.delay = 0.0
         self.started = threading.Event()
 
@@ -48,6 +49,7 @@ class ScriptedWorld(TinyWorld):
         self.started.set()
         if self.delay:
             time.sleep(self.delay)
+        self.prompts += [w.prompt for w in works]
         for w in works:
             if w.prompt == "die":
                 raise EngineDeadError("simulated dead CUDA context")

@@ -1,0 +1,119 @@
+"""world.v1 with two ticks per session in flight (``--ticks-in-flight 2``): the same
+contract as one at a time, through a real uvicorn server and real WebSocket clients."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Iterator
+
+import httpx
+import pytest
+
+from clients.world import WorldClient
+from tests.e2e.conftest import serve, tiny_app
+from tests.e2e.test_world import (  # noqa: F401 - collected here again, on this module's server
+    run,
+    scripted_app,
+    test_chunks_are_contiguous_and_credit_bounded,
+    test_error_codes_leave_the_session_intact,
+    test_events_apply_in_order_at_chunk_boundaries,
+    test_frames_follow_keys_and_are_deterministic,
+    test_reset_restarts_at_zero_and_keeps_the_floor,
+    test_two_interleaved_sessions_are_independent,
+    url,
+)
+
+
+@pytest.fixture
+def tiny_server() -> Iterator[str]:
+    with serve(tiny_app(session_ticks_in_flight=2)) as addr:
+        assert httpx.get(f"http://{addr}/healthz").text == "OK"
+        yield addr
+
+
+def test_every_accepted_event_is_applied_once_or_reported_dropped(tiny_server):
+    """Events sent while two ticks are in flight land in later chunks; none is lost."""
+
+    async def main():
+        async with WorldClient.connect(url(tiny_server)) as c:
+            await c.create("a1", credits=4)
+            accepted, applied, indexes = [], [], []
+            for i in range(1, 41):
+                assert (await c.hold_keys(["w"] if i % 2 else ["d"], event_id=i))["status"] == "accepted"
+                accepted.append(i)
+                if i % 3 == 0:
+                    chunk = await c.next_chunk()
+                    indexes.append(chunk.chunk_index)
+                    applied += chunk.applied_event_ids
+            while not c.chunks.empty():
+                chunk = c.chunks.get_nowait()
+                indexes.append(chunk.chunk_index)
+                applied += chunk.applied_event_ids
+            closed = await c.close()
+            while not c.chunks.empty():  # chunks sent before the close was answered
+                chunk = c.chunks.get_nowait()
+                indexes.append(chunk.chunk_index)
+                applied += chunk.applied_event_ids
+            assert indexes == list(range(len(indexes)))
+            assert sorted(applied + closed["dropped_event_ids"]) == accepted
+            assert len(set(applied)) == len(applied)
+
+    run(main())
+
+
+def test_a_failed_tick_drops_the_one_queued_behind_it():
+    app, model = scripted_app(session_ticks_in_flight=2)
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as bad, WorldClient.connect(url(addr)) as good:
+                await good.create("good", credits=0)
+                await bad.create("bad", credits=0)
+                await bad.event(event_id=1, prompt="explode")
+                await bad.credit(2)  # tick 0 runs (and fails) with tick 1 queued behind it
+                err = await bad.expect("error")
+                assert (err["code"], err["pending_event_ids"]) == ("session_failed", [1])
+                await asyncio.sleep(0.2)
+                assert bad.chunks.empty() and bad.messages.empty()  # one error, no chunk
+                assert model.prompts.count("explode") == 1  # the queued tick never ran
+                await good.credit(3)
+                assert [(await good.next_chunk(credit=False)).chunk_index for _ in range(3)] == [0, 1, 2]
+                await bad.send({"type": "event", "event_id": 2})
+                assert (await bad.expect("error"))["code"] == "session_failed"
+                assert (await bad.reset())["dropped_event_ids"] == [1]
+                # The two credits no chunk spent run the reset session.
+                chunks = [await bad.next_chunk(credit=False) for _ in range(2)]
+                assert [(x.chunk_index, x.applied_event_ids) for x in chunks] == [(0, []), (1, [])]
+                await bad.event(event_id=3)
+                await bad.credit(1)
+                assert (await bad.next_chunk(credit=False)).applied_event_ids == [3]
+
+        run(main())
+
+
+def test_reset_and_close_with_two_ticks_in_flight():
+    app, model = scripted_app(session_ticks_in_flight=2)
+    model.delay = 0.05
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as c:
+                await c.create("r1", credits=8)
+                await c.next_chunk(credit=False)
+                await c.event(event_id=7)
+                reset = await c.reset()  # ticks are in flight: they finish or are dropped, then chunk 0
+                assert reset["chunk_index"] == 0
+                applied = []
+                while not c.chunks.empty():  # chunks committed before the reset
+                    applied += c.chunks.get_nowait().applied_event_ids
+                # Event 7 went into a chunk that was committed and sent, or the reset dropped it.
+                assert (7 in applied) != (7 in reset["dropped_event_ids"])
+                await c.credit(2)
+                first = await c.next_chunk(credit=False)
+                assert first.chunk_index == 0
+                await c.credit(4)
+                closed = await c.close()
+                assert closed["type"] == "session.closed"
+            async with WorldClient.connect(url(addr)) as c:  # the id is free again
+                await c.create("r1", credits=2)
+                assert [(await c.next_chunk(credit=False)).chunk_index for _ in range(2)] == [0, 1]
+
+        run(main())
