@@ -19,6 +19,7 @@ Progress goes to stderr; the JSON holds hardware, versions and the command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -128,13 +129,15 @@ class RowPlan:
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
     launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
     encode_processes: bool = True  # False: jpeg / png on the encoder threads only (``threads``)
+    ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``: 2)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
         "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)",
-        "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)"}
+        "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)",
+        "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -191,8 +194,8 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods)
-                 for n in sessions]
+        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
+                         2 if "ahead2" in mods else 1) for n in sessions]
     return rows
 
 
@@ -400,6 +403,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             realtime.media.ENCODE_PROCESSES = p.encode_processes
             sys.setswitchinterval(switch_s)
             app.state.engine.launch_gate.enabled = p.launch_gate
+            # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
+            app.state.config = dataclasses.replace(
+                config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight))
             model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             if torch.cuda.is_available():
@@ -433,6 +439,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
             row["launch_gate"] = p.launch_gate
             row["encode_processes"] = p.encode_processes and workers > 0
+            row["ticks_in_flight"] = p.ticks_in_flight
             if fmt == "jpeg":
                 # "pil" also when the frames are on the host: the server's pool encodes them.
                 row["cuda_frames_jpeg_path"] = model.device_jpeg.path
