@@ -45,7 +45,8 @@ results for a whole forward).
 
 A batch that raises is re-run one work at a time, so one bad session fails
 alone. A failed tick of a model with ``chained_ticks`` (a world) also drops the
-session's ticks queued behind it: they would run on state that was never committed. A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
+session's ticks queued behind it: they would run on state that was never committed.
+A fatal error (``models.base.is_fatal``: an ``EngineDeadError`` or a CUDA
 error, recognised by type) marks the engine dead:
 ``healthy`` turns False, every queued and future call fails fast.
 """
@@ -395,8 +396,8 @@ class Engine:
                 if self._dead is not None:
                     continue
                 batch = self._take_batch()
-                if batch and not self._launches[batch[0].model]:
-                    self._flush()
+                if batch and self._prep_s[batch[0].model] > LAUNCH_HOLD_MAX_S:
+                    self._flush()  # a model that does not launch at once: no result waits for it
                 if batch:
                     self._run_batch(batch)
                 elif self._held and not self._controls:

@@ -166,3 +166,27 @@ def test_nothing_is_held_forever(chained):
             assert await engine.submit(model.name, (str(t), "a"), session_id="a") == f"a:{t}"
 
     run(model, main)
+
+
+def test_another_models_batch_never_keeps_a_held_result_waiting():
+    fast, slow = Chain(), Chain()
+    slow.name, slow.compute_s = "slow", 0.06  # announces its launch late: its forward is no launch
+    fast.first.clear()
+    engine = Engine({fast.name: fast, slow.name: slow}, batch_wait_ms=0)
+    fast.engine = slow.engine = engine
+    engine.start()
+    try:
+        async def main() -> None:
+            # Oldest first: fast a0, slow b0, fast a1, slow b1, one batch each.
+            futs = [engine.submit_future(m.name, (t, sid), session_id=sid)
+                    for t in ("0", "1") for m, sid in ((fast, "a"), (slow, "b"))]
+            fast.first.set()
+            await asyncio.gather(*futs)
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+    finally:
+        engine.stop()
+    assert fast.log == [("a:0",), ("a:1",)] and slow.log == [("b:0",), ("b:1",)]
+    # fast's results went out before each of slow's forwards began (b1's too, though slow had
+    # launched by then: its launch comes too late to hold anything for).
+    assert slow.held_at_start == [0, 0]
