@@ -199,12 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robots", type=int, default=8)
     parser.add_argument("--voices", type=int, default=4)
     parser.add_argument("--device", default="cpu", help="the server's --device (cuda for the GPU soak)")
+    parser.add_argument("--ticks-in-flight", type=int, choices=(1, 2), default=1,
+                        help="the server's --ticks-in-flight (world ticks a session may have queued)")
     parser.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     # Every simulated client is on loopback, one address: no per-client limit.
     with ServerProcess(tts=args.voices > 0, policy="dummy", models="maze", device=args.device,
-                       serve_args=("--max-sessions-per-client", "0")) as server:
+                       serve_args=("--max-sessions-per-client", "0", "--ticks-in-flight", str(args.ticks_in_flight))) as server:
         result = asyncio.run(soak(server, args.seconds, args.worlds, args.robots, args.voices))
     ok = (result["failed_requests"] == 0 and not result["chunk_gaps"] and not result["lost_events"]
           and result["kv_blocks_used_at_end"] == 0 and result["tick_failures_total"] == 0
