@@ -59,16 +59,21 @@ def run(model: Chain, main):
         engine.stop()
 
 
+async def rounds(engine: Engine, model: Chain, n: int) -> list[str]:
+    """``n`` ticks each of sessions a and b, queued before the first batch starts; the model
+    counts the results the loop has taken (``results``)."""
+    futs = [engine.submit_future(model.name, (str(t), sid), session_id=sid) for t in range(n) for sid in "ab"]
+    for f in futs:
+        f.add_done_callback(lambda _: setattr(model, "results", model.results + 1))
+    model.first.set()
+    return list(await asyncio.gather(*futs))
+
+
 def test_a_batch_is_resolved_at_the_next_launch_and_at_once_when_nothing_follows():
     model = Chain()
     model.first.clear()
 
-    async def main(engine: Engine) -> list[str]:
-        futs = [engine.submit_future(model.name, (str(t), sid), session_id=sid) for t in range(3) for sid in "ab"]
-        model.first.set()
-        return list(await asyncio.gather(*futs))
-
-    out = run(model, main)
+    out = run(model, lambda engine: rounds(engine, model, 3))
     assert out == ["a:0", "b:0", "a:1", "b:1", "a:2", "b:2"]
     assert model.log == [("a:0", "b:0"), ("a:1", "b:1"), ("a:2", "b:2")]
     # Each batch's two results are held as the next one starts (until its launch); the last
@@ -83,14 +88,7 @@ def test_a_model_that_announces_its_launch_late_is_never_held():
     model.compute_s = 0.06  # over LAUNCH_HOLD_MAX_S
     model.first.clear()
 
-    async def main(engine: Engine) -> None:
-        futs = [engine.submit_future(model.name, (str(t), sid), session_id=sid) for t in range(3) for sid in "ab"]
-        for f in futs:
-            f.add_done_callback(lambda _: setattr(model, "results", model.results + 1))
-        model.first.set()
-        await asyncio.gather(*futs)
-
-    run(model, main)
+    run(model, lambda engine: rounds(engine, model, 3))
     assert model.held_at_start == [0, 0, 0]
 
 
@@ -113,14 +111,7 @@ def test_the_held_results_reach_the_loop_while_the_next_batch_runs():
 
     model.run_batch = run_batch  # type: ignore[method-assign]
 
-    async def main(engine: Engine) -> None:
-        futs = [engine.submit_future(model.name, (str(t), sid), session_id=sid) for t in range(2) for sid in "ab"]
-        for f in futs:
-            f.add_done_callback(lambda _: setattr(model, "results", model.results + 1))
-        model.first.set()
-        await asyncio.gather(*futs)
-
-    run(model, main)
+    run(model, lambda engine: rounds(engine, model, 2))
     assert seen == [2]   # batch 0's two results, resolved at batch 1's launch, before batch 1 ended
 
 
