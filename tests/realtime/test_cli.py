@@ -113,6 +113,17 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None
 
 
+def test_ticks_in_flight_reaches_the_world_config(capsys):
+    from realtime.cli import config_from_args
+
+    assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.session_ticks_in_flight == 1
+    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--ticks-in-flight", "2"]))
+    assert config.world.session_ticks_in_flight == 2
+    with pytest.raises(SystemExit):
+        parse_args(["serve", *QUICK, "--ticks-in-flight", "3"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_client_limits_reach_the_config_with_documented_defaults(capsys):
     from realtime.cli import config_from_args
     from realtime.config import LimitsConfig, ServerConfig
