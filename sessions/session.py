@@ -174,7 +174,8 @@ class Session:
     @property
     def waiting_event_ids(self) -> tuple[int, ...]:
         """Pending ids in no in-flight snapshot: they go into the next tick."""
-        return tuple(i for i in sorted(self._pending) if i not in self._taken())
+        taken = self._taken()
+        return tuple(i for i in sorted(self._pending) if i not in taken)
 
     def _taken(self) -> set[int]:
         return {eid for request, _ in self._flights for eid in request.applied_event_ids}
