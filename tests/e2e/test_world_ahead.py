@@ -117,3 +117,23 @@ def test_reset_and_close_with_two_ticks_in_flight():
                 assert [(await c.next_chunk(credit=False)).chunk_index for _ in range(2)] == [0, 1]
 
         run(main())
+
+
+def test_the_same_script_gives_the_same_frames_with_one_or_two_ticks_in_flight():
+    """Controls prepared on top of an uncommitted tick equal the ones prepared after it."""
+
+    async def play(addr: str) -> list:
+        async with WorldClient.connect(url(addr)) as c:
+            await c.create("same", credits=0, format="rgb8", seed=5)
+            await c.script_keys([["j"], ["j"], ["w"], [], ["l"], ["l"], ["l"], ["s"]])
+            await c.hold_keys(["d"])
+            await c.credit(12)
+            chunks = [await c.next_chunk(credit=False) for _ in range(12)]
+            return [(x.chunk_index, x.applied_event_ids, x.frames()[0].tobytes()) for x in chunks]
+
+    results = []
+    for depth in (1, 2):
+        with serve(tiny_app(session_ticks_in_flight=depth)) as addr:
+            results.append(run(play(addr)))
+    assert [r[:2] for r in results[0]] == [(i, [0, 1] if i == 0 else []) for i in range(12)]
+    assert results[0] == results[1]
