@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import sys
 import threading
 import time
@@ -184,11 +185,12 @@ class Engine:
         # Only for a model that has said it launches device work (ModelAdapter.launched):
         # the others compute inside run_batch, and holding sends would only delay them.
         self.launch_gate = LaunchGate()
-        self._launches: dict[str, bool] = {n: False for n in self._adapters}
+        # Per model: seconds from its last launching batch's start to its launch; inf until
+        # it first launches (then it launches, and the gate closes for its batches).
+        self._launch_s: dict[str, float] = {n: math.inf for n in self._adapters}
+        self._batch_started = 0.0
         # A launching model's last batch's results, until the next launch (see "Held results").
         self._held: list[tuple[_Job, Any]] = []
-        self._prep_s: dict[str, float] = {n: float("inf") for n in self._adapters}  # last start -> launch
-        self._batch_started = 0.0
         for name, adapter in self._adapters.items():
             adapter.set_launch_listener(lambda name=name: self._launched(name))
 
@@ -375,13 +377,7 @@ class Engine:
         while True:
             with self._cv:
                 while not self._stopping and not self._controls and not any(self._ticks.values()):
-                    if self._held:
-                        self._cv.release()  # resolved outside the lock: submits need it
-                        try:
-                            self._flush()
-                        finally:
-                            self._cv.acquire()
-                        continue
+                    self._flush()  # no batch will launch to release them
                     self._cv.wait()
                 if self._stopping:
                     self._flush()
@@ -396,12 +392,10 @@ class Engine:
                 if self._dead is not None:
                     continue
                 batch = self._take_batch()
-                if batch and self._prep_s[batch[0].model] > LAUNCH_HOLD_MAX_S:
-                    self._flush()  # a model that does not launch at once: no result waits for it
                 if batch:
+                    if self._launch_s[batch[0].model] > LAUNCH_HOLD_MAX_S:
+                        self._flush()  # a model that does not launch at once: no result waits for it
                     self._run_batch(batch)
-                elif self._held and not self._controls:
-                    self._flush()
 
     def _flush(self) -> None:
         """Resolve the held results (see "Held results")."""
@@ -449,9 +443,8 @@ class Engine:
             deadline = self._free_since[name] + self._wait[name]
             if len(queue) < limit and returners and not self._unbatched[name]:
                 awaited = set(returners).difference(j.session_id for j in queue)
-                if awaited and self._held:
-                    _resolve_all(self._held)  # the returners wait for these: never hold them here
-                    self._held = []
+                if awaited:
+                    self._flush()  # the returners wait for these: never hold them here
                 self._awaited = awaited
                 try:
                     while awaited and len(queue) < limit and not self._controls and not self._stopping:
@@ -484,13 +477,15 @@ class Engine:
         try:
             self._forward(batch)
         finally:
-            model = batch[0].model
             if len(batch) == 1:  # an inline forward, or a lone caller: no generator
-                sid = batch[0].session_id
-                self._returners[model] = _NO_RETURNERS if sid is None else frozenset((sid,))
+                self._ended(batch[0].model, _just(batch[0].session_id))
             else:
-                self._returners[model] = frozenset(j.session_id for j in batch if j.session_id is not None)
-            self._free_since[model] = time.perf_counter()
+                self._ended(batch[0].model, frozenset(j.session_id for j in batch if j.session_id is not None))
+
+    def _ended(self, model: str, returners: frozenset[str]) -> None:
+        """``model``'s forward ended: ``returners`` are the sessions ``_take_batch`` waits for."""
+        self._returners[model] = returners
+        self._free_since[model] = time.perf_counter()
 
     def _forward(self, batch: list[_Job]) -> None:
         model = batch[0].model
@@ -518,7 +513,7 @@ class Engine:
         model_stats.ticks += len(done)
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
-        if self._prep_s[model] <= LAUNCH_HOLD_MAX_S and threading.current_thread() is self._thread:
+        if self._launch_s[model] <= LAUNCH_HOLD_MAX_S and threading.current_thread() is self._thread:
             self._held.extend(done)  # until the next batch's launch
         else:
             _resolve_all(done)
@@ -529,7 +524,7 @@ class Engine:
         timed = adapter.inline_forward_s > 0
         preempted = _preemptions() if timed else 0
         started = self._batch_started = time.perf_counter()
-        if self._launches[model]:
+        if self._launch_s[model] < math.inf:
             self.launch_gate.close()
         try:
             results = adapter.run_batch(works)
@@ -599,8 +594,7 @@ class Engine:
             model_stats.tick_seconds.observe(time.perf_counter() - enqueued)
             return result
         finally:
-            self._returners[model] = _NO_RETURNERS if session_id is None else frozenset((session_id,))
-            self._free_since[model] = time.perf_counter()
+            self._ended(model, _just(session_id))
 
     @staticmethod
     def _job_now(model: str, work: Any, session_id: str | None, enqueued: float) -> _Job:
@@ -611,8 +605,7 @@ class Engine:
     def _launched(self, model: str) -> None:
         """``model``'s device work for this batch is queued (its launch listener): the
         loop may send, and take the last batch's results, while the device computes."""
-        self._launches[model] = True
-        self._prep_s[model] = time.perf_counter() - self._batch_started
+        self._launch_s[model] = time.perf_counter() - self._batch_started
         self.launch_gate.open()
         self._flush()
 
@@ -683,6 +676,11 @@ class Engine:
         for item in controls:
             if item.future is not None:
                 _reject(item.loop, item.future, exc)
+
+
+def _just(session_id: str | None) -> frozenset[str]:
+    """The returners of a forward of one work."""
+    return _NO_RETURNERS if session_id is None else frozenset((session_id,))
 
 
 def _preemptions() -> int:
