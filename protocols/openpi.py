@@ -136,7 +136,7 @@ def _decode(obj: dict) -> Any:
     return obj
 
 
-def _array(data: bytes, dtype: np.dtype, shape: Any) -> np.ndarray:
+def _array(data: bytes | memoryview, dtype: np.dtype, shape: Any) -> np.ndarray:
     """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``WireError``."""
     if type(shape) is not list:
         raise WireError("array shape must be a list of non-negative ints")
@@ -300,7 +300,7 @@ def _flat_str(b: bytes, mv: memoryview, p: int, n: int) -> tuple[str | None, int
 
 def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | None, int]:
     """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape.
-    Checked as ``_array`` checks (any failure: None, and msgpack's path names it)."""
+    Checked by ``_array`` (its ``WireError``: None from ``_unpack_flat``, and msgpack's path names it)."""
     t = b[p]
     if t == 0xC6:
         size, p = _U32(b, p + 1)[0], p + 5
@@ -322,7 +322,6 @@ def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | 
         return None, p
     p += 1
     shape = []
-    count = 1
     for _ in range(t & 0x0F):  # non-negative ints only: what msgpack gives for these types
         t = b[p]
         if t <= 0x7F:
@@ -336,13 +335,10 @@ def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | 
         else:
             return None, p
         shape.append(d)
-        count *= d
     dtype = _dtype(spec)
-    if count * dtype.itemsize != size or max(shape, default=0) > MAX_MESSAGE_BYTES:
-        return None, p
     view = mv[start:start + size]
-    # A view of the immutable received bytes: read-only, as msgpack's path gives.
-    return np.ndarray(buffer=view if dtype.itemsize == 1 else bytes(view), dtype=dtype, shape=shape), p
+    # One byte per item: a view of the received bytes; wider: a copy, aligned as msgpack's is.
+    return _array(view if dtype.itemsize == 1 else bytes(view), dtype, shape), p
 
 
 # --------------------------------------------------------------------------- metadata
