@@ -463,10 +463,17 @@ class WorldConnection:
         session = self.session
         if session is None or session.state is not SessionState.ACTIVE or session.in_flight is not None:
             return
+        await self._fail(session, f"engine dead: {reason}", Failure.ENGINE, f"engine unavailable: {reason}")
+
+    async def _fail(self, session: Session, reason: str, failure: Failure, detail: str,
+                    sending: asyncio.Task | None = None) -> None:
+        """Fail the session's ticks (``reason`` for the log), let the chunk being sent go
+        out, then tell the client, with the accepted events no chunk applied."""
         pending = list(session.pending_event_ids)
-        session.fail_tick(f"engine dead: {reason}")
+        session.fail_tick(reason)
         self._mark("failed")
-        await self._report_failure(pending, Failure.ENGINE, f"engine unavailable: {reason}")
+        await _finish(sending)
+        await self._report_failure(pending, failure, detail)
 
     async def _report_failure(self, pending: list[int], failure: Failure = Failure.MODEL, detail: str = "") -> None:
         if self._evicted is not None:
@@ -520,12 +527,8 @@ class WorldConnection:
                     except _NotBuilt as exc:  # the model's own bug fails its session, told
                         # Uncaught, it would end this task silently and the client would wait forever.
                         log.warning("session %s: %s.tick failed: %r", sid, self.model, exc.error)
-                        pending = list(session.pending_event_ids)
-                        session.fail_tick(f"tick could not be built: {exc.error!r}")
-                        self._mark("failed")
-                        await _finish(sending)
-                        await self._report_failure(pending, Failure.MODEL,
-                                                   f"{type(exc.error).__name__}: {exc.error}")
+                        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
+                                         f"{type(exc.error).__name__}: {exc.error}", sending)
                         return
                 if not ahead:
                     if self._stopping:
@@ -543,11 +546,7 @@ class WorldConnection:
                     failure = engine_failure(exc)
                     if failure is Failure.CANCELLED:
                         return  # reset/close purged it; they take it from here
-                    pending = list(session.pending_event_ids)
-                    session.fail_tick(str(exc))
-                    self._mark("failed")
-                    await _finish(sending)
-                    await self._report_failure(pending, failure, str(exc))
+                    await self._fail(session, str(exc), failure, str(exc), sending)
                     return
                 ahead.popleft()
                 tick_ms = (time.perf_counter() - queued.started) * 1000.0
