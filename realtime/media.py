@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 # Encoders (processes, and as many threads as their fallback): enough to keep up with a
 # batch's chunks, few enough to leave cores to the engine and the loop. 0 encodes inline
-# on the loop (bench_served's A/B). Below 4 cores the pool has no core of its own: on 2 shared cores it halved jpeg throughput
-# at 32 maze sessions (bench/results/world_served_instant_cpu_ab.json), so it is off.
+# on the loop (bench_served's A/B). Below 4 cores the pool has no core of its own: on 2
+# shared cores it halved jpeg throughput at 32 maze sessions
+# (bench/results/world_served_instant_cpu_ab.json), so it is off.
 # The cores this process may run on (taskset, a container's cpuset), not the host's.
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 ENCODE_WORKERS = min(4, _CORES - 2) if _CORES >= 4 else 0

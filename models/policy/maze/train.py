@@ -26,9 +26,10 @@ its bearing from the heading and its distance, the simulator's truth; a training
 signal only, the head is not saved). ``--prompt-state``: the memory state's MLP reads
 the prompt too (which of the panorama's colours is the target's).
 
-Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step, elapsed) every ``--ckpt-every`` seconds and at the end; ``--resume`` continues
-one (same ``--minutes`` budget: elapsed time counts). ``DIR/maze_policy.safetensors``
-is the fp16 export and ``DIR/train_log.json`` the log.
+Checkpoints ``DIR/ckpt.pt`` (weights, optimiser, step, elapsed) every ``--ckpt-every``
+seconds and at the end; ``--resume`` continues one (same ``--minutes`` budget: elapsed
+time counts). ``DIR/maze_policy.safetensors`` is the fp16 export and
+``DIR/train_log.json`` the log.
 """
 
 from __future__ import annotations
@@ -386,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     save_ckpt()
     elapsed = time.perf_counter() - t0
     info = {"steps": step, "train_seconds": round(elapsed, 1), "samples": samples, "rounds": rounds,
-            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film, "target_aux": args.target_aux, "prompt_state": args.prompt_state, "maze_workers": workers,
+            "envs": args.envs, "state_layout": args.state, "teacher": args.teacher, "prompt_film": args.prompt_film,
+            "target_aux": args.target_aux, "prompt_state": args.prompt_state, "maze_workers": workers,
             "parameters": params, "argv": sys.argv[1:] if argv is None else argv}
     save_policy(model, out / "maze_policy.safetensors", info)
     (out / "train_log.json").write_text(json.dumps({**info, "log": history}, indent=1))
