@@ -88,16 +88,24 @@ def _build_model(name: str, device: str, max_batch: int, steps: int | None, max_
     return MazeWorld(**kwargs)
 
 
-def _bare(model, n: int, repeats: int) -> dict[str, float]:
-    """Time the adapter alone on a batch of n sessions (commit each tick)."""
+def _bare(model, n: int, repeats: int, warm: int | None = None) -> dict[str, float]:
+    """Time the adapter alone on a batch of n sessions (commit each tick).
+
+    The timed ticks start once every session's context window is full, as it is for the
+    served sessions, which run hundreds of frames: a tick over a short context attends
+    over fewer keys and would time the model faster than it serves.
+    """
     import torch
+
+    if warm is None:  # untimed ticks (MazeWorld: its context window)
+        warm = 3 + getattr(model, "window", 0)
 
     def tick(i: int, k: int) -> WorldTick:
         return WorldTick(f"bare{i}", f"bare{i}:{k}", k, (), None,
                          tuple(frozenset("w") for _ in range(model.geometry.frames_per_chunk)), seed=i)
 
     times = []
-    for k in range(repeats + 3):
+    for k in range(repeats + warm):
         works = [tick(i, k) for i in range(n)]
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -109,12 +117,13 @@ def _bare(model, n: int, repeats: int) -> dict[str, float]:
             model.end_tick(w.session_id, True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        if k >= 3:
+        if k >= warm:
             times.append((time.perf_counter() - t0) * 1000)
     for i in range(n):
         model.release(f"bare{i}")
     p50 = statistics.median(times)
-    return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50}
+    return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50,
+            "untimed_ticks": warm}
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,7 @@ class RowPlan:
     launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
     encode_processes: bool = True  # False: jpeg / png on the encoder threads only (``threads``)
     ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``: 2)
+    pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
@@ -137,7 +147,8 @@ MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
         "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)",
         "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)",
-        "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)"}
+        "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
+        "pin": "the server's threads on --server-cpus, the client processes on every other core"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -195,7 +206,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
-                         2 if "ahead2" in mods else 1) for n in sessions]
+                         2 if "ahead2" in mods else 1, "pin" in mods) for n in sessions]
     return rows
 
 
@@ -277,8 +288,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="rows to run, each FORMAT[/inline][/gil<MS>][@N,N,...]: inline encodes on the loop, "
                              "gil<MS> runs with that switch interval (gil5: Python's 5 ms), @ its own session counts "
                              "(default: --format at --sessions)")
+    parser.add_argument("--server-cpus", default="0-3",
+                        help="cores for the server's threads in ``pin`` rows (taskset's list syntax); "
+                             "the clients get every other core")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
+
+
+def _cpu_list(spec: str) -> list[int]:
+    """taskset's list syntax (``0-3,8``) as core numbers."""
+    cpus: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
+
+
+def _pin_process(cpus: list[int]) -> None:
+    """Every thread of this process on ``cpus`` (threads started later inherit it from theirs)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def _row(variant: str, fmt: str, workers: int, switch_s: float, n: int, args: argparse.Namespace,
@@ -303,6 +335,8 @@ def _row(variant: str, fmt: str, workers: int, switch_s: float, n: int, args: ar
         "frame_gap_ms_p99": pct(gaps, 99),
         "bare_tick_ms_p50": bare["tick_ms_p50"],
         "bare_frames_per_s_total": bare["frames_per_s_total"],
+        "bare_untimed_ticks": bare["untimed_ticks"],
+        "bare_short_context_tick_ms_p50": bare["short_context_tick_ms_p50"],
         "served_over_bare_throughput": total / bare["frames_per_s_total"],
         "engine_batches_per_s": batches / args.seconds,
         "engine_mean_batch": works / max(batches, 1),
@@ -397,6 +431,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         bares: dict[int, dict[str, float]] = {}
+        all_cpus = sorted(os.sched_getaffinity(0))
         for p in plan:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
@@ -410,7 +445,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
-            fleet = ClientFleet(url, n, args.client_procs, args.credits, args.warmup, args.seconds, fmt)
+            client_cpus = None
+            if p.pin:
+                server_cpus = [c for c in _cpu_list(args.server_cpus) if c in all_cpus]
+                client_cpus = [c for c in all_cpus if c not in server_cpus] or None
+                _pin_process(server_cpus)
+            else:
+                _pin_process(all_cpus)
+            fleet = ClientFleet(url, n, args.client_procs, args.credits, args.warmup, args.seconds, fmt,
+                                client_cpus)
             try:
                 fleet.start()  # every session created; their windows start now
             except ClientFailure as exc:
@@ -435,11 +478,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             if n not in bares:
                 log(f"{n} sessions: bare model ...")
+                _pin_process(all_cpus)  # the bare model alone, on every core whatever the row was
                 bares[n] = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats))
+                # beside it, how this bench timed it before (3 untimed ticks: a context still filling)
+                short = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats, warm=3))
+                bares[n]["short_context_tick_ms_p50"] = short["tick_ms_p50"]
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
             row["launch_gate"] = p.launch_gate
             row["encode_processes"] = p.encode_processes and workers > 0
             row["ticks_in_flight"] = p.ticks_in_flight
+            row["server_cpus"] = sorted(os.sched_getaffinity(0))
+            row["client_cpus"] = client_cpus or sorted(all_cpus)
             if fmt == "jpeg":
                 # "pil" also when the frames are on the host: the server's pool encodes them.
                 row["cuda_frames_jpeg_path"] = model.device_jpeg.path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import multiprocessing as mp
 import queue as queue_mod
 import time
@@ -92,7 +93,10 @@ async def session_client(url: str, sid: str, keys: list[str], credits: int, warm
 
 
 def _client_process(url: str, ids: list[int], credits: int, warmup: float, seconds: float,
-                    out: mp.Queue, fmt: str, go_event: Any) -> None:
+                    out: mp.Queue, fmt: str, go_event: Any, cpus: list[int] | None = None) -> None:
+    if cpus:  # before the loop starts any thread: every thread of this process stays on them
+        os.sched_setaffinity(0, cpus)
+
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         go: asyncio.Future = loop.create_future()
@@ -131,7 +135,7 @@ class ClientFleet:
     """
 
     def __init__(self, url: str, n: int, procs: int, credits: int, warmup: float, seconds: float,
-                 fmt: str = "rgb8") -> None:
+                 fmt: str = "rgb8", cpus: list[int] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self._queue: mp.Queue = ctx.Queue()
         self._go = ctx.Event()
@@ -139,7 +143,7 @@ class ClientFleet:
         self.deadline_s = warmup + seconds + RECV_TIMEOUT_S + 60
         self._procs = [ctx.Process(target=_client_process, daemon=True,
                                    args=(url, list(range(j, n, k)), credits, warmup, seconds, self._queue, fmt,
-                                         self._go))
+                                         self._go, cpus))
                        for j in range(k)]
 
     def start(self, timeout_s: float = 120.0) -> None:
