@@ -6,10 +6,11 @@
 #   2. maze on CUDA through the real server vs the bare adapter, one server, one run
 #      (bench/world/bench_served.py), each row with the engine's busy share, tick p50/p99, GPU
 #      memory and the per-batch profile (model / post / hand-off+loop / wake):
-#        rgb8 @ 1,2,4,..,256    the scaling curve; 1/32/128 are the served-vs-bare goal rows
-#        jpeg @ 32              CUDA frames' jpeg path picked by measurement on the first batch
-#        jpeg/pil, jpeg/nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
-#        rgb8/gil0.1 @ 1,32,128 the goal rows with a 0.1 ms GIL switch interval (the engine's is 0.5)
+#        rgb8/auto @ 1,..,256   the scaling curve of the default server (--ticks-in-flight auto);
+#                               1/32/128 are the served-vs-bare goal rows
+#        rgb8 @ 1,32,128        the same rows with one tick in flight (--ticks-in-flight 1)
+#        jpeg/auto @ 32         CUDA frames' jpeg path picked by measurement on the first batch
+#        jpeg/auto/pil, .../nvjpeg  the same row with each path forced (goal: jpeg >= 0.95x rgb8)
 #   2b. the maze batch alone vs beside a thread running 3 ms of the loop's send Python, and the
 #      torch calls before the frame's launch (bench/world/bench_gil_handoff.py)
 #   3. cProfile of the engine thread at 32 sessions (one profiler per process from Python 3.12) (bench/world/profile_engine.py)
@@ -31,12 +32,12 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ "${DRY:-0}" = 1 ]; then
     MODEL=${MODEL:-instant} DEVICE=${DEVICE:-cpu} SECONDS_PER_ROW=${SECONDS_PER_ROW:-0.6} WARMUP=${WARMUP:-0.3}
-    VARIANTS=${VARIANTS:-rgb8@1,2,4 jpeg@2 jpeg/pil@2 jpeg/nvjpeg@2} PROCS=${PROCS:-2} JPEG_SIZES=${JPEG_SIZES:-96x160}
+    VARIANTS=${VARIANTS:-rgb8/auto@1,2,4 jpeg/auto@2 jpeg/auto/pil@2 jpeg/auto/nvjpeg@2} PROCS=${PROCS:-2} JPEG_SIZES=${JPEG_SIZES:-96x160}
     JPEG_BATCH=${JPEG_BATCH:-4} BARE_REPEATS=${BARE_REPEATS:-3} PROFILE_SESSIONS=${PROFILE_SESSIONS:-2}
     GIL_MODEL=${GIL_MODEL:-maze-host} GIL_SESSIONS=${GIL_SESSIONS:-1 4} GIL_REPEATS=${GIL_REPEATS:-3}
 fi
 MODEL=${MODEL:-maze} DEVICE=${DEVICE:-cuda}
-VARIANTS=${VARIANTS:-rgb8@1,2,4,8,16,32,64,128,256 jpeg@32 jpeg/pil@32 jpeg/nvjpeg@32 rgb8/gil0.1@1,32,128}
+VARIANTS=${VARIANTS:-rgb8/auto@1,2,4,8,16,32,64,128,256 rgb8@1,32,128 jpeg/auto@32 jpeg/auto/pil@32 jpeg/auto/nvjpeg@32}
 # 12 client processes: one tops out near 1,000 chunks/s, and the load must not be the bottleneck.
 PROCS=${PROCS:-12} SECONDS_PER_ROW=${SECONDS_PER_ROW:-4} WARMUP=${WARMUP:-1.5} BARE_REPEATS=${BARE_REPEATS:-20}
 JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32} PROFILE_SESSIONS=${PROFILE_SESSIONS:-32}
@@ -89,7 +90,7 @@ step engine_profile 75 $PY -m bench.world.profile_engine --model "$MODEL" --devi
     --sessions "$PROFILE_SESSIONS" --seconds "$SECONDS_PER_ROW" --client-procs "$PROCS" \
     --out "$OUT/engine_profile_h200.json"
 TAIL=60 WIDTH=400 step summary 30 $PY -m bench.world.serving_summary "$OUT/world_serving_h200.json" "$OUT/jpeg_paths_h200.json" \
-    --profile "$OUT/engine_profile_h200.json" --out "$OUT/serving_summary.json"
+    --profile "$OUT/engine_profile_h200.json" --variant rgb8/auto --out "$OUT/serving_summary.json"
 
 ls -la "$OUT"
 exit $status

@@ -26,12 +26,15 @@ JPEG_SESSIONS = 32  # jpeg vs rgb8 (h200_serving.sh runs it there)
 IDLE = ("runners.py:86(run)", "'acquire'", "'_acquire_restore'")
 
 
-def _rgb8(rows: list[dict[str, Any]], n: int) -> dict[str, Any] | None:
-    return next((r for r in rows if r.get("variant") == "rgb8" and r.get("sessions") == n and "error" not in r), None)
+def _base(rows: list[dict[str, Any]], n: int, variant: str = "rgb8") -> dict[str, Any] | None:
+    return next((r for r in rows if r.get("variant") == variant and r.get("sessions") == n and "error" not in r),
+                None)
 
 
-def goals(served: dict[str, Any]) -> list[dict[str, Any]]:
+def goals(served: dict[str, Any], variant: str = "rgb8") -> list[dict[str, Any]]:
+    """Every goal at ``variant``'s rows (the server as started: ``rgb8``, or e.g. ``rgb8/auto``)."""
     rows = served["rows"]
+
     out: list[dict[str, Any]] = []
 
     def goal(name: str, value: float | None, target: float, higher: bool = True) -> None:
@@ -39,19 +42,19 @@ def goals(served: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"goal": name, "target": f"{'>=' if higher else '<='} {target}", "value": value, "met": met})
 
     for n in GOAL_SESSIONS:
-        r = _rgb8(rows, n)
+        r = _base(rows, n, variant)
         goal(f"served/bare throughput @{n}", r and r["served_over_bare_throughput"], SERVED_OVER_BARE)
         goal(f"engine busy share @{n}", r and r["engine_busy_share"], BUSY_SHARE)
-    one = _rgb8(rows, 1)
+    one = _base(rows, 1, variant)
     goal("single-session tick p50 ms", one and one["tick_ms_p50"], TICK_P50_MS, higher=False)
     for r in rows:  # the goal is at JPEG_SESSIONS; a dry run's smaller rows are compared alike
         if r.get("format") == "jpeg" and "error" not in r:
-            base = _rgb8(rows, r["sessions"])
+            base = _base(rows, r["sessions"], variant)
             ratio = base and r["frames_per_s_total"] / base["frames_per_s_total"]
             goal(f"{r['variant']}/rgb8 @{r['sessions']} (cuda path {r.get('cuda_frames_jpeg_path')})", ratio,
                  JPEG_OVER_RGB8)
     for r in rows:  # rgb8 with a mod (gil<MS>: another switch interval): the same goals, beside the default
-        if r.get("format") == "rgb8" and r.get("variant") != "rgb8" and "error" not in r:
+        if r.get("format") == "rgb8" and r.get("variant") != variant and "error" not in r:
             goal(f"{r['variant']} served/bare throughput @{r['sessions']}", r["served_over_bare_throughput"],
                  SERVED_OVER_BARE)
             goal(f"{r['variant']} engine busy share @{r['sessions']}", r["engine_busy_share"], BUSY_SHARE)
@@ -62,9 +65,9 @@ def goals(served: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def curve(served: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rgb8 rows by session count: what the README's table shows."""
-    rows = sorted((r for r in served["rows"] if r.get("variant") == "rgb8" and "error" not in r),
+def curve(served: dict[str, Any], variant: str = "rgb8") -> list[dict[str, Any]]:
+    """``variant``'s rows by session count: what the README's table shows."""
+    rows = sorted((r for r in served["rows"] if r.get("variant") == variant and "error" not in r),
                   key=lambda r: r["sessions"])
     return [{"sessions": r["sessions"], "fps_per_session": r["frames_per_s_per_session_mean"],
              "fps_per_session_min": r["frames_per_s_per_session_min"], "fps_total": r["frames_per_s_total"],
@@ -101,7 +104,7 @@ START, END = "<!-- scaling-curve:start -->", "<!-- scaling-curve:end -->"
 def update_readme(text: str, table: str, result_file: str) -> str:
     """``text`` with the curve between the scaling-curve markers; without them, a new
     "Scaling" subsection goes right before "## More than one GPU" (or at the end)."""
-    block = f"{START}\n{table}\nFrom `bench/h200_serving.sh` (`{result_file}`).\n{END}"
+    block = f"{START}\n{table}\nFrom `{result_file}`.\n{END}"
     if START in text and END in text:
         head, rest = text.split(START, 1)
         return head + block + rest.split(END, 1)[1]
@@ -117,10 +120,12 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="profile_engine.py's JSON: its top functions are shown")
     parser.add_argument("--out", default=None)
     parser.add_argument("--readme", default=None, help="put the curve into this README (between markers)")
+    parser.add_argument("--variant", default="rgb8",
+                        help="the rows the goals and the curve are read from (e.g. rgb8/auto)")
     args = parser.parse_args()
     served = json.loads(Path(args.served).read_text())
     jpeg = json.loads(Path(args.jpeg).read_text()) if args.jpeg and Path(args.jpeg).exists() else None
-    checks, points = goals(served), curve(served)
+    checks, points = goals(served, args.variant), curve(served, args.variant)
     if not served.get("complete", True):
         print(f"INCOMPLETE run: {len(served['rows'])} rows written before it stopped")
     table = markdown(served, points)
