@@ -91,6 +91,13 @@ def _gib(value: float | None) -> int | None:
     return None if value is None else int(value * (1 << 30))
 
 
+def _ticks_in_flight(choice: str) -> dict[str, int | None]:
+    """``--ticks-in-flight`` as WorldConfig fields (``auto``: 2, or 1 for a session alone)."""
+    if choice == "auto":
+        return {"session_ticks_in_flight": 2, "session_ticks_in_flight_alone": 1}
+    return {"session_ticks_in_flight": int(choice), "session_ticks_in_flight_alone": None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -107,10 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
-    serve.add_argument("--ticks-in-flight", type=int, choices=(1, 2), default=1,
+    serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
                        help="world ticks a session may have queued in the engine at once: 2 queues the next "
                             "tick while one runs, so the engine never waits for the event loop (throughput), "
-                            "at one more chunk of input latency; 1 builds each tick after the last committed")
+                            "at one more chunk of input latency; 1 builds each tick after the last committed; "
+                            "auto (the default) is 2 while other world sessions share the server and 1 for a "
+                            "session alone")
     serve.add_argument("--frames-per-chunk", type=int, default=None,
                        help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
@@ -207,7 +216,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
                           kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib),
-                          trajectory_root=args.trajectory_root, session_ticks_in_flight=args.ticks_in_flight),
+                          trajectory_root=args.trajectory_root, **_ticks_in_flight(args.ticks_in_flight)),
         policy=PolicyConfig(policy=policy),
         tts=TTSConfig(enabled=not args.no_tts, voice=voice),
     )

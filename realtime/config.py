@@ -36,7 +36,11 @@ class WorldConfig:
     # queue full while the loop commits and sends the last chunk (throughput), at one more
     # chunk of input latency: an event arriving meanwhile goes into the tick after the queued
     # one. 1: each tick is built after the last one committed. Frame-streaming sessions use 1.
-    session_ticks_in_flight: int = 1
+    session_ticks_in_flight: int = 2
+    # The same while the session is the server's only world session (None: as above). These
+    # defaults are ``realtime serve --ticks-in-flight auto``: sessions sharing the engine keep its
+    # queue full, and a session alone keeps the lower latency of one.
+    session_ticks_in_flight_alone: int | None = 1
     max_sessions: int = 256
     # World KV pools: this fraction of the device's free memory, or a fixed budget (CPU tests).
     gpu_memory_fraction: float = 0.9

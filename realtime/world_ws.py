@@ -82,6 +82,7 @@ class WorldConnection:
         self.world_models: list[str] = state.inventory.names(KIND)
         self.max_pending: int = state.config.world.max_pending_events
         self.ticks_in_flight: int = state.config.world.session_ticks_in_flight
+        self.ticks_in_flight_alone: int | None = state.config.world.session_ticks_in_flight_alone
         self.live = state.live_sessions
         self.client = client_address(ws)
         self.slots = state.client_slots
@@ -510,8 +511,8 @@ class WorldConnection:
         driver commits, queues its next tick, and then sends, so a batch's sessions are
         back in the engine's queue moments after it ends. With ``ticks_in_flight`` 2
         (``Session.max_in_flight``) tick N+1 is queued while N runs, so the engine takes
-        it without waiting for this loop (each queued tick holds one of the credits).
-        Sends stay in chunk order. Once stopped, no tick is queued; the ones the engine
+        it without waiting for this loop (each queued tick holds one of the credits;
+        ``_depth`` says how many, at every tick). Sends stay in chunk order. Once stopped, no tick is queued; the ones the engine
         took are committed and sent, the others were dropped by ``_stop_driver``."""
         session, adapter = self.session, self.adapter
         assert session is not None and adapter is not None
@@ -521,7 +522,7 @@ class WorldConnection:
         try:
             while True:
                 while (not self._stopping and session.state is SessionState.ACTIVE
-                       and len(ahead) < session.max_in_flight and self.credits > len(ahead)):
+                       and len(ahead) < self._depth(session) and self.credits > len(ahead)):
                     try:
                         ahead.append(self._queue_tick(session, adapter, sending))
                     except _NotBuilt as exc:  # the model's own bug fails its session, told
@@ -572,6 +573,13 @@ class WorldConnection:
                 if queued.stream is not None:
                     queued.stream.cancel()
                 _drop(queued.future)
+
+    def _depth(self, session: Session) -> int:
+        """Ticks to keep queued now: the session's most, or ``ticks_in_flight_alone`` while it is
+        the server's only world session (``--ticks-in-flight auto``; read at every tick)."""
+        if self.ticks_in_flight_alone is not None and len(self.manager) <= 1:
+            return min(self.ticks_in_flight_alone, session.max_in_flight)
+        return session.max_in_flight
 
     def _queue_tick(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_Queued":
         """Begin the session's next tick and hand it to the engine; ``_NotBuilt`` if the

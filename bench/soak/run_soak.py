@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--robots", type=int, default=8)
     parser.add_argument("--voices", type=int, default=4)
     parser.add_argument("--device", default="cpu", help="the server's --device (cuda for the GPU soak)")
-    parser.add_argument("--ticks-in-flight", type=int, choices=(1, 2), default=1,
+    parser.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
                         help="the server's --ticks-in-flight (world ticks a session may have queued)")
     parser.add_argument("--note", default="", help="what else ran on the machine (recorded in the JSON)")
     parser.add_argument("--out", type=Path, default=None)

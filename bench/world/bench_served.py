@@ -138,7 +138,8 @@ class RowPlan:
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
     launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
     encode_processes: bool = True  # False: jpeg / png on the encoder threads only (``threads``)
-    ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``: 2)
+    ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``, ``auto``: 2)
+    ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
 
 
@@ -148,6 +149,7 @@ MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)",
         "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
+        "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
         "pin": "the server's threads on --server-cpus, the client processes on every other core"}
 
 
@@ -206,7 +208,8 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
-                         2 if "ahead2" in mods else 1, "pin" in mods) for n in sessions]
+                         2 if {"ahead2", "auto"} & set(mods) else 1,
+                         ticks_in_flight_alone=1 if "auto" in mods else None, pin="pin" in mods) for n in sessions]
     return rows
 
 
@@ -440,7 +443,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             app.state.engine.launch_gate.enabled = p.launch_gate
             # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
-                config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight))
+                config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
+                                                  session_ticks_in_flight_alone=p.ticks_in_flight_alone))
             model.device_jpeg = measured_jpeg if p.jpeg_path is None else DeviceJpeg(p.jpeg_path)
             log(f"{variant}: {n} sessions: serving for {args.warmup + args.seconds:.0f} s ...")
             if torch.cuda.is_available():
@@ -487,6 +491,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["launch_gate"] = p.launch_gate
             row["encode_processes"] = p.encode_processes and workers > 0
             row["ticks_in_flight"] = p.ticks_in_flight
+            row["ticks_in_flight_alone"] = p.ticks_in_flight_alone
             row["server_cpus"] = sorted(os.sched_getaffinity(0))
             row["client_cpus"] = client_cpus or sorted(all_cpus)
             if fmt == "jpeg":

@@ -14,6 +14,7 @@ import pytest
 
 from bench.world.bench_served import InstantWorld, parse_args, run
 from bench.world.served_client import ClientFailure, ClientFleet
+from models.world.tiny import TinyWorld
 from realtime.app import build_app
 from realtime.config import ServerConfig, WorldConfig
 from realtime.registry import Inventory
@@ -104,6 +105,8 @@ def test_the_summary_sets_each_goal_beside_its_figure() -> None:
     assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
     assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
     assert [p["sessions"] for p in curve(served)] == [1, 32]  # the default rgb8 rows only
+    assert [p["sessions"] for p in curve(served, "rgb8/gil0.1")] == [32]
+    assert goals(served, "rgb8/gil0.1")[2]["goal"] == "served/bare throughput @32"
     gil = by_name["rgb8/gil0.1 served/bare throughput @32"]
     assert gil["value"] == pytest.approx(0.96) and gil["met"] is True
     assert by_name["rgb8/gil0.1 engine busy share @32"]["met"] is True
@@ -130,6 +133,32 @@ def test_the_maze_host_path_stand_in_waits_as_the_device_would() -> None:
     bare = _bare(model, 3, repeats=3)  # a bucket of 4 rows: at least 24 ms a tick
     assert bare["tick_ms_p50"] >= 24.0
     assert model.cache.num_resident == 0  # _bare released its sessions
+    assert bare["untimed_ticks"] == 3 + model.window  # timed over a full context window, as served
+
+
+def test_bare_ticks_are_timed_once_the_context_window_is_full() -> None:
+    from bench.world.bench_served import _bare
+
+    class Counting(TinyWorld):
+        frames_seen: list[int] = []
+
+        def run_batch(self, works):
+            self.frames_seen.append(works[0].chunk_index)
+            return super().run_batch(works)
+
+    model = Counting(max_batch=4)
+    warm = 3 + model.window  # the tiny world's context window, in frames
+    assert _bare(model, 2, repeats=4)["untimed_ticks"] == warm
+    assert model.frames_seen == list(range(warm + 4))  # the last 4 timed: each past the window
+
+
+def test_variants_pin_and_auto() -> None:
+    from bench.world.bench_served import _cpu_list, _plan
+
+    auto, pinned = _plan(parse_args(["--variants", "rgb8/auto@4", "rgb8/ahead2/pin@1"]))
+    assert (auto.ticks_in_flight, auto.ticks_in_flight_alone, auto.pin) == (2, 1, False)
+    assert (pinned.ticks_in_flight, pinned.ticks_in_flight_alone, pinned.pin) == (2, None, True)
+    assert _cpu_list("0-3,8") == [0, 1, 2, 3, 8]
 
 
 def test_the_curve_goes_into_the_readme_once_and_is_replaced_after() -> None:

@@ -137,3 +137,35 @@ def test_the_same_script_gives_the_same_frames_with_one_or_two_ticks_in_flight()
             results.append(run(play(addr)))
     assert [r[:2] for r in results[0]] == [(i, [0, 1] if i == 0 else []) for i in range(12)]
     assert results[0] == results[1]
+
+
+def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
+    """``--ticks-in-flight auto``: alone, a session's next tick is built after its last one
+    committed; once a second session is live, each queues its next tick while one runs."""
+    app, model = scripted_app(session_ticks_in_flight=2, session_ticks_in_flight_alone=1)
+    model.delay = 0.02
+    queued_at_end: list[int] = []  # the model's queued ticks as each batch ends
+    run_batch = model.run_batch
+
+    def recording(works):
+        out = run_batch(works)
+        queued_at_end.append(app.state.engine.queued(model.name))  # the engine starts with the app
+        return out
+
+    model.run_batch = recording
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a:
+                await a.create("alone", credits=8)
+                assert [(await a.next_chunk()).chunk_index for _ in range(8)] == list(range(8))
+                alone = list(queued_at_end)
+                assert alone and max(alone) == 0  # nothing was queued behind a running tick
+                async with WorldClient.connect(url(addr)) as b:
+                    await b.create("shared", credits=8)
+                    queued_at_end.clear()
+                    got = [(await a.next_chunk()).chunk_index for _ in range(8)]
+                    assert got == list(range(8, 16))
+                    assert [(await b.next_chunk()).chunk_index for _ in range(8)] == list(range(8))
+                    assert max(queued_at_end) >= 1  # next ticks waited in the engine's queue
+
+        run(main())

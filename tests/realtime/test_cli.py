@@ -116,9 +116,12 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
 def test_ticks_in_flight_reaches_the_world_config(capsys):
     from realtime.cli import config_from_args
 
-    assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.session_ticks_in_flight == 1
+    world = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world  # auto
+    assert (world.session_ticks_in_flight, world.session_ticks_in_flight_alone) == (2, 1)
     config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--ticks-in-flight", "2"]))
-    assert config.world.session_ticks_in_flight == 2
+    assert (config.world.session_ticks_in_flight, config.world.session_ticks_in_flight_alone) == (2, None)
+    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--ticks-in-flight", "1"]))
+    assert (config.world.session_ticks_in_flight, config.world.session_ticks_in_flight_alone) == (1, None)
     with pytest.raises(SystemExit):
         parse_args(["serve", *QUICK, "--ticks-in-flight", "3"])
     assert "invalid choice" in capsys.readouterr().err
