@@ -578,7 +578,7 @@ class WorldConnection:
         """Ticks to keep queued now: the session's most, or ``ticks_in_flight_alone`` while it is
         the server's only world session (``--ticks-in-flight auto``; read at every tick)."""
         if self.ticks_in_flight_alone is not None and len(self.manager) <= 1:
-            return min(self.ticks_in_flight_alone, session.max_in_flight)
+            return max(1, min(self.ticks_in_flight_alone, session.max_in_flight))
         return session.max_in_flight
 
     def _queue_tick(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_Queued":

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import time
 from typing import Any

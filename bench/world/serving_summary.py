@@ -34,7 +34,6 @@ def _base(rows: list[dict[str, Any]], n: int, variant: str = "rgb8") -> dict[str
 def goals(served: dict[str, Any], variant: str = "rgb8") -> list[dict[str, Any]]:
     """Every goal at ``variant``'s rows (the server as started: ``rgb8``, or e.g. ``rgb8/auto``)."""
     rows = served["rows"]
-
     out: list[dict[str, Any]] = []
 
     def goal(name: str, value: float | None, target: float, higher: bool = True) -> None:
