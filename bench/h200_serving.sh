@@ -41,14 +41,16 @@ VARIANTS=${VARIANTS:-rgb8/auto@1,2,4,8,16,32,64,128,256 rgb8@1,32,128 jpeg/auto@
 # 12 client processes: one tops out near 1,000 chunks/s, and the load must not be the bottleneck.
 PROCS=${PROCS:-12} SECONDS_PER_ROW=${SECONDS_PER_ROW:-4} WARMUP=${WARMUP:-1.5} BARE_REPEATS=${BARE_REPEATS:-20}
 JPEG_SIZES=${JPEG_SIZES:-480x832 64x64} JPEG_BATCH=${JPEG_BATCH:-32} PROFILE_SESSIONS=${PROFILE_SESSIONS:-32}
+# Each step's whole log goes to $LOGS (the device tool brings back 8 files from $OUT: the JSONs).
+LOGS=${LOGS:-/tmp/h200_serving_logs}; mkdir -p "$LOGS"
 status=0
 step() {  # step NAME SECONDS CMD...: bounded, its tail in the log, its rc remembered
     local name=$1 limit=$2; shift 2
     echo "== $name (limit ${limit}s): $*"
-    timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --kill-after=10 "$limit" "$@" > "$LOGS/$name.log" 2>&1
     local rc=$?
     # The JSON is in $OUT; the log shows each step's last lines, cut short (the summary has the figures).
-    grep -v '^  ' "$OUT/$name.log" | grep -v '^[{}]' | tail -n "${TAIL:-12}" | cut -c1-"${WIDTH:-200}"
+    grep -v '^  ' "$LOGS/$name.log" | grep -v '^[{}]' | tail -n "${TAIL:-12}" | cut -c1-"${WIDTH:-200}"
     echo "== $name rc=$rc"
     [ "$rc" = 0 ] || status=1
 }
