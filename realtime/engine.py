@@ -393,9 +393,14 @@ class Engine:
                     continue
                 batch = self._take_batch()
                 if batch:
-                    if self._launch_s[batch[0].model] > LAUNCH_HOLD_MAX_S:
+                    if not self._holds(batch[0].model):
                         self._flush()  # a model that does not launch at once: no result waits for it
                     self._run_batch(batch)
+
+    def _holds(self, model: str) -> bool:
+        """Whether ``model``'s results wait for the next launch: its last batch queued its
+        device work within ``LAUNCH_HOLD_MAX_S`` of its start (see "Held results")."""
+        return self._launch_s[model] <= LAUNCH_HOLD_MAX_S
 
     def _flush(self) -> None:
         """Resolve the held results (see "Held results")."""
@@ -513,7 +518,7 @@ class Engine:
         model_stats.ticks += len(done)
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
-        if self._launch_s[model] <= LAUNCH_HOLD_MAX_S and threading.current_thread() is self._thread:
+        if self._holds(model) and threading.current_thread() is self._thread:
             self._held.extend(done)  # until the next batch's launch
         else:
             _resolve_all(done)

@@ -512,8 +512,9 @@ class WorldConnection:
         back in the engine's queue moments after it ends. With ``ticks_in_flight`` 2
         (``Session.max_in_flight``) tick N+1 is queued while N runs, so the engine takes
         it without waiting for this loop (each queued tick holds one of the credits;
-        ``_depth`` says how many, at every tick). Sends stay in chunk order. Once stopped, no tick is queued; the ones the engine
-        took are committed and sent, the others were dropped by ``_stop_driver``."""
+        ``_depth`` says how many, at every tick). Sends stay in chunk order. Once stopped,
+        no tick is queued; the ones the engine took are committed and sent, the others
+        were dropped by ``_stop_driver``."""
         session, adapter = self.session, self.adapter
         assert session is not None and adapter is not None
         sid = session.session_id

@@ -1,5 +1,6 @@
-"""world.v1 with two ticks per session in flight (``--ticks-in-flight 2``): the same
-contract as one at a time, through a real uvicorn server and real WebSocket clients."""
+"""world.v1 with two ticks per session in flight (``--ticks-in-flight 2``, and ``auto``'s
+shared sessions): the same contract as one at a time, through a real uvicorn server and
+real WebSocket clients."""
 
 from __future__ import annotations
 
@@ -24,9 +25,14 @@ from tests.e2e.test_world import (  # noqa: F401 - collected here again, on this
 )
 
 
+# Two ticks in flight for every session, a lone one too (``--ticks-in-flight 2``; the
+# default ``auto`` keeps one for a session alone).
+TWO_IN_FLIGHT = {"session_ticks_in_flight": 2, "session_ticks_in_flight_alone": None}
+
+
 @pytest.fixture
 def tiny_server() -> Iterator[str]:
-    with serve(tiny_app(session_ticks_in_flight=2)) as addr:
+    with serve(tiny_app(**TWO_IN_FLIGHT)) as addr:
         assert httpx.get(f"http://{addr}/healthz").text == "OK"
         yield addr
 
@@ -62,7 +68,7 @@ def test_every_accepted_event_is_applied_once_or_reported_dropped(tiny_server):
 
 
 def test_a_failed_tick_drops_the_one_queued_behind_it():
-    app, model = scripted_app(session_ticks_in_flight=2)
+    app, model = scripted_app(**TWO_IN_FLIGHT)
     with serve(app) as addr:
         async def main():
             async with WorldClient.connect(url(addr)) as bad, WorldClient.connect(url(addr)) as good:
@@ -91,7 +97,7 @@ def test_a_failed_tick_drops_the_one_queued_behind_it():
 
 
 def test_reset_and_close_with_two_ticks_in_flight():
-    app, model = scripted_app(session_ticks_in_flight=2)
+    app, model = scripted_app(**TWO_IN_FLIGHT)
     model.delay = 0.05
     with serve(app) as addr:
         async def main():
@@ -133,7 +139,7 @@ def test_the_same_script_gives_the_same_frames_with_one_or_two_ticks_in_flight()
 
     results = []
     for depth in (1, 2):
-        with serve(tiny_app(session_ticks_in_flight=depth)) as addr:
+        with serve(tiny_app(session_ticks_in_flight=depth, session_ticks_in_flight_alone=None)) as addr:
             results.append(run(play(addr)))
     assert [r[:2] for r in results[0]] == [(i, [0, 1] if i == 0 else []) for i in range(12)]
     assert results[0] == results[1]
