@@ -101,6 +101,7 @@ class WorldConnection:
         self._wake = asyncio.Event()
         self._driver: asyncio.Task | None = None
         self._sending: asyncio.Task | None = None  # the driver's chunk send in progress
+        self._ahead: collections.deque[_Queued] = collections.deque()  # the driver's ticks in the engine
         self._stopping = False
         self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
@@ -154,8 +155,10 @@ class WorldConnection:
         return self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=None)
 
     def _busy(self) -> bool:
-        """A tick of this session is in the engine: not idle, however long it takes."""
-        return self.session is not None and self.session.in_flight is not None
+        """A tick of this session is in the engine: not idle, however long it takes. Ticks
+        done there whose chunks wait for the client to read do not count: a client that
+        stopped reading is idle, whatever the driver queued before it stalled."""
+        return any(not queued.future.done() for queued in self._ahead)
 
     async def idle_close(self) -> None:
         """The client sent nothing and took no chunk for the idle timeout: ``idle_timeout``,
@@ -519,7 +522,7 @@ class WorldConnection:
         assert session is not None and adapter is not None
         sid = session.session_id
         sending: asyncio.Task | None = None
-        ahead: collections.deque[_Queued] = collections.deque()  # submitted ticks, oldest first
+        ahead = self._ahead = collections.deque()  # submitted ticks, oldest first
         try:
             while True:
                 while (not self._stopping and session.state is SessionState.ACTIVE

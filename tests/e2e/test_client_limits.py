@@ -82,11 +82,13 @@ class Wall(WorldAdapter):
         return [WorldChunk.answering(w, self.frames) for w in works]
 
 
-def app(idle_s: float = IDLE_S, per_client: int = 0, infer_ms: float = 0.0, **config: Any):
+def app(idle_s: float = IDLE_S, per_client: int = 0, infer_ms: float = 0.0, world: Mapping[str, Any] = {},
+        **config: Any):
     inventory = Inventory()
     for adapter in (TinyWorld(max_batch=8), Wall(), DummyPolicy(metadata=META, infer_ms=infer_ms), Ticks()):
         inventory.adapters[adapter.name] = adapter
-    return build_app(ServerConfig(world=WorldConfig(models=("tiny", "wall")), policy=PolicyConfig(policy="dummy"),
+    return build_app(ServerConfig(world=WorldConfig(models=("tiny", "wall"), **world),
+                                  policy=PolicyConfig(policy="dummy"),
                                   tts=TTSConfig(enabled=True),
                                   limits=LimitsConfig(idle_timeout_s=idle_s, max_sessions_per_client=per_client),
                                   **config), inventory)
@@ -226,9 +228,15 @@ def test_a_world_client_that_takes_chunks_or_talks_is_not_idle(server):
     run(main())
 
 
+# The default (one tick in flight for a lone session, the next queued before the commit)
+# and two in flight: either way the driver has queued ticks when the client stalls.
+@pytest.mark.parametrize("server", [{}, {"world": {"session_ticks_in_flight": 2,
+                                                  "session_ticks_in_flight_alone": None}}],
+                         indirect=True, ids=["auto", "two-in-flight"])
 def test_a_stalled_world_client_is_dropped_and_its_session_freed(server):
-    """A client that holds credits but stops reading: no chunk is taken, so it is idle;
-    its goodbye cannot be taken either, so the socket is dropped (no close frame)."""
+    """A client that holds credits but stops reading: no chunk is taken, so it is idle
+    (ticks done in the engine whose chunks wait for it are not work in flight); its
+    goodbye cannot be taken either, so the socket is dropped (no close frame)."""
     async def main():
         ws, _ = await world(server, "stalled", credits=64, model="wall")  # 64 x 3 MiB: more than TCP buffers
         ws.transport.pause_reading()  # TCP back-pressure: the server's sends stop going out
