@@ -43,6 +43,13 @@ Only a model whose last batch queued its device work within ``LAUNCH_HOLD_MAX_S`
 is held (a model that computes inside ``run_batch`` and says so at the end would hold its
 results for a whole forward).
 
+GIL hand-off: a submit that completes what the engine waits for (the last of the
+returners it awaits, or the one session of its last batch) hands it the GIL at once
+(``time.sleep(0)``). Otherwise the woken engine would wait for the loop's next
+Python (the commit, the send) to finish, or for the switch interval, before it could
+prepare the batch; a submit that more sessions could still join hands nothing over
+(the engine would take a smaller batch).
+
 A batch that raises is re-run one work at a time, so one bad session fails
 alone. A failed tick of a model with ``chained_ticks`` (a world) also drops the
 session's ticks queued behind it: they would run on state that was never committed.
@@ -272,10 +279,15 @@ class Engine:
             awaited = self._awaited
             if awaited is None:
                 self._cv.notify()
+                returners = self._returners[model]
+                hand_off = len(returners) == 1 and session_id in returners
             else:
                 awaited.discard(session_id)  # type: ignore[arg-type]
-                if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
+                hand_off = not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch)
+                if hand_off:
                     self._cv.notify()
+        if hand_off:
+            hand_off_gil()
         return job.future
 
     def run_now(self, model: str, work: Any, *, session_id: str | None = None) -> Any:
@@ -691,6 +703,13 @@ def _just(session_id: str | None) -> frozenset[str]:
 def _preemptions() -> int:
     """Involuntary context switches of the calling thread so far (Linux; 0 elsewhere)."""
     return resource.getrusage(_RUSAGE_THREAD).ru_nivcsw if _RUSAGE_THREAD is not None else 0
+
+
+def hand_off_gil() -> None:
+    """Let a thread waiting for the GIL (the engine, just woken) take it now (see
+    "GIL hand-off"): sleeping releases it, and CPython's switching makes this thread
+    wait until the waiter has had it."""
+    time.sleep(0)
 
 
 def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:

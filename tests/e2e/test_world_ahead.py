@@ -146,19 +146,26 @@ def test_the_same_script_gives_the_same_frames_with_one_or_two_ticks_in_flight()
 
 
 def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
-    """``--ticks-in-flight auto``: alone, a session's next tick is built after its last one
-    committed; once a second session is live, each queues its next tick while one runs."""
+    """``--ticks-in-flight auto``: alone, a session's next tick goes to the engine once its
+    last one has run there, before that one's commit (never queued behind it); once a
+    second session is live, each queues its next tick while one runs."""
     app, model = scripted_app(session_ticks_in_flight=2, session_ticks_in_flight_alone=1)
     model.delay = 0.02
     queued_at_end: list[int] = []  # the model's queued ticks as each batch ends
-    run_batch = model.run_batch
+    uncommitted_at_build: list[int] = []  # the session's chunks begun, not committed, as one is built
+    run_batch, tick = model.run_batch, model.tick
 
     def recording(works):
         out = run_batch(works)
         queued_at_end.append(app.state.engine.queued(model.name))  # the engine starts with the app
         return out
 
-    model.run_batch = recording
+    def building(request, *args, **kwargs):
+        session = app.state.world_sessions.get(request.session_id)
+        uncommitted_at_build.append(request.chunk_index - session.chunk_index)
+        return tick(request, *args, **kwargs)
+
+    model.run_batch, model.tick = recording, building
     with serve(app) as addr:
         async def main():
             async with WorldClient.connect(url(addr)) as a:
@@ -166,6 +173,9 @@ def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
                 assert [(await a.next_chunk()).chunk_index for _ in range(8)] == list(range(8))
                 alone = list(queued_at_end)
                 assert alone and max(alone) == 0  # nothing was queued behind a running tick
+                # Chunk 0 is built on a fresh session; each later one while the chunk before it,
+                # done on the engine, is still to be committed.
+                assert uncommitted_at_build[:8] == [0] + [1] * 7
                 async with WorldClient.connect(url(addr)) as b:
                     await b.create("shared", credits=8)
                     queued_at_end.clear()

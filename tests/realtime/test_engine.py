@@ -478,3 +478,33 @@ def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
             engine.run_now("fast", 1, session_id="r")
 
     with_engine(model, main)
+
+
+def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
+    """The one session of the last batch coming back hands the GIL over (the engine takes
+    its batch at once); a session others could still join, or a new one, hands nothing."""
+    import realtime.engine as engine_module
+
+    handed: list[str] = []
+    monkeypatch.setattr(engine_module, "hand_off_gil", lambda: handed.append("x"))
+    model = Doubler(max_batch=4)
+
+    async def main(engine: Engine):
+        async def submit(work: int, sid: str) -> int:
+            out = await engine.submit(model.name, work, session_id=sid)
+            await asyncio.sleep(0.05)  # the engine thread notes the batch's sessions after resolving it
+            return out
+
+        assert await submit(1, "a") == 2  # a new session: nothing
+        assert handed == []
+        assert await submit(2, "a") == 4  # the lone returner
+        assert handed == ["x"]
+        assert await submit(3, "b") == 6  # not the one it ran
+        assert handed == ["x"]
+        assert await asyncio.gather(submit(4, "b"), submit(5, "c")) == [8, 10]
+        assert len(handed) == 2  # b came back alone (c was new)
+        # Whatever the last round was, the engine waits for c this time: one batch.
+        assert await asyncio.gather(submit(6, "b"), submit(7, "c")) == [12, 14]
+        assert model.batches[-1] == [6, 7]
+
+    with_engine(model, main)
