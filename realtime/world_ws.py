@@ -73,6 +73,11 @@ class _IdleClosed(Exception):
     """The connection was closed for idleness while a message was being handled."""
 
 
+# A tick queued before the last one's commit (a lone session under ``auto``): the commit
+# waits for the engine's launch of it (realtime/launch_gate.py). False: at once (a bench's A/B).
+COMMIT_AFTER_LAUNCH = True
+
+
 class WorldConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
@@ -553,8 +558,12 @@ class WorldConnection:
                 tick_ms = (time.perf_counter() - queued.started) * 1000.0
                 # Done on the engine, not committed yet: where the session has a flight to
                 # spare (a lone session under ``auto``) its next tick is queued first, and
-                # this commit and send run while the engine computes it.
+                # this commit and send run while the engine computes it, once it has
+                # launched (the commit's Python would take the GIL from its preparation).
+                queued_before = len(ahead)
                 unbuilt = self._top_up(session, adapter, sending, ahead, uncommitted=1)
+                if len(ahead) > queued_before and COMMIT_AFTER_LAUNCH:
+                    await self.engine.launch_gate.wait()
                 try:
                     committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
