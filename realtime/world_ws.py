@@ -73,11 +73,6 @@ class _IdleClosed(Exception):
     """The connection was closed for idleness while a message was being handled."""
 
 
-# A tick queued before the last one's commit (a lone session under ``auto``): the commit
-# waits for the engine's launch of it (realtime/launch_gate.py). False: at once (a bench's A/B).
-COMMIT_AFTER_LAUNCH = True
-
-
 class WorldConnection:
     def __init__(self, ws: WebSocket) -> None:
         state = ws.app.state
@@ -520,22 +515,26 @@ class WorldConnection:
         back in the engine's queue moments after it ends. With ``ticks_in_flight`` 2
         (``Session.max_in_flight``) tick N+1 is queued while N runs, so the engine takes
         it without waiting for this loop (each queued tick holds one of the credits;
-        ``_depth`` says how many, at every tick). A session with a flight to spare once its
-        tick is done on the engine (a lone one under ``auto``: one tick in the engine, two
-        in the session) queues the next before the commit: the commit and the send run
-        while the engine computes it. Sends stay in chunk order. Once stopped,
+        ``_depth`` says how many, at every tick). Sends stay in chunk order. Once stopped,
         no tick is queued; the ones the engine took are committed and sent, the others
         were dropped by ``_stop_driver``."""
         session, adapter = self.session, self.adapter
         assert session is not None and adapter is not None
+        sid = session.session_id
         sending: asyncio.Task | None = None
         ahead = self._ahead = collections.deque()  # submitted ticks, oldest first
         try:
             while True:
-                unbuilt = self._top_up(session, adapter, sending, ahead, uncommitted=0)
-                if unbuilt is not None:
-                    await self._not_built(session, unbuilt, sending)
-                    return
+                while (not self._stopping and session.state is SessionState.ACTIVE
+                       and len(ahead) < self._depth(session) and self.credits > len(ahead)):
+                    try:
+                        ahead.append(self._queue_tick(session, adapter, sending))
+                    except _NotBuilt as exc:  # the model's own bug fails its session, told
+                        # Uncaught, it would end this task silently and the client would wait forever.
+                        log.warning("session %s: %s.tick failed: %r", sid, self.model, exc.error)
+                        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
+                                         f"{type(exc.error).__name__}: {exc.error}", sending)
+                        return
                 if not ahead:
                     if self._stopping:
                         return
@@ -556,14 +555,6 @@ class WorldConnection:
                     return
                 ahead.popleft()
                 tick_ms = (time.perf_counter() - queued.started) * 1000.0
-                # Done on the engine, not committed yet: where the session has a flight to
-                # spare (a lone session under ``auto``) its next tick is queued first, and
-                # this commit and send run while the engine computes it, once it has
-                # launched (the commit's Python would take the GIL from its preparation).
-                queued_before = len(ahead)
-                unbuilt = self._top_up(session, adapter, sending, ahead, uncommitted=1)
-                if len(ahead) > queued_before and COMMIT_AFTER_LAUNCH:
-                    await self.engine.launch_gate.wait()
                 try:
                     committed = session.complete_tick(_metadata(chunk))
                 except SessionError as exc:
@@ -580,36 +571,12 @@ class WorldConnection:
                 # The commit goes out after the streamed frames (_send_chunk finishes the stream).
                 sending = self._sending = asyncio.create_task(
                     self._send_chunk(committed, chunk, tick_ms, queued.stream))
-                if unbuilt is not None:  # the chunk it would have followed goes out first
-                    await self._not_built(session, unbuilt, sending)
-                    return
         finally:
             await _finish(sending)
             for queued in ahead:  # ticks this driver leaves unfinished (cancelled, failed)
                 if queued.stream is not None:
                     queued.stream.cancel()
                 _drop(queued.future)
-
-    def _top_up(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None,
-                ahead: "collections.deque[_Queued]", uncommitted: int) -> "_NotBuilt | None":
-        """Queue ticks while the depth, the credits and the session's flights allow
-        (``uncommitted``: results in hand whose credits are not spent yet); the
-        ``_NotBuilt`` of a tick the model could not build, or None."""
-        while (not self._stopping and session.state is SessionState.ACTIVE
-               and len(ahead) < self._depth(session) and self.credits - uncommitted > len(ahead)
-               and session.ticks_in_flight < session.max_in_flight):
-            try:
-                ahead.append(self._queue_tick(session, adapter, sending))
-            except _NotBuilt as exc:
-                return exc
-        return None
-
-    async def _not_built(self, session: Session, exc: "_NotBuilt", sending: asyncio.Task | None) -> None:
-        """The model's own bug fails its session, told (uncaught, it would end the driver
-        silently and the client would wait forever)."""
-        log.warning("session %s: %s.tick failed: %r", session.session_id, self.model, exc.error)
-        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
-                         f"{type(exc.error).__name__}: {exc.error}", sending)
 
     def _depth(self, session: Session) -> int:
         """Ticks to keep queued now: the session's most, or ``ticks_in_flight_alone`` while it is

@@ -142,8 +142,6 @@ class RowPlan:
     ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
     hand_off: bool = True  # False: submits never hand the engine the GIL (``nohandoff``)
-    early: bool = True  # False: a lone session's next tick waits for its commit (``noearly``)
-    commit_gate: bool = True  # False: realtime.world_ws.COMMIT_AFTER_LAUNCH off (``nocommitgate``)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
@@ -154,10 +152,7 @@ MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
         "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
         "pin": "the server's threads on --server-cpus, the client processes on every other core",
-        "nohandoff": "a submit the engine waits for does not hand it the GIL (realtime.engine.hand_off_gil)",
-        "noearly": "a lone session's next tick is queued after its last one's commit, not before",
-        "nocommitgate": "a commit behind an early-queued tick does not wait for its launch "
-                        "(realtime.world_ws.COMMIT_AFTER_LAUNCH)"}
+        "nohandoff": "a submit the engine waits for does not hand it the GIL (realtime.engine.hand_off_gil)"}
 
 
 def _no_hand_off() -> None:
@@ -221,8 +216,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
                          2 if {"ahead2", "auto"} & set(mods) else 1,
                          ticks_in_flight_alone=1 if "auto" in mods else None, pin="pin" in mods,
-                         hand_off="nohandoff" not in mods, early="noearly" not in mods,
-                         commit_gate="nocommitgate" not in mods) for n in sessions]
+                         hand_off="nohandoff" not in mods) for n in sessions]
     return rows
 
 
@@ -399,16 +393,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
-    import realtime.world_ws
-    from realtime.world_ws import WorldConnection
 
-    # The ``nohandoff`` / ``noearly`` rows swap these for their sessions; each row sets them.
-    hand_off, top_up = realtime.engine.hand_off_gil, WorldConnection._top_up
-
-    def top_up_after_commit(self: Any, session: Any, adapter: Any, sending: Any, ahead: Any,
-                            uncommitted: int) -> Any:
-        """``noearly``: the driver's top-up before a commit queues nothing (the one after it does)."""
-        return None if uncommitted else top_up(self, session, adapter, sending, ahead, uncommitted)
+    hand_off = realtime.engine.hand_off_gil  # ``nohandoff`` rows swap it out; each row sets it
 
     if args.switch_interval_ms is not None:
         realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
@@ -465,8 +451,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sys.setswitchinterval(switch_s)
             app.state.engine.launch_gate.enabled = p.launch_gate
             realtime.engine.hand_off_gil = hand_off if p.hand_off else _no_hand_off
-            WorldConnection._top_up = top_up if p.early else top_up_after_commit
-            realtime.world_ws.COMMIT_AFTER_LAUNCH = p.commit_gate
             # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
                 config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
@@ -518,7 +502,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["encode_processes"] = p.encode_processes and workers > 0
             row["ticks_in_flight"] = p.ticks_in_flight
             row["ticks_in_flight_alone"] = p.ticks_in_flight_alone
-            row["gil_hand_off"], row["early_top_up"], row["commit_gate"] = p.hand_off, p.early, p.commit_gate
+            row["gil_hand_off"] = p.hand_off
             row["server_cpus"] = sorted(os.sched_getaffinity(0))
             row["client_cpus"] = client_cpus or sorted(all_cpus)
             if fmt == "jpeg":
@@ -528,8 +512,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             if args.out:  # what is done so far survives a timeout of the whole run
                 emit(report(), args.out, echo=False)
-    realtime.engine.hand_off_gil, WorldConnection._top_up = hand_off, top_up
-    realtime.world_ws.COMMIT_AFTER_LAUNCH = True
+    realtime.engine.hand_off_gil = hand_off
     return report()
 
 
