@@ -82,12 +82,12 @@ class Wall(WorldAdapter):
         return [WorldChunk.answering(w, self.frames) for w in works]
 
 
-def app(idle_s: float = IDLE_S, per_client: int = 0, infer_ms: float = 0.0, world: Mapping[str, Any] = {},
-        **config: Any):
+def app(idle_s: float = IDLE_S, per_client: int = 0, infer_ms: float = 0.0,
+        world: Mapping[str, Any] | None = None, **config: Any):
     inventory = Inventory()
     for adapter in (TinyWorld(max_batch=8), Wall(), DummyPolicy(metadata=META, infer_ms=infer_ms), Ticks()):
         inventory.adapters[adapter.name] = adapter
-    return build_app(ServerConfig(world=WorldConfig(models=("tiny", "wall"), **world),
+    return build_app(ServerConfig(world=WorldConfig(models=("tiny", "wall"), **(world or {})),
                                   policy=PolicyConfig(policy="dummy"),
                                   tts=TTSConfig(enabled=True),
                                   limits=LimitsConfig(idle_timeout_s=idle_s, max_sessions_per_client=per_client),
@@ -228,8 +228,8 @@ def test_a_world_client_that_takes_chunks_or_talks_is_not_idle(server):
     run(main())
 
 
-# The default (one tick in flight for a lone session, the next queued before the commit)
-# and two in flight: either way the driver has queued ticks when the client stalls.
+# The default (one tick in flight for a lone session) and two in flight, where the driver
+# has a tick queued behind the chunk the stalled client does not take.
 @pytest.mark.parametrize("server", [{}, {"world": {"session_ticks_in_flight": 2,
                                                   "session_ticks_in_flight_alone": None}}],
                          indirect=True, ids=["auto", "two-in-flight"])
