@@ -43,12 +43,14 @@ Only a model whose last batch queued its device work within ``LAUNCH_HOLD_MAX_S`
 is held (a model that computes inside ``run_batch`` and says so at the end would hold its
 results for a whole forward).
 
-GIL hand-off: a submit that completes what the engine waits for (the last of the
-returners it awaits, or the one session of its last batch) hands it the GIL at once
-(``time.sleep(0)``). Otherwise the woken engine would wait for the loop's next
-Python (the commit, the send) to finish, or for the switch interval, before it could
-prepare the batch; a submit that more sessions could still join hands nothing over
-(the engine would take a smaller batch).
+GIL hand-off: the one session of the engine's last batch coming back (a world
+session alone, one robot) hands it the GIL at once (``time.sleep(0)``). Otherwise the
+woken engine would wait for the loop's next Python (the send, the next message) or
+for the switch interval before it could prepare the batch. Nothing else hands over:
+a batch that more sessions could still join would be taken smaller, and after a
+returner wait of several sessions the engine's preparation would contend with the
+loop's work for them (bench/results/world_handoff_ab2_h200.json: 8 sessions at one
+tick in flight, 0.80-0.86x of bare with that hand-off, 0.84-0.87x without).
 
 A batch that raises is re-run one work at a time, so one bad session fails
 alone. A failed tick of a model with ``chained_ticks`` (a world) also drops the
@@ -283,8 +285,8 @@ class Engine:
                 hand_off = len(returners) == 1 and session_id in returners
             else:
                 awaited.discard(session_id)  # type: ignore[arg-type]
-                hand_off = not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch)
-                if hand_off:
+                hand_off = False
+                if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
                     self._cv.notify()
         if hand_off:
             hand_off_gil()

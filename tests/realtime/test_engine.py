@@ -482,7 +482,7 @@ def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
 
 def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
     """The one session of the last batch coming back hands the GIL over (the engine takes
-    its batch at once); a session others could still join, or a new one, hands nothing."""
+    its batch at once); a new session, or one of several, hands nothing."""
     import realtime.engine as engine_module
 
     handed: list[str] = []
@@ -506,5 +506,8 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
         # Whatever the last round was, the engine waits for c this time: one batch.
         assert await asyncio.gather(submit(6, "b"), submit(7, "c")) == [12, 14]
         assert model.batches[-1] == [6, 7]
+        handed.clear()
+        assert await asyncio.gather(submit(8, "b"), submit(9, "c")) == [16, 18]
+        assert model.batches[-1] == [8, 9] and handed == []  # two returners: no hand-off
 
     with_engine(model, main)
