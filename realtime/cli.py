@@ -92,9 +92,9 @@ def _gib(value: float | None) -> int | None:
 
 
 def _ticks_in_flight(choice: str) -> dict[str, int | None]:
-    """``--ticks-in-flight`` as WorldConfig fields (``auto``: 2, or 1 for a session alone)."""
+    """``--ticks-in-flight`` as WorldConfig fields (``auto``: WorldConfig's defaults)."""
     if choice == "auto":
-        return {"session_ticks_in_flight": 2, "session_ticks_in_flight_alone": 1}
+        return {}
     return {"session_ticks_in_flight": int(choice), "session_ticks_in_flight_alone": None}
 
 

@@ -87,6 +87,10 @@ T = TypeVar("T")
 # steps while the loop sends. bench/world/serve_profile.py measures that wait.
 SWITCH_INTERVAL_S = 0.0005
 
+# Whether a lone returner's submit hands the engine the GIL (see "GIL hand-off"; False:
+# never, the benches' A/B rows), read at every submit.
+GIL_HAND_OFF = True
+
 # How many of a model's last forwards must each be within its ``inline_forward_s``
 # before ``submit`` runs it inline (one slow forward and it is back on the engine thread).
 INLINE_WINDOW = 8
@@ -288,7 +292,7 @@ class Engine:
                 hand_off = False
                 if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
                     self._cv.notify()
-        if hand_off:
+        if hand_off and GIL_HAND_OFF:
             hand_off_gil()
         return job.future
 

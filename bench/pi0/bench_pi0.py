@@ -332,11 +332,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # The same robot with the engine's GIL hand-off off (realtime/engine.py, "GIL hand-off"): A/B in one run.
     import realtime.engine
 
-    hand_off, realtime.engine.hand_off_gil = realtime.engine.hand_off_gil, lambda: None
+    realtime.engine.GIL_HAND_OFF = False
     try:
         fleets["1"]["no_gil_hand_off"] = served(fast, 1, args.seconds, size, args.batch_wait_ms)
     finally:
-        realtime.engine.hand_off_gil = hand_off
+        realtime.engine.GIL_HAND_OFF = True
     log(f"one robot p50 ms: {fleets['1']['batched']['latency_ms']['p50']} with the GIL hand-off, "
         f"{fleets['1']['no_gil_hand_off']['latency_ms']['p50']} without")
     if "1" in res["bare"]:

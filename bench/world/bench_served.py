@@ -141,7 +141,7 @@ class RowPlan:
     ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``, ``auto``: 2)
     ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
-    hand_off: bool = True  # False: submits never hand the engine the GIL (``nohandoff``)
+    hand_off: bool = True  # realtime.engine.GIL_HAND_OFF (``nohandoff``: False)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
@@ -152,11 +152,7 @@ MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
         "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
         "pin": "the server's threads on --server-cpus, the client processes on every other core",
-        "nohandoff": "a submit the engine waits for does not hand it the GIL (realtime.engine.hand_off_gil)"}
-
-
-def _no_hand_off() -> None:
-    """``nohandoff``: the woken engine takes the GIL when the loop drops it."""
+        "nohandoff": "a lone session's submit does not hand the engine the GIL (realtime.engine.GIL_HAND_OFF)"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -199,7 +195,9 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
     """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
     import realtime.engine
     import realtime.media
+    from realtime.config import WorldConfig
 
+    auto = WorldConfig()  # ``auto``: the server's default ticks in flight (--ticks-in-flight auto)
     rows = []
     for spec in args.variants or [args.format]:
         head, _, counts = spec.partition("@")
@@ -214,8 +212,9 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
-                         2 if {"ahead2", "auto"} & set(mods) else 1,
-                         ticks_in_flight_alone=1 if "auto" in mods else None, pin="pin" in mods,
+                         auto.session_ticks_in_flight if "auto" in mods else 2 if "ahead2" in mods else 1,
+                         ticks_in_flight_alone=auto.session_ticks_in_flight_alone if "auto" in mods else None,
+                         pin="pin" in mods,
                          hand_off="nohandoff" not in mods) for n in sessions]
     return rows
 
@@ -394,8 +393,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
-    hand_off = realtime.engine.hand_off_gil  # ``nohandoff`` rows swap it out; each row sets it
-
     if args.switch_interval_ms is not None:
         realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
     if args.encode_workers is not None:
@@ -450,7 +447,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             realtime.media.ENCODE_PROCESSES = p.encode_processes
             sys.setswitchinterval(switch_s)
             app.state.engine.launch_gate.enabled = p.launch_gate
-            realtime.engine.hand_off_gil = hand_off if p.hand_off else _no_hand_off
+            realtime.engine.GIL_HAND_OFF = p.hand_off
             # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
                 config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
@@ -512,7 +509,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             if args.out:  # what is done so far survives a timeout of the whole run
                 emit(report(), args.out, echo=False)
-    realtime.engine.hand_off_gil = hand_off
+    realtime.engine.GIL_HAND_OFF = True
     return report()
 
 
