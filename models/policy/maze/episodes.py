@@ -12,12 +12,15 @@ robot's odometry memory; the start cell counts from frame 0) and keep the sky
 panorama of every frame the camera saw (``model.panorama_update``): the
 simulator's frame, or the camera a caller passes to ``step`` (the dream
 passes the world model's frames, so the memory holds what the policy saw).
+For ``map`` they keep the robot's map as seen (``mapping.SeenMap``), which
+looks down the corridors after every frame.
 """
 
 from __future__ import annotations
 
 import torch
 
+from models.policy.maze.mapping import SeenMap
 from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, egocentric, panorama_update,
                                       policy_state, visit_memory)
 from models.world.maze.goals import GoalEpisode
@@ -46,6 +49,7 @@ class Episodes:
         self.visits = torch.zeros(B, self.sim.n, self.sim.n, device=dev)
         self.panorama = torch.zeros(B, PANORAMA_BINS, 6, device=dev)
         self._camera: torch.Tensor | None = None
+        self.map = SeenMap(self.sim) if layout == "map" else None
         self._remember(torch.ones(B, dtype=torch.bool, device=dev))
         self.history = torch.zeros(B, HISTORY, 8, device=dev)
         self.frames = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -58,6 +62,8 @@ class Episodes:
 
     def observe(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Camera [B, 64, 64, 3] uint8 and state [B, STATE_LAYOUTS[layout]] float32, on the sim's device."""
+        if self.map is not None:
+            return self.sim.render(), policy_state(self.sim.yaw, self.sim.pitch, self.history, self.map.state())
         if self.layout != "memory":
             return self.sim.render(), policy_state(self.sim.yaw, self.sim.pitch, self.history)
         assert self._camera is not None
@@ -66,7 +72,10 @@ class Episodes:
         return self._camera, policy_state(self.sim.yaw, self.sim.pitch, self.history, memory)
 
     def _remember(self, live: torch.Tensor, camera: torch.Tensor | None = None) -> None:
-        """The ``memory`` layout's bookkeeping after a frame: the cell's visit count and the sky panorama."""
+        """The ``memory`` layout's bookkeeping after a frame: the cell's visit count and the sky panorama
+        (``map``: what the robot sees from where it stands)."""
+        if self.map is not None:
+            self.map.look(live)
         if self.layout != "memory":
             return
         cell = self.sim.pos.floor().long().clamp(0, self.sim.n - 1)

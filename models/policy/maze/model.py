@@ -45,6 +45,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.policy.flow import FlowActionModel, FlowPolicyConfig
+from models.policy.maze.map_planner import MapPlanner
+from models.policy.maze.mapping import MAP_FLOATS
 from models.world.maze.sim import FOV, H, PITCH_MAX, W
 
 HORIZON = 8          # frames per predicted chunk
@@ -59,9 +61,11 @@ ODOMETRY = 4         # displacement from the start (x, y), offset in the cell (x
 PANORAMA_BINS = 16   # world bearings of 22.5 degrees; the camera spans 66, about 3 bins
 SKY_ROWS = 8         # top rows of the frame (sky unless a wall is within ~1.3 cells)
 PANORAMA = PANORAMA_BINS * 6  # mean RGB, max RGB per bin, in 0..1
+KEYS_STATE = 3 + HISTORY * ACTION_DIM  # the keys layout, which the others begin with
 STATE_LAYOUTS: dict[str, int] = {
-    "keys": 3 + HISTORY * ACTION_DIM,
-    "memory": 3 + HISTORY * ACTION_DIM + ODOMETRY + VISIT_WINDOW * VISIT_WINDOW + PANORAMA,
+    "keys": KEYS_STATE,
+    "memory": KEYS_STATE + ODOMETRY + VISIT_WINDOW * VISIT_WINDOW + PANORAMA,
+    "map": KEYS_STATE + MAP_FLOATS,
 }
 LAYOUT = "memory"    # what training makes now; weights without the metadata key are "keys"
 STATE_DIM = STATE_LAYOUTS[LAYOUT]
@@ -120,10 +124,15 @@ class MazeFlowModel(FlowActionModel):
             # With prompt_state it also reads the prompt's embedding: which bin matters depends on it.
             width = cfg.state_dim + (d if prompt_state else 0)
             self.state_in = nn.Sequential(nn.Linear(width, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-        elif prompt_state:
+        elif cfg.state_dim == STATE_LAYOUTS["map"]:
+            # The map as seen goes through a learnt planner that reads the prompt (map_planner.py).
+            self.state_in = MapPlanner(d, KEYS_STATE)
+        if prompt_state and cfg.state_dim != STATE_LAYOUTS["memory"]:
             raise ValueError("prompt_state reads the memory layout's state (an MLP); this layout has none")
 
     def state_features(self, state: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.state_in, MapPlanner):
+            return self.state_in(state, prompt)
         return self.state_in(torch.cat([state, prompt], 1) if self.prompt_state else state)
 
     def image_features(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:

@@ -343,7 +343,12 @@ def main(argv: list[str] | None = None) -> int:
                 ids, offs = prompts.batch(pidx)
                 mine = sample_chunk(model, images, state, ids, offs, cfg.num_inference_steps, gen)
                 chunk = torch.where(use_expert[:, None, None], label, mine)
-            ep.execute(chunk[:, :EXECUTE])
+            if isinstance(teacher, Scanner):
+                for t in range(EXECUTE):  # the scanner looks when the robot's map does: after every frame
+                    ep.step(chunk[:, t])
+                    teacher.look()
+            else:
+                ep.execute(chunk[:, :EXECUTE])
             model.train()
             for _ in range(args.updates):
                 im, st, pi, act, tgt = buf.sample(args.bs, gen)
