@@ -165,7 +165,7 @@ def test_layouts_are_checked_where_they_meet(tiny_weights, tmp_path):
     with pytest.raises(ValueError, match="no maze state layout"):
         layout_of(36)
     with pytest.raises(ValueError, match="state layout must be one of"):
-        Episodes([3], "wall", layout="map")
+        Episodes([3], "wall", layout="atlas")
     keys_weights = tmp_path / "keys.safetensors"
     save_policy(MazeFlowModel(config("keys", d_model=32, num_heads=2, num_layers=1)), keys_weights)
     assert load_policy(keys_weights).state_layout == "keys" and load_policy(tiny_weights).state_layout == "memory"
