@@ -35,6 +35,9 @@ _STATE_TEXT = {
     "memory": _KEYS_TEXT + "; then (x, y) from the start / maze size, offset from the cell centre (x, y), "
               f"frames spent per cell / {VISIT_SATURATE} (max 1) in the {VISIT_WINDOW}x{VISIT_WINDOW} cells "
               "around the robot's (rows y, world axes)",
+    "map": _KEYS_TEXT + "; then the robot's map as seen (models/policy/maze/mapping.py): cos / sin of the heading "
+           "less its quarter turn, the offset in the cell (ahead, right), and 5 channels (wall, floor, red, yellow, "
+           "blue object) of 29x29 cells around the robot, turned to the heading",
 }
 
 
