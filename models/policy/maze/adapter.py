@@ -21,6 +21,7 @@ import numpy as np
 from models.base import ACTION_KEYS
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
+from models.policy.maze.mapping import MAP_CHANNELS, MAP_SIDE
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
 from models.world.maze.sim import PITCH_MAX
@@ -36,8 +37,8 @@ _STATE_TEXT = {
               f"frames spent per cell / {VISIT_SATURATE} (max 1) in the {VISIT_WINDOW}x{VISIT_WINDOW} cells "
               "around the robot's (rows y, world axes)",
     "map": _KEYS_TEXT + "; then the robot's map as seen (models/policy/maze/mapping.py): cos / sin of the heading "
-           "less its quarter turn, the offset in the cell (ahead, right), and 5 channels (wall, floor, red, yellow, "
-           "blue object) of 29x29 cells around the robot, turned to the heading",
+           f"less its quarter turn, the offset in the cell (ahead, right), and {MAP_CHANNELS} channels (wall, floor, "
+           f"then one object per goal colour) of {MAP_SIDE}x{MAP_SIDE} cells around the robot, turned to the heading",
 }
 
 

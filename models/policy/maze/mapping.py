@@ -11,7 +11,7 @@ robot from its own looks, never the maze's true map:
   above the walls, has been within the camera's field of view; from then on the map
   holds that object's cell (a goal wall as a wall).
 
-Sent turned to the heading (``egocentric``): a ``MAP_SIDE`` x ``MAP_SIDE`` window of
+Sent turned to the heading (``heading_window``): a ``MAP_SIDE`` x ``MAP_SIDE`` window of
 cells centred on the robot's, rotated by the quarter turn nearest the heading so that
 column + is ahead and row + is to the right (the way L turns). The rest of the
 heading, within +-45 degrees, and the robot's offset from its cell's centre in the
@@ -47,9 +47,7 @@ _RIGHT = ((0, 1), (-1, 0), (0, -1), (1, 0))
 def beacons_in_view(sim: MazeSim) -> torch.Tensor:
     """[B, 3] bool: each goal object's centre is within the camera's horizontal field of view
     (its beacon is then on screen; ``scanner.beacon_in_view`` is the target's column)."""
-    rel = sim.goal_cells.float() + 0.5 - sim.pos[:, None]
-    bearing = torch.remainder(torch.atan2(rel[..., 1], rel[..., 0]) - sim.yaw[:, None] + math.pi, 2 * math.pi) - math.pi
-    return bearing.abs() < FOV / 2
+    return sim.object_bearings()[0].abs() < FOV / 2
 
 
 def quarter(yaw: torch.Tensor) -> torch.Tensor:
@@ -57,7 +55,7 @@ def quarter(yaw: torch.Tensor) -> torch.Tensor:
     return torch.remainder(torch.round(yaw / (math.pi / 2)).long(), 4)
 
 
-def egocentric(cells: torch.Tensor, pos: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
+def heading_window(cells: torch.Tensor, pos: torch.Tensor, yaw: torch.Tensor) -> torch.Tensor:
     """Per-cell maps [B, C, n, n] (rows y) -> [B, C, MAP_SIDE, MAP_SIDE] around each robot, turned
     to its heading: window [i, j] is the cell (j - R) ahead and (i - R) to the right of the robot's."""
     b, c, n, _ = cells.shape
@@ -120,10 +118,10 @@ class SeenMap:
         objects[b, colour, gy, gx] = self.found
         # A goal wall whose beacon was seen is known to be a wall.
         known_wall = (objects.any(1) & sim.goal_is_wall[:, None, None])
-        return torch.cat([(wall | known_wall)[:, None], (floor & ~known_wall)[:, None], objects], 1).float()
+        return torch.cat([(wall | known_wall)[:, None], floor[:, None], objects], 1).float()
 
     def state(self) -> torch.Tensor:
         """[B, MAP_FLOATS] float32: ``pose_in_map``, then the egocentric window, channel-major."""
         sim = self.sim
-        window = egocentric(self.cells(), sim.pos, sim.yaw)
+        window = heading_window(self.cells(), sim.pos, sim.yaw)
         return torch.cat([pose_in_map(sim.pos, sim.yaw), window.flatten(1)], 1)

@@ -10,8 +10,8 @@ Everything after the image stem is ``FlowActionModel`` (pi0's convention:
 x_t = t * noise + (1 - t) * actions). Actions are the 8 key bits per frame
 scaled to -1 / +1; a key is held when the sampled value is above 0.
 
-The state vector (``policy_state``) is what a robot knows without a map. Two
-layouts (``STATE_LAYOUTS``; the weights' metadata names theirs, the server's
+The state vector (``policy_state``) is what a robot knows without the maze's
+map. Three layouts (``STATE_LAYOUTS``; the weights' metadata names theirs, the server's
 OpenPI metadata advertises it as ``state_layout``):
 
 * ``keys`` (the first shipped weights, 35 floats): cos / sin of the heading,
@@ -32,6 +32,10 @@ OpenPI metadata advertises it as ``state_layout``):
   planner's frames, at the start in 5-12% of episodes). All of it follows from
   the robot's own camera and motion (a start is always a cell centre, so
   odometry gives the cell); none of it is the map.
+* ``map`` (``KEYS_STATE + MAP_FLOATS`` floats): ``keys`` then the robot's map
+  as seen (``mapping.py``: the corridors it has looked down and the goal
+  objects whose beacons it has seen, a window around it turned to its
+  heading), which ``map_planner.py``'s learnt value iteration reads.
 """
 
 from __future__ import annotations

@@ -329,8 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         while not ep.all_done and step < args.max_steps:
             live = ~ep.done
             images, state = ep.observe()
-            if isinstance(teacher, Scanner):
-                teacher.look()  # what the robot sees now (its look-ahead keeps the map as seen)
+            # (The scanner has looked from this pose already: at its start or after the last frame.)
             label = expert_chunk(ep, teacher)
             buf.add(images[live], state[live], pidx[live], label[live],
                     target_of(ep)[live] if args.target_aux > 0 else None)
@@ -344,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                 mine = sample_chunk(model, images, state, ids, offs, cfg.num_inference_steps, gen)
                 chunk = torch.where(use_expert[:, None, None], label, mine)
             if isinstance(teacher, Scanner):
-                for t in range(EXECUTE):  # the scanner looks when the robot's map does: after every frame
+                # The scanner looks when the robot's map does, after every frame; its look-ahead
+                # (expert_chunk) keeps the map as seen.
+                for t in range(EXECUTE):
                     ep.step(chunk[:, t])
                     teacher.look()
             else:

@@ -182,12 +182,21 @@ class MazeSim:
             raise ValueError("this MazeSim has no goals")
         return self.goal_cells[self._b, self.goal_target]
 
+    def object_bearings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each goal object's cell centre is from each camera: its bearing from the heading
+        (radians in [-pi, pi), positive to the right, the way L turns) and its distance in cells,
+        each [B, 3] (``COLOUR_NAMES`` order)."""
+        if self.goals is None:
+            raise ValueError("this MazeSim has no goals")
+        rel = self.goal_cells.float() + 0.5 - self.pos[:, None]
+        bearing = torch.remainder(torch.atan2(rel[..., 1], rel[..., 0]) - self.yaw[:, None] + torch.pi,
+                                  2 * torch.pi) - torch.pi
+        return bearing, rel.norm(dim=-1)
+
     def target_bearing(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where each camera's target cell's centre is: its bearing from the heading (radians in
-        [-pi, pi), positive to the right, the way L turns) and its distance in cells, each [B]."""
-        rel = self.target_cell.float() + 0.5 - self.pos
-        bearing = torch.remainder(torch.atan2(rel[:, 1], rel[:, 0]) - self.yaw + torch.pi, 2 * torch.pi) - torch.pi
-        return bearing, rel.norm(dim=1)
+        """``object_bearings`` of each camera's target, each [B]."""
+        bearing, distance = self.object_bearings()
+        return bearing[self._b, self.goal_target], distance[self._b, self.goal_target]
 
     @property
     def batch(self) -> int:

@@ -6,7 +6,7 @@ import torch
 
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.map_planner import neighbour_max
-from models.policy.maze.mapping import MAP_RADIUS, MAP_SIDE, egocentric
+from models.policy.maze.mapping import MAP_RADIUS, MAP_SIDE, heading_window
 from models.policy.maze.model import STATE_LAYOUTS, MazeFlowModel, config
 from models.world.maze.planner import goal_seeds
 
@@ -25,7 +25,7 @@ def test_the_window_puts_ahead_along_columns_and_right_along_rows_for_every_quar
         cells = torch.zeros(1, 1, 15, 15)
         cells[0, 0, 7 + 3 * ay + 2 * ry, 7 + 3 * ax + 2 * rx] = 1  # 3 ahead, 2 to the right
         yaw = torch.tensor([q * math.pi / 2 + 0.3])                  # within 45 degrees of the quarter
-        assert _argmax_cell(egocentric(cells, torch.tensor([[7.5, 7.5]]), yaw)) == (2, 3)
+        assert _argmax_cell(heading_window(cells, torch.tensor([[7.5, 7.5]]), yaw)) == (2, 3)
 
 
 def test_the_map_grows_only_with_what_was_seen_and_the_state_has_the_layouts_width() -> None:
