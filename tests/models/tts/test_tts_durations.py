@@ -50,7 +50,8 @@ def test_equals_the_reference_duration_predictor_padded(voice, encoded):
     # The spline's inverse amplifies input rounding near its bin edges: the 1x1
     # convs and the depthwise taps sum in another order than transformers' convs,
     # and a few of ~400 values land 1-2.5e-5 apart (the channel-first forwards
-    # before the time-major ones reached 2.3e-5 on the bench's sentences too).
-    assert float(((got - want) * mask).abs().max()) <= 5e-5
+    # before the time-major ones reached 2.3e-5 on the bench's sentences too; another
+    # Xeon's kernels, 5.3e-5 here).
+    assert float(((got - want) * mask).abs().max()) <= 1e-4
     # The durations the prior rounds up from them are the same.
     assert torch.equal(torch.ceil(torch.exp(got) * mask), torch.ceil(torch.exp(want) * mask))
