@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Train the maze navigation policy (issue 18) and evaluate it, on the H200, in one command of < 9 minutes.
-# Results to $OUT: maze_policy.safetensors (the new weights), train_log_run2.json,
-# maze_policy_eval_h200_run2.json (new weights: policy vs planner vs random, 200 unseen mazes per goal kind),
-# maze_policy_eval_h200_run2_before.json (the shipped weights on the same mazes, same machine), gpu.txt.
+# Results to $OUT: maze_policy.safetensors (the new weights), maze_policy_train_log_$NAME.json,
+# maze_policy_eval_h200_$NAME.json (new weights: policy vs planner vs random, 200 unseen mazes per goal kind),
+# maze_policy_eval_h200_${NAME}_before.json (the shipped weights on the same mazes, same machine), gpu.txt.
 # Needs torch, numpy, safetensors, msgpack (all in the GPU image); no server packages.
-# Run from the repo root (or the .dev_ copy): device tool command `cd .dev_BRANCH && bench/h200_maze_policy.sh`,
-# carry [".dev_BRANCH"] only (no wheels needed). Knobs (environment): DEVICE (cuda), MINUTES (training
-# wall clock, 6.5), MAZES (200), TRAIN_ARGS (extra train flags), SWEEP (validation mazes for an
-# execute-horizon sweep before the evaluation, 0 = none), BEFORE (1: also evaluate the shipped weights).
+# Run from the repo root: device tool command `bash bench/h200_maze_policy.sh` (no wheels needed).
+# Knobs (environment): DEVICE (cuda), MINUTES (training wall clock, 7.7: the shipped run 8's), NAME (the
+# run's name in the result files, "new"), MAZES (200), TRAIN_ARGS (extra train flags; the shipped run 8:
+# "--workers 12"), SWEEP (validation mazes for an execute-horizon sweep before the evaluation, 0 = none),
+# BEFORE (1: also evaluate the shipped weights).
 # CPU dry run (about 3 minutes on 2 cores):
 #   DEVICE=cpu MINUTES=0.4 MAZES=2 TRAIN_ARGS="--tiny --envs 8 --bs 16 --buffer 4000 --updates 1 --workers 2" \
 #       OUT=/tmp/o bench/h200_maze_policy.sh
 set -u
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-DEVICE=${DEVICE:-cuda}; MINUTES=${MINUTES:-6.5}; MAZES=${MAZES:-200}; SWEEP=${SWEEP:-0}; BEFORE=${BEFORE:-1}
+NAME=${NAME:-new}
+DEVICE=${DEVICE:-cuda}; MINUTES=${MINUTES:-7.7}; MAZES=${MAZES:-200}; SWEEP=${SWEEP:-0}; BEFORE=${BEFORE:-1}
 RUN=${RUN:-/tmp/maze_policy_run}   # checkpoints stay off $OUT (optimiser state: not worth carrying back)
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
@@ -29,23 +31,23 @@ timeout "$limit" python3 -m models.policy.maze.train --minutes "$MINUTES" --devi
 rc=${PIPESTATUS[0]}; echo "== train rc=$rc"
 [ -f "$RUN/maze_policy.safetensors" ] || exit 1
 cp "$RUN/maze_policy.safetensors" "$OUT/maze_policy.safetensors"
-cp "$RUN/train_log.json" "$OUT/train_log_run2.json"
+cp "$RUN/train_log.json" "$OUT/maze_policy_train_log_$NAME.json"
 sweep=(); [ "$SWEEP" -gt 0 ] && sweep=(--sweep "$SWEEP")
 echo "== evaluate new weights"
 timeout 240 python3 -m models.policy.maze.evaluate --weights "$OUT/maze_policy.safetensors" --mazes "$MAZES" \
-    --device "$DEVICE" ${sweep[@]+"${sweep[@]}"} --out "$OUT/maze_policy_eval_h200_run2.json" 2>&1 | grep -v '^ ' | tail -n 20
+    --device "$DEVICE" ${sweep[@]+"${sweep[@]}"} --out "$OUT/maze_policy_eval_h200_$NAME.json" 2>&1 | grep -v '^ ' | tail -n 20
 echo "== evaluate rc=${PIPESTATUS[0]}"
 if [ "$BEFORE" = 1 ]; then
     echo "== evaluate the shipped weights (same mazes, same machine)"
     timeout 120 python3 -m models.policy.maze.evaluate --mazes "$MAZES" --device "$DEVICE" \
-        --out "$OUT/maze_policy_eval_h200_run2_before.json" 2>&1 | grep -v '^ ' | tail -n 10
+        --out "$OUT/maze_policy_eval_h200_${NAME}_before.json" 2>&1 | grep -v '^ ' | tail -n 10
     echo "== evaluate before rc=${PIPESTATUS[0]}"
 fi
-python3 - "$OUT" <<'EOF'
+python3 - "$OUT" "$NAME" <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
-for name in ("maze_policy_eval_h200_run2.json", "maze_policy_eval_h200_run2_before.json"):
+out, run = Path(sys.argv[1]), sys.argv[2]
+for name in (f"maze_policy_eval_h200_{run}.json", f"maze_policy_eval_h200_{run}_before.json"):
     p = out / name
     if p.is_file():
         r = json.loads(p.read_text())

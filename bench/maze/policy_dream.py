@@ -16,7 +16,10 @@ lockstep, in the true goal simulator from the same start (``Episodes``); the
 episode succeeds if that re-simulation reaches the target within the budget.
 The same re-simulation gives the policy's state vector (heading, pitch, last
 keys, and for the ``memory`` layout the odometry and visit counts), which
-depends only on the keys pressed. The simulator baseline drives
+depends only on the keys pressed; for the ``map`` layout (the shipped weights)
+the map as seen is the true maze's along those keys (the robot's range sensor
+and beacon bearings in the real maze), so in the dream only the camera is
+the world model's. The simulator baseline drives
 the same policy, same seeds and budget, from the simulator's own frames
 (``evaluate.drive_policy``).
 

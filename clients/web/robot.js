@@ -8,7 +8,8 @@
 //
 // state (window.demo.robot; read by tests/e2e/test_web_robot.py):
 //   policies, placeholder, canDrive, modes, running, sessionId, frame, calls, framesDrawn
-//   {camera, truth}, chunksDrawn, chunks (the last CHUNKS_KEPT: {call, executed, rows}),
+//   {camera, truth}, mapsDrawn (the map layout's map, once per observation),
+//   chunksDrawn, chunks (the last CHUNKS_KEPT: {call, executed, rows}),
 //   executed (each executed frame's held keys, e.g. "wj"; at most the budget's),
 //   result ({success, reason, frames, calls, ...}), lastError
 
@@ -23,6 +24,11 @@ const GAP = 6; // px between chunks
 const LABEL = 14; // px of key labels at the left
 // One colour per key row: movement keys warm, look keys cool.
 const KEY_COLOURS = ["#ffb44f", "#ff7f50", "#ff5f6d", "#f75fb0", "#5fb3ff", "#4cc3c3", "#6f8cff", "#4cc38a"];
+// The map window's channels (models/world/maze/seen_map.py: wall, floor, red, yellow, blue object),
+// drawn in this order so that an object shows over its wall or floor; unknown cells stay black.
+const MAP_POSE = 4;
+const MAP_COLOURS = [[150, 156, 166], [52, 58, 68], [230, 60, 50], [240, 200, 40], [60, 110, 240]];
+const ROBOT_COLOUR = [255, 255, 255];
 
 export class RobotPanel {
   constructor(models) {
@@ -32,7 +38,7 @@ export class RobotPanel {
     this.episode = null;
     this.state = {
       policies: this.policies.map((p) => p.name), placeholder: true, canDrive: false, modes: [],
-      running: false, sessionId: null, frame: 0, calls: 0, framesDrawn: { camera: 0, truth: 0 },
+      running: false, sessionId: null, frame: 0, calls: 0, framesDrawn: { camera: 0, truth: 0 }, mapsDrawn: 0,
       chunksDrawn: 0, chunks: [], executed: [], result: null, lastError: null,
     };
   }
@@ -68,10 +74,11 @@ export class RobotPanel {
       return null;
     }
     Object.assign(s, { running: true, sessionId: randomId("robot"), frame: 0, calls: 0, chunksDrawn: 0, chunks: [], executed: [],
-                       result: null, lastError: null, framesDrawn: { camera: 0, truth: 0 } });
+                       result: null, lastError: null, framesDrawn: { camera: 0, truth: 0 }, mapsDrawn: 0 });
     this.#error("");
     $("robot-result").textContent = "–";
     $("robot-truth-figure").hidden = kind !== "dream";
+    $("robot-map-figure").hidden = this.policy.metadata.state_layout !== "map";
     $("robot-camera-caption").textContent = kind === "dream" ? `policy camera: world model ${world}` : "policy camera: simulator";
     this.#buttons();
     this.#drawChunks();
@@ -135,6 +142,10 @@ export class RobotPanel {
         s.framesDrawn[which] += 1;
         s.frame = frame;
         $("robot-frame").textContent = String(frame);
+      },
+      map: (floats) => {
+        drawMap($("robot-map"), floats);
+        s.mapsDrawn += 1;
       },
       executed: (held) => {
         s.executed.push(held.join("")); // at most the budget's frames
@@ -208,6 +219,33 @@ function drawRgb(canvas, { header, frame }) {
     rgba[j + 3] = 255;
   }
   canvas.getContext("2d").putImageData(new ImageData(rgba, width, height), 0, 0);
+}
+
+/**
+ * Draw the map layout's window (MAP_POSE floats, then channel-major 0/1 cells [c][i][j], j cells
+ * ahead and i to the right of the robot) with ahead up: pixel (x = i, y = side - 1 - j).
+ */
+function drawMap(canvas, floats) {
+  const side = Math.round(Math.sqrt((floats.length - MAP_POSE) / MAP_COLOURS.length));
+  if (canvas.width !== side || canvas.height !== side) Object.assign(canvas, { width: side, height: side });
+  const rgba = new Uint8ClampedArray(side * side * 4);
+  for (let k = 3; k < rgba.length; k += 4) rgba[k] = 255;
+  const paint = (i, j, [r, g, b]) => {
+    const at = ((side - 1 - j) * side + i) * 4;
+    rgba[at] = r;
+    rgba[at + 1] = g;
+    rgba[at + 2] = b;
+  };
+  MAP_COLOURS.forEach((colour, c) => {
+    for (let i = 0; i < side; i += 1) {
+      for (let j = 0; j < side; j += 1) {
+        if (floats[MAP_POSE + (c * side + i) * side + j] > 0.5) paint(i, j, colour);
+      }
+    }
+  });
+  const centre = (side - 1) / 2;
+  paint(centre, centre, ROBOT_COLOUR);
+  canvas.getContext("2d").putImageData(new ImageData(rgba, side, side), 0, 0);
 }
 
 function describeResult(r) {

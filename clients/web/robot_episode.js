@@ -9,11 +9,13 @@
 //                    the same keys in lockstep and judges the goal ("dreaming", as
 //                    bench/maze/policy_dream.py re-simulates)
 //
-// The state is the policy's layout from its metadata (cos / sin of the heading, pitch /
-// state_pitch_scale, the keys of the last state_key_history frames, oldest first); the
-// heading and pitch come from maze-sim's chunk info. JS's float32 cos / sin may differ
-// from torch's in the last bit, so the page's episodes are the policy's, not bit-equal to
-// the Python robot's. The episode ends when maze-sim says `reached`, after `budget`
+// The state is the policy's layout from its metadata: "keys" (cos / sin of the heading,
+// pitch / state_pitch_scale, the keys of the last state_key_history frames, oldest first)
+// or "map" (the same, then state_map_floats floats of the robot's map as seen, which
+// maze-sim sends in its chunk info, models/world/maze/seen_map.py map_info); the heading
+// and pitch come from maze-sim's chunk info too. JS's float32 cos / sin may differ from
+// torch's in the last bit, so the page's episodes are the policy's, not bit-equal to the
+// Python robot's. The episode ends when maze-sim says `reached`, after `budget`
 // frames, on stop, or on the first error of any of its connections.
 
 import { NdArray } from "./msgpack.js";
@@ -26,13 +28,37 @@ export function callSeed(seed, call) {
   return (BigInt(seed) * 1000003n + BigInt(call)) % (1n << 63n);
 }
 
-/** The maze policy's state vector, float32. `history`: the last frames' key bits, oldest first. */
-export function mazeState(yaw, pitch, pitchScale, history) {
-  const out = new Float32Array(3 + history.length * KEYS.length);
+/** The layouts the page builds (models/policy/maze/model.py STATE_LAYOUTS). */
+const LAYOUTS = ["keys", "map"];
+
+/**
+ * The maze policy's state vector, float32. `history`: the last frames' key bits, oldest
+ * first; `tail` (the map layout's floats, mapFloats) follows them.
+ */
+export function mazeState(yaw, pitch, pitchScale, history, tail = null) {
+  const head = 3 + history.length * KEYS.length;
+  const out = new Float32Array(head + (tail ? tail.length : 0));
   out[0] = Math.cos(yaw);
   out[1] = Math.sin(yaw);
   out[2] = pitch / pitchScale;
   history.forEach((bits, i) => out.set(bits, 3 + i * KEYS.length));
+  if (tail) out.set(tail, head);
+  return out;
+}
+
+/** maze-sim's chunk info `map` ({pose, cells: base64 of bit-packed 0/1 cells}) as `n` float32s. */
+export function mapFloats(map, n) {
+  if (!map || !Array.isArray(map.pose) || typeof map.cells !== "string") {
+    throw new Error("the simulator world sends no map (chunk info \"map\"), which this policy's state needs");
+  }
+  const cells = n - map.pose.length;
+  const bytes = Uint8Array.from(atob(map.cells), (c) => c.charCodeAt(0));
+  if (cells < 0 || bytes.length !== Math.ceil(cells / 8)) {
+    throw new Error(`the simulator's map has ${map.pose.length} + ${bytes.length * 8} floats, the policy reads ${n}`);
+  }
+  const out = new Float32Array(n);
+  out.set(map.pose);
+  for (let i = 0; i < cells; i += 1) out[map.pose.length + i] = (bytes[i >> 3] >> (7 - (i & 7))) & 1;
   return out;
 }
 
@@ -46,12 +72,15 @@ export function mazeProblem(meta) {
   if ((meta.image_keys || []).length !== 1 || res[0] !== 64 || res[1] !== 64) {
     return `it wants cameras ${JSON.stringify(meta.image_keys)} at ${res.join("x")}, the maze has one 64x64 camera`;
   }
-  if (meta.state_layout !== undefined && meta.state_layout !== "keys") {
-    return `its state layout is "${meta.state_layout}"; the page builds the "keys" layout only`;
+  const layout = meta.state_layout ?? "keys";
+  if (!LAYOUTS.includes(layout)) {
+    return `its state layout is "${layout}"; the page builds the ${LAYOUTS.map((l) => `"${l}"`).join(" and ")} layouts only`;
   }
   const history = meta.state_key_history;
-  if (!Number.isInteger(history) || !(meta.state_pitch_scale > 0) || meta.state_dim !== 3 + history * KEYS.length) {
-    return "its metadata does not give the maze state layout (state_key_history, state_pitch_scale)";
+  const tail = layout === "map" ? meta.state_map_floats : 0;
+  if (!Number.isInteger(history) || !(meta.state_pitch_scale > 0) || !Number.isInteger(tail)
+      || meta.state_dim !== 3 + history * KEYS.length + tail) {
+    return "its metadata does not give the maze state layout (state_key_history, state_pitch_scale, state_map_floats)";
   }
   return null;
 }
@@ -60,7 +89,8 @@ export class RobotEpisode {
   /**
    * @param {object} o  {id, prompt, seed, budget, sim (world name), dream (world name or null),
    *                     view: {frame(which, chunk, frame), chunk(actions, executed, call),
-   *                            executed(held keys of the frame just made), status(text), infer(ms)}}
+   *                            executed(held keys of the frame just made), status(text), infer(ms),
+   *                            map(the map layout's floats, each observation's)}}
    */
   constructor(o) {
     Object.assign(this, o);
@@ -110,10 +140,12 @@ export class RobotEpisode {
       if (info.reached) return this.#result(true, "reached");
       if (this.frames >= this.budget) return this.#result(false, "budget");
       if (info.yaw === undefined) throw new Error(`world ${this.sim} sends no pose (chunk info); is it the maze simulator?`);
+      const map = meta.state_layout === "map" ? mapFloats(info.map, meta.state_map_floats) : null;
+      if (map) this.view.map(map);
       const obs = {
         [meta.image_keys[0]]: new NdArray("|u1", [64, 64, 3], camera.frame),
         [meta.state_key || "state"]: new NdArray("<f4", [meta.state_dim],
-          mazeState(info.yaw, info.pitch, meta.state_pitch_scale, history)),
+          mazeState(info.yaw, info.pitch, meta.state_pitch_scale, history, map)),
         [meta.prompt_key || "prompt"]: this.prompt,
         // Our extensions (docs/protocols_openpi.md): the episode's id names the policy
         // session (GET /v1/sessions lists it beside the world sessions <id>-sim, <id>-dream),

@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from models.policy.maze.adapter import MazePolicy
-from models.policy.maze.episodes import call_seed
-from models.policy.maze.model import policy_state
+from models.policy.maze.episodes import Episodes, call_seed
+from models.policy.maze.model import KEYS_STATE, policy_state
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.model import MazeDiT, MazeDiTConfig
 from models.world.maze.planner import goal_sim
+from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_POSE, MAP_RADIUS, MAP_SIDE, map_info
 from models.world.maze.sim import MazeSim
 from models.world.maze.sim_world import MazeSimWorld, goal_for
 from models.world.maze.weights import save_weights
@@ -179,6 +180,26 @@ def test_the_state_and_the_call_seeds_are_the_python_robots(page: Page):
     assert got["seeds"] == [str(call_seed(s, c)) for s, c in ((0, 0), (3, 5), (10000, 99), (2**40, 7))]
 
 
+def test_the_map_state_is_the_python_episodes(page: Page):
+    # The map layout: the page appends maze-sim's info map (seen_map.map_info) to the keys part.
+    ep = Episodes([0], "marker", layout="map")
+    for _ in range(12):
+        ep.step(torch.tensor([[1.0, 0, 0, 0, 0, 0, 0, 1.0]]))   # forward and turning right
+    state = ep.observe()[1][0].numpy()
+    info = map_info(ep.map.state()[0])
+    got = imported(page, "robot_episode.js", """
+        const tail = m.mapFloats(arg.info, arg.n);
+        let bad = "";
+        try { m.mapFloats({pose: arg.info.pose, cells: "AAAA"}, arg.n); } catch (e) { bad = e.message; }
+        return {tail: Array.from(tail), bad,
+                state: Array.from(m.mazeState(Math.fround(arg.yaw), arg.pitch, 12, arg.history.map((h) => Float32Array.from(h)), tail))};
+    """, {"info": info, "n": MAP_FLOATS, "yaw": float(ep.sim.yaw[0]), "pitch": int(ep.sim.pitch[0]),
+          "history": ep.history[0].tolist()})
+    assert np.array_equal(np.array(got["tail"], np.float32), state[KEYS_STATE:])
+    np.testing.assert_allclose(np.array(got["state"], np.float32), state, rtol=2e-7, atol=1e-7)
+    assert got["bad"] == f"the simulator's map has 4 + 24 floats, the policy reads {MAP_FLOATS}"
+
+
 # ---------------------------------------------------------------------------- episodes
 def resimulate(prompt: str, executed: list[str], seed: int = SEED) -> tuple[MazeSim, int | None]:
     """The simulator after the keys the page says it executed, and the frame (1-based) after
@@ -232,6 +253,18 @@ def test_the_policy_drives_the_simulator_and_its_chunks_are_drawn(page: Page):
     strip = canvas(page, "robot-chunks")
     assert any(b > 0.5 for c in s["chunks"] for row in c["rows"][:c["executed"]] for b in row)
     assert int(strip[..., :3].max()) > 200
+    # The map the policy read at its last call, drawn ahead up: the Python episode's after the
+    # keys executed before that call.
+    assert s["mapsDrawn"] == r["calls"] and page.js("document.getElementById('robot-map-figure').hidden") is False
+    ep = Episodes([SEED], "marker", layout="map", goals=[goal_for(SEED, "find the yellow marker")])
+    for held in s["executed"][:budget - s["chunks"][-1]["executed"]]:
+        ep.step(torch.tensor([[1.0 if k in held else 0.0 for k in KEY_NAMES]]))
+    window = ep.map.state()[0, MAP_POSE:].view(MAP_CHANNELS, MAP_SIDE, MAP_SIDE).numpy()
+    want = np.zeros((MAP_SIDE, MAP_SIDE, 3), np.uint8)
+    for c, colour in enumerate([(150, 156, 166), (52, 58, 68), (230, 60, 50), (240, 200, 40), (60, 110, 240)]):
+        want[window[c].T[::-1] > 0.5] = colour    # [i, j] -> pixel (x = i, y = side - 1 - j)
+    want[MAP_RADIUS, MAP_RADIUS] = 255
+    assert np.array_equal(canvas(page, "robot-map")[..., :3], want)
     assert page.js("document.getElementById('robot-result').textContent").startswith(f"missed: {budget} frames spent")
     page.screenshot("#robot-panel", "robot-sim.png")
     assert page.console_errors == []

@@ -21,7 +21,7 @@ import numpy as np
 from models.base import ACTION_KEYS
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
-from models.policy.maze.mapping import MAP_CHANNELS, MAP_SIDE
+from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
 from models.world.maze.sim import PITCH_MAX
@@ -36,7 +36,7 @@ _STATE_TEXT = {
     "memory": _KEYS_TEXT + "; then (x, y) from the start / maze size, offset from the cell centre (x, y), "
               f"frames spent per cell / {VISIT_SATURATE} (max 1) in the {VISIT_WINDOW}x{VISIT_WINDOW} cells "
               "around the robot's (rows y, world axes)",
-    "map": _KEYS_TEXT + "; then the robot's map as seen (models/policy/maze/mapping.py): cos / sin of the heading "
+    "map": _KEYS_TEXT + "; then the robot's map as seen (models/world/maze/seen_map.py): cos / sin of the heading "
            f"less its quarter turn, the offset in the cell (ahead, right), and {MAP_CHANNELS} channels (wall, floor, "
            f"then one object per goal colour) of {MAP_SIDE}x{MAP_SIDE} cells around the robot, turned to the heading",
 }
@@ -65,8 +65,10 @@ class MazePolicy(FlowMatchingPolicy):
                 "execute_horizon": EXECUTE,
                 "state_layout": model.state_layout,
                 "state": _STATE_TEXT[model.state_layout],
-                # The keys layout as numbers, for a robot that builds the state itself (the page's).
+                # The layout as numbers, for a robot that builds the state itself (the page's; for
+                # map, maze-sim's chunk info carries the map's floats).
                 "state_pitch_scale": PITCH_MAX, "state_key_history": HISTORY,
+                **({"state_map_floats": MAP_FLOATS} if model.state_layout == "map" else {}),
                 "prompts": [PROMPTS[k][0].format(c=c) for k in GOAL_KINDS for c in COLOUR_NAMES],
             },
         )

@@ -33,7 +33,7 @@ OpenPI metadata advertises it as ``state_layout``):
   the robot's own camera and motion (a start is always a cell centre, so
   odometry gives the cell); none of it is the map.
 * ``map`` (``KEYS_STATE + MAP_FLOATS`` floats): ``keys`` then the robot's map
-  as seen (``mapping.py``: the corridors it has looked down and the goal
+  as seen (``models/world/maze/seen_map.py``: the corridors it has looked down and the goal
   objects whose beacons it has seen, a window around it turned to its
   heading), which ``map_planner.py``'s learnt value iteration reads.
 """
@@ -50,7 +50,7 @@ from torch import nn
 
 from models.policy.flow import FlowActionModel, FlowPolicyConfig
 from models.policy.maze.map_planner import MapPlanner
-from models.policy.maze.mapping import MAP_FLOATS
+from models.world.maze.seen_map import MAP_FLOATS
 from models.world.maze.sim import FOV, H, PITCH_MAX, W
 
 HORIZON = 8          # frames per predicted chunk
@@ -71,7 +71,7 @@ STATE_LAYOUTS: dict[str, int] = {
     "memory": KEYS_STATE + ODOMETRY + VISIT_WINDOW * VISIT_WINDOW + PANORAMA,
     "map": KEYS_STATE + MAP_FLOATS,
 }
-LAYOUT = "memory"    # what training makes now; weights without the metadata key are "keys"
+LAYOUT = "map"       # what training makes now (run 7, shipped); weights without the metadata key are "keys"
 STATE_DIM = STATE_LAYOUTS[LAYOUT]
 FILM_CHANNELS = 32   # the stem's first feature maps, which the prompt conditions (prompt_film)
 TARGET_AUX = 3       # target_aux's guess: cos / sin of the target's bearing from the heading, distance / 8

@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -136,8 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     reports = [run_episode(policy, s, k, args.budget) for k in kinds for s in goal_seeds(args.seed0, args.episodes)]
     wall = time.perf_counter() - started
-    summary = {"episodes": len(reports), "success": sum(r.success for r in reports) / max(len(reports), 1),
+    summary = {"benchmark": "maze_robot_closed_loop",
+               "command": "python -m models.policy.maze.robot " + " ".join(sys.argv[1:] if argv is None else argv),
+               "policy": {k: policy.get_server_metadata().get(k) for k in ("policy", "state_layout", "state_dim")},
+               "episodes": len(reports), "success": sum(r.success for r in reports) / max(len(reports), 1),
                "episodes_per_s": round(len(reports) / wall, 3), "seconds": round(wall, 2),
+               "hardware": {"cpu_cores": os.cpu_count()},
+               "versions": {"python": platform.python_version(), "torch": torch.__version__},
                "reports": [asdict(r) for r in reports]}
     text = json.dumps(summary, indent=1)
     print(text)

@@ -2,7 +2,8 @@
 
 Imitation of a teacher with DAgger-style relabelling, all on the training device. The
 teacher (``--teacher``) is the planner (``models/world/maze/planner.py``, the true map) or
-the scanner (``models/world/maze/scanner.py``: only what the robot has seen):
+the scanner (``models/world/maze/scanner.py``: only what the robot has seen). The
+defaults are the shipped weights' recipe (run 7: ``map`` state, scanner, prompt FiLM):
 
 * ``--envs`` goal episodes (half wall, half marker; seeds from ``TRAIN_SEED0``
   upwards, never the evaluation's) run in one batched ``MazeSim``.
@@ -246,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-share", type=float, default=0.2)
     ap.add_argument("--beta-min", type=float, default=0.1)
     ap.add_argument("--beta-end", type=float, default=0.7, help="share of the run at which beta reaches --beta-min")
-    ap.add_argument("--teacher", choices=TEACHERS, default="planner",
+    ap.add_argument("--teacher", choices=TEACHERS, default="scanner",
                     help="whose keys label the chunks: the planner (the true map) or the scanner, which knows "
                          "only what the robot has seen (models/world/maze/scanner.py)")
-    ap.add_argument("--prompt-film", action="store_true",
+    ap.add_argument("--prompt-film", action=argparse.BooleanOptionalAction, default=True,
                     help="the prompt conditions the image stem (model.py's prompt_film)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,
-                    help="state layout (model.py): memory (odometry + visit counts) or the reactive keys")
+                    help="state layout (model.py): map (the maze as seen), memory (odometry + visit counts) or the reactive keys")
     ap.add_argument("--prompt-state", action="store_true",
                     help="the memory state's MLP reads the prompt's embedding too (model.py's prompt_state)")
     ap.add_argument("--target-aux", type=float, default=0.0, metavar="WEIGHT",
@@ -373,12 +374,16 @@ def main(argv: list[str] | None = None) -> int:
             progress = run_progress(now - t0, step)
             if now - last_log >= args.log_every:
                 last_log = now
-                rate = stats["success"] / max(stats["episodes"], 1)
-                log.info("%s step %d loss %.4f target %.4f beta %.2f samples %d train-success %.3f",
-                         bar(min(progress, 1.0)), step, loss_ema, aux_ema, beta, samples, rate)
+                # Episodes end in batches (a round's); between them there is no success rate to show.
+                rate = stats["success"] / stats["episodes"] if stats["episodes"] else None
+                log.info("%s step %d loss %.4f%s beta %.2f samples %d train-success %s",
+                         bar(min(progress, 1.0)), step, loss_ema,
+                         "" if math.isnan(aux_ema) else f" target {aux_ema:.4f}", beta, samples,
+                         "-" if rate is None else f"{rate:.3f}")
                 history.append({"step": step, "elapsed_s": round(now - t0, 1), "loss": round(loss_ema, 5),
                                 "target_loss": None if math.isnan(aux_ema) else round(aux_ema, 5),
-                                "beta": round(beta, 3), "samples": samples, "train_success": round(rate, 4)})
+                                "beta": round(beta, 3), "samples": samples,
+                                "train_success": None if rate is None else round(rate, 4)})
             if now - last_ckpt >= args.ckpt_every:
                 last_ckpt = now
                 save_ckpt()

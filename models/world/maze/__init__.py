@@ -14,6 +14,8 @@ trained on it here, served as the default world.
     adapter.py    MazeWorld(ModelAdapter): served through kv/'s paged cache
     goals.py      goal walls / floor markers with beacons, prompts, the success rule
     planner.py    the shortest-path expert on the true map (policy training, evaluation)
+    scanner.py    a teacher that knows only what the robot has seen (corridor_view)
+    seen_map.py   SeenMap: the robot's map as seen, turned to its heading (the policy's map state)
     sim_world.py  MazeSimWorld: the goal simulator itself served as a world (maze-sim)
     MODEL_CARD.md what was trained, how, and how well
 """

@@ -20,12 +20,19 @@ same frame go beside it (``MAP_POSE``). Channels, 0/1 per cell, in this order::
     wall seen, floor seen, red object, yellow object, blue object
 
 Cells beyond the maze read 0 (unknown), as do cells not seen yet.
+
+The ``maze-sim`` world sends the same floats in each chunk's ``info`` (``map_info``:
+the pose as JSON numbers, the 0/1 cells bit-packed in base64), so a robot driving it
+over world.v1, such as the demo page, sends exactly the state ``Episodes`` builds.
 """
 
 from __future__ import annotations
 
+import base64
 import math
+from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from models.world.maze.goals import COLOUR_NAMES
@@ -105,6 +112,13 @@ class SeenMap:
         self.seen |= corridor_view(sim.grid, here) & live[:, None, None]
         self.found |= beacons_in_view(sim) & live[:, None]
 
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What has been seen so far, for ``restore`` (a tick that is not committed)."""
+        return self.seen.clone(), self.found.clone()
+
+    def restore(self, snapshot: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.seen, self.found = snapshot
+
     def cells(self) -> torch.Tensor:
         """[B, MAP_CHANNELS, n, n] float 0/1 in world axes (rows y)."""
         sim = self.sim
@@ -125,3 +139,20 @@ class SeenMap:
         sim = self.sim
         window = heading_window(self.cells(), sim.pos, sim.yaw)
         return torch.cat([pose_in_map(sim.pos, sim.yaw), window.flatten(1)], 1)
+
+
+def map_info(state: torch.Tensor) -> dict[str, Any]:
+    """One robot's ``SeenMap.state()`` row [MAP_FLOATS] as JSON: ``pose`` (MAP_POSE numbers, the
+    float32 values exactly) and ``cells`` (the 0/1 window, channel-major, ``np.packbits`` order:
+    the first cell is the first byte's highest bit; base64)."""
+    row = state.detach().cpu().numpy().astype(np.float32)
+    cells = row[MAP_POSE:]
+    assert row.shape == (MAP_FLOATS,) and bool(((cells == 0) | (cells == 1)).all())
+    return {"pose": [float(v) for v in row[:MAP_POSE]],
+            "cells": base64.b64encode(np.packbits(cells.astype(np.uint8)).tobytes()).decode("ascii")}
+
+
+def map_from_info(info: Mapping[str, Any]) -> np.ndarray:
+    """``map_info``'s inverse: the [MAP_FLOATS] float32 row (what clients/web/robot_episode.js decodes)."""
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(info["cells"]), np.uint8))[:MAP_FLOATS - MAP_POSE]
+    return np.concatenate([np.asarray(info["pose"], np.float32), bits.astype(np.float32)])

@@ -25,10 +25,13 @@ A session
   ``x``, ``y`` (grid units), ``yaw`` (radians, the simulator's float32 value),
   ``pitch`` (horizon rows), and with a goal ``goal`` (``kind``, ``colour``,
   ``cell``) and ``reached``: whether the camera reached the target after any
-  frame of the chunk (``MazeSim.reached``, the evaluation's success rule).
+  frame of the chunk (``MazeSim.reached``, the evaluation's success rule), and
+  ``map``: the robot's map as seen after that frame (``seen_map.map_info``; it looks
+  down the corridors after every frame, as ``Episodes`` does), the ``map`` state
+  layout's floats for a robot that drives this world (the demo page).
 
-A tick computes the new pose on the session's simulator and keeps the pose from
-before it; ``end_tick(committed=False)`` puts that back, so a dropped tick leaves
+A tick computes the new pose (and map) on the session's simulator and keeps those
+from before it; ``end_tick(committed=False)`` puts them back, so a dropped tick leaves
 the session where it was. Rendering is ~5 ms a frame on one CPU core (torch),
 a session holds a 15x15 grid and a pose: ``max_sessions`` bounds them.
 """
@@ -44,6 +47,7 @@ from models.base import ModelError
 from models.factory import BuildOptions, FactoryError
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.world.maze.goals import GoalEpisode, make_goals, parse_prompt
+from models.world.maze.seen_map import SeenMap, map_info
 from models.world.maze.sim import FPS, H, W, MazeSim, SimState, make_maze
 
 
@@ -52,7 +56,17 @@ class _Session:
     seed: int
     prompt: str | None
     sim: MazeSim
-    before: SimState | None = None  # the pose before the tick in flight (None: none in flight)
+    seen: SeenMap | None                 # the robot's map as seen (with a goal)
+    # The pose and the map before the tick in flight (None: none in flight).
+    before: tuple[SimState, Any] | None = None
+
+    def keep(self) -> None:
+        self.before = (self.sim.state(), None if self.seen is None else self.seen.snapshot())
+
+    def step(self, bits: list[float]) -> None:
+        self.sim.step(torch.tensor([bits]))
+        if self.seen is not None:
+            self.seen.look(torch.ones(1, dtype=torch.bool))
 
 
 def goal_for(seed: int, prompt: str | None) -> GoalEpisode | None:
@@ -115,17 +129,17 @@ class MazeSimWorld(WorldAdapter):
         s = self._sessions.get(w.session_id)
         if w.chunk_index == 0 or s is None:
             s = self._open(w)
-            s.before = s.sim.state()
+            s.keep()
             frames = [s.sim.render()[0]]
             actions = w.actions[1:]
             reached = s.sim.goals is not None and bool(s.sim.reached()[0])
         else:
             if w.prompt != s.prompt:
                 self._repaint(s, w)
-            s.before = s.sim.state()
+            s.keep()
             frames, actions, reached = [], w.actions, False
         for keys in actions:
-            s.sim.step(torch.tensor([action_bits(keys)]))
+            s.step(action_bits(keys))
             frames.append(s.sim.render()[0])
             reached = reached or (s.sim.goals is not None and bool(s.sim.reached()[0]))
         return WorldChunk(w.session_id, w.request_id, w.chunk_index, w.applied_event_ids,
@@ -135,7 +149,7 @@ class MazeSimWorld(WorldAdapter):
         self._admitted.discard(w.session_id)
         goal = self._goal(w.seed, w.prompt)
         sim = MazeSim([w.seed], goals=None if goal is None else [goal])
-        s = self._sessions[w.session_id] = _Session(w.seed, w.prompt, sim)
+        s = self._sessions[w.session_id] = _Session(w.seed, w.prompt, sim, None if goal is None else SeenMap(sim))
         return s
 
     def _repaint(self, s: _Session, w: WorldTick) -> None:
@@ -144,6 +158,11 @@ class MazeSimWorld(WorldAdapter):
         s.sim = MazeSim([s.seed], goals=None if goal is None else [goal])
         s.sim.set_state(pose)
         s.prompt = w.prompt
+        # The corridors seen stay seen; the new goal objects are found from here on.
+        seen = None if goal is None else SeenMap(s.sim)
+        if seen is not None and s.seen is not None:
+            seen.seen |= s.seen.seen
+        s.seen = seen
 
     def _goal(self, seed: int, prompt: str | None) -> GoalEpisode | None:
         try:
@@ -160,6 +179,8 @@ class MazeSimWorld(WorldAdapter):
             g = sim.goals[0]
             info["goal"] = {"kind": g.kind, "colour": g.colour, "cell": list(g.target_cell)}
             info["reached"] = reached
+        if s.seen is not None:
+            info["map"] = map_info(s.seen.state()[0])
         return info
 
     def end_tick(self, session_id: str, committed: bool) -> None:
@@ -167,7 +188,10 @@ class MazeSimWorld(WorldAdapter):
         if s is None or s.before is None:
             return
         if not committed:
-            s.sim.set_state(s.before)
+            pose, seen = s.before
+            s.sim.set_state(pose)
+            if s.seen is not None and seen is not None:
+                s.seen.restore(seen)
         s.before = None
 
     def release(self, session_id: str) -> None:

@@ -54,7 +54,7 @@ def test_adapter_advertises_the_maze_and_returns_key_bits(tiny_weights):
     assert (meta["action_horizon"], meta["action_dim"], meta["image_keys"], meta["image_resolution"],
             meta["state_dim"]) == (HORIZON, 8, ["image"], [64, 64], STATE_DIM)
     assert meta["action_keys"] == "wasdijkl" and meta["execute_horizon"] == 4
-    assert meta["state_layout"] == "memory" and policy.state_layout == "memory" and STATE_DIM == 216
+    assert meta["state_layout"] == "map" and policy.state_layout == "map" and STATE_DIM == 4244
     assert "go to the red wall" in meta["prompts"] and "find the blue marker" in meta["prompts"]
     out = policy.run_batch([_work(0), _work(1)])
     assert out[0].actions.shape == (HORIZON, 8)
@@ -77,13 +77,14 @@ def test_factory_entry_and_build_policy_spec(tiny_weights):
 def test_shipped_weights_are_a_few_megabytes_and_load():
     assert DEFAULT_WEIGHTS.stat().st_size < 5 * 2**20
     policy = MazePolicy()
-    # The keys layout reads the state through one linear map, the memory layout through an MLP;
-    # prompt_film (run 4, shipped) adds the prompt's scale and shift of the stem's first maps.
+    # The keys layout reads the state through one linear map, the memory layout through an MLP, the
+    # map layout through the value-iteration planner; prompt_film adds the prompt's scale and shift
+    # of the stem's first maps. Run 7 (map, FiLM) is shipped.
     assert policy.metadata.state_dim == STATE_LAYOUTS[policy.state_layout]
-    params = {"keys": 1_857_256, "memory": 1_941_096}[policy.state_layout]
+    params = {"keys": 1_857_256, "memory": 1_941_096, "map": 2_002_256}[policy.state_layout]
     params += (128 + 1) * 2 * FILM_CHANNELS if policy.model.prompt_film else 0
     assert sum(p.numel() for p in policy.model.parameters()) == params
-    assert (policy.state_layout, policy.model.prompt_film) == ("keys", True)   # what the page builds
+    assert (policy.state_layout, policy.model.prompt_film) == ("map", True)
     assert policy.describe()["weights"] == "maze_policy.safetensors"
 
 
@@ -107,9 +108,9 @@ def test_episodes_count_frames_stop_at_the_budget_and_freeze():
 
 
 def test_memory_state_counts_visits_and_keeps_the_sky_it_saw():
-    ep = Episodes([3, 4], "marker", budget=40)
+    ep = Episodes([3, 4], "marker", budget=40, layout="memory")
     image, state = ep.observe()
-    assert state.shape == (2, STATE_DIM) and torch.equal(image, ep.sim.render())
+    assert state.shape == (2, STATE_LAYOUTS["memory"]) and torch.equal(image, ep.sim.render())
     odo, window = state[:, 35:39], state[:, 39:39 + VISIT_WINDOW ** 2].view(2, VISIT_WINDOW, VISIT_WINDOW)
     assert torch.equal(odo, torch.zeros(2, 4))            # at the start, in a cell's centre
     centre = VISIT_WINDOW // 2
@@ -125,7 +126,7 @@ def test_memory_state_counts_visits_and_keeps_the_sky_it_saw():
     with pytest.raises(RuntimeError, match="frame 0"):
         ep.see_first(image)
     # The dream's frame 0 (the world model's, without beacons) replaces the simulator's in the memory.
-    dream = Episodes([3], "marker")
+    dream = Episodes([3], "marker", layout="memory")
     dream.see_first(torch.zeros(1, 64, 64, 3, dtype=torch.uint8))
     assert float(dream.panorama.abs().sum()) == 0.0
     dream.step(torch.zeros(1, 8), camera=torch.full((1, 64, 64, 3), 255, dtype=torch.uint8))
@@ -168,8 +169,8 @@ def test_layouts_are_checked_where_they_meet(tiny_weights, tmp_path):
         Episodes([3], "wall", layout="atlas")
     keys_weights = tmp_path / "keys.safetensors"
     save_policy(MazeFlowModel(config("keys", d_model=32, num_heads=2, num_layers=1)), keys_weights)
-    assert load_policy(keys_weights).state_layout == "keys" and load_policy(tiny_weights).state_layout == "memory"
-    with pytest.raises(ValueError, match="episodes build the 'keys' state, the policy reads 'memory'"):
+    assert load_policy(keys_weights).state_layout == "keys" and load_policy(tiny_weights).state_layout == "map"
+    with pytest.raises(ValueError, match="episodes build the 'keys' state, the policy reads 'map'"):
         drive_policy(Episodes([3], "wall", layout="keys"), MazePolicy(tiny_weights))
 
 
@@ -208,7 +209,7 @@ def test_training_smoke_run_and_resume(tmp_path):
     assert train_main([*args, "--max-steps", "3", "--resume", str(tmp_path / "ckpt.pt")]) == 0
     assert json.loads((tmp_path / "train_log.json").read_text())["steps"] == 3
     assert load_policy(tmp_path / "maze_policy.safetensors").cfg.d_model == 32
-    assert load_policy(tmp_path / "maze_policy.safetensors").state_layout == "memory"
+    assert load_policy(tmp_path / "maze_policy.safetensors").state_layout == "map"
     keys = tmp_path / "keys"
     assert train_main([*args[:-1], str(keys), "--max-steps", "1", "--state", "keys"]) == 0
     assert load_policy(keys / "maze_policy.safetensors").state_layout == "keys"
@@ -220,7 +221,8 @@ def test_training_smoke_run_and_resume(tmp_path):
     policy = load_policy(aux / "maze_policy.safetensors")
     assert policy.prompt_film and not hasattr(policy, "target_head")
     mem = tmp_path / "mem"  # the memory state read in the light of the prompt
-    assert train_main([*args[:-1], str(mem), "--max-steps", "1", "--prompt-state", "--target-aux", "0.5"]) == 0
+    assert train_main([*args[:-1], str(mem), "--max-steps", "1", "--state", "memory", "--prompt-state",
+                       "--target-aux", "0.5"]) == 0
     policy = load_policy(mem / "maze_policy.safetensors")
     assert policy.prompt_state and policy.state_layout == "memory"
     with pytest.raises(ValueError, match="prompt_state reads the memory layout"):

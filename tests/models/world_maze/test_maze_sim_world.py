@@ -11,6 +11,7 @@ from models.world.base import WorldTick
 from models.world.maze.goals import make_goals
 from models.world.maze.planner import Planner, goal_sim
 from models.world.maze.sim import MazeSim, make_maze
+from models.world.maze.seen_map import MAP_POSE, map_from_info
 from models.world.maze.sim_world import MazeSimWorld
 from sessions import KEY_NAMES
 
@@ -40,6 +41,7 @@ def test_frames_and_info_are_the_goal_simulators_and_the_planner_reaches_the_goa
     first, = world.run_batch([tick("a", 0, [frozenset()])])
     world.end_tick("a", True)
     assert np.array_equal(first.frames[0], ref.render()[0].numpy())
+    assert set(first.info.pop("map")) == {"pose", "cells"}
     assert first.info == {"x": float(ref.pos[0, 0]), "y": float(ref.pos[0, 1]), "yaw": float(ref.yaw[0]),
                           "pitch": 0, "goal": {"kind": "wall", "colour": "red",
                                                "cell": list(ref.goals[0].target_cell)}, "reached": False}
@@ -96,6 +98,38 @@ def test_an_uncommitted_tick_and_a_failed_batch_leave_the_pose_as_it_was():
         world.run_batch([tick("c", 1, [frozenset("w"), frozenset("l")]), tick("d", 0, [frozenset()], seed="x")])
     third, = world.run_batch([tick("c", 1, [frozenset("w"), frozenset("l")])])
     assert np.array_equal(first.frames, third.frames) and first.info == third.info
+
+
+def test_the_info_map_is_the_state_the_policy_episodes_build():
+    from models.policy.maze.episodes import Episodes
+    from models.policy.maze.model import KEYS_STATE
+    from protocols.world_v1 import info_problem
+
+    ep = Episodes([0], "wall", layout="map")
+    planner = Planner(ep.sim)
+    world = MazeSimWorld()
+    sid, prompt = "m", ep.prompts()[0]
+    chunk, = world.run_batch([tick(sid, 0, [frozenset()], prompt=prompt, seed=0)])
+    world.end_tick(sid, True)
+    at_start = int(map_from_info(chunk.info["map"])[MAP_POSE:].sum())
+    for index in range(1, 60):
+        want = ep.observe()[1][0, KEYS_STATE:].numpy()
+        got = map_from_info(chunk.info["map"])
+        assert got.dtype == np.float32 and np.array_equal(got, want), index
+        assert info_problem(chunk.info) is None
+        keys = planner.keys()
+        # An uncommitted tick first: its corridors are unseen again afterwards.
+        world.run_batch([tick(sid, index, [frozenset("w")], prompt=prompt, seed=0)])
+        world.end_tick(sid, False)
+        ep.step(keys)
+        chunk, = world.run_batch([tick(sid, index, [keys_of(keys[0])], prompt=prompt, seed=0)])
+        world.end_tick(sid, True)
+        if ep.all_done:
+            break
+    assert int(map_from_info(chunk.info["map"])[MAP_POSE:].sum()) > at_start   # corridors seen on the way
+    # Without a goal there is no map (the map marks goal objects).
+    chunk, = world.run_batch([tick("n", 0, [frozenset()], prompt=None, seed=0)])
+    assert "map" not in chunk.info
 
 
 def test_admission_is_bounded_and_release_frees_it():
