@@ -13,6 +13,14 @@ Normalised, because they vary from run to run by nature (and only these):
 * nothing else: session ids, request ids, frames and PCM are deterministic
   (tiny world weights from seed 0, TTS noise from seed 0, one torch thread).
 
+What a model computes (world frames, PCM, OpenPI action arrays) is deterministic on one
+machine but not across CPUs: float kernels differ by instruction set and round
+differently, so a frame or a PCM chunk can change in its last bits. Those payloads are
+written down as their length (exact) and an ``approx`` summary of their values
+(``_summary``: mean and standard deviation of the decoded pixels or samples, or the
+action values themselves) that ``same`` compares within ``APPROX`` of each value's
+scale; everything else, including every byte count, must be equal.
+
 Re-record after an intended wire change with ``GOLDEN_RECORD=1`` and say why in
 the commit message; the files are in ``tests/e2e/golden/``.
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import os
 from pathlib import Path
@@ -54,6 +63,25 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+APPROX = 0.005  # relative to max(1, |value|): a few pixels or samples rounded the other way move less
+
+
+def same(got: Any, want: Any) -> bool:
+    """Equal, except that ``approx`` lists agree within ``APPROX`` (see the module docstring)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        if got.keys() != want.keys():
+            return False
+        return all(_close(got[k], want[k]) if k == "approx" else same(got[k], want[k]) for k in got)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))
+    return got == want and type(got) is type(want)
+
+
+def _close(got: Any, want: Any) -> bool:
+    a, b = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return a.shape == b.shape and bool((np.abs(a - b) <= APPROX * np.maximum(1.0, np.abs(b))).all())
+
+
 def check(name: str, transcript: list[Any]) -> None:
     path = GOLDEN / f"{name}.json"
     text = json.dumps(transcript, indent=1, sort_keys=False) + "\n"
@@ -61,17 +89,36 @@ def check(name: str, transcript: list[Any]) -> None:
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(text)
     expected = json.loads(path.read_text())
-    assert transcript == expected, f"{name}: the wire changed; diff against {path}"
+    assert same(json.loads(text), expected), f"{name}: the wire changed; diff against {path}"
 
 
 def _digest(data: bytes) -> dict[str, Any]:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
+def _summary(values: np.ndarray) -> dict[str, Any]:
+    v = values.astype(np.float64)
+    return {"bytes": int(values.nbytes), "approx": [round(float(v.mean()), 3), round(float(v.std()), 3)]}
+
+
+def _payload(data: bytes, kind: str) -> dict[str, Any]:
+    """A model's binary output: ``rgb8`` frames, ``png`` / ``jpeg`` images, ``pcm16`` audio."""
+    if kind == "rgb8":
+        values = np.frombuffer(data, np.uint8)
+    elif kind == "pcm16":
+        values = np.frombuffer(data, "<i2")
+    else:
+        from PIL import Image
+
+        values = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    # Compressed images change length with their pixels; the decoded size is what is exact.
+    return {**_summary(values), **({"encoded": kind} if kind in ("png", "jpeg") else {})}
+
+
 # ------------------------------------------------------------------------------- world
 class _Recorder:
-    def __init__(self, ws: Any) -> None:
-        self.ws, self.log = ws, []
+    def __init__(self, ws: Any, binary: str) -> None:
+        self.ws, self.log, self.binary = ws, [], binary   # binary: what the server's binary frames hold
 
     async def step(self, msg: Any, frames: int) -> None:
         """Send ``msg`` (a dict, raw text or bytes) and record the next ``frames`` server frames."""
@@ -82,7 +129,7 @@ class _Recorder:
 
     def _frame(self, raw: Any) -> Any:
         if isinstance(raw, bytes):
-            return _digest(raw)
+            return _payload(raw, self.binary)
         data = json.loads(raw)
         if data.get("type") == "chunk":
             data["tick_ms"] = "<ms>"
@@ -108,7 +155,7 @@ def _world_app():
 
 async def _world_session(addr: str) -> list[Any]:
     async with websockets.connect(f"ws://{addr}/v1/realtime/world", max_size=None) as ws:
-        r = _Recorder(ws)
+        r = _Recorder(ws, "rgb8")
         await r.step({"type": "event", "event_id": 1}, 1)  # no session yet
         await r.step({"type": "session.create", "session_id": "g1", "credits": 0, "format": "rgb8", "seed": 3}, 1)
         await r.step({"type": "event", "event_id": 1, "prompt": "a corridor",
@@ -141,7 +188,7 @@ async def _world_formats(addr: str) -> list[Any]:
     log = []
     for fmt in ("png", "jpeg"):
         async with websockets.connect(f"ws://{addr}/v1/realtime/world", max_size=None) as ws:
-            r = _Recorder(ws)
+            r = _Recorder(ws, fmt)
             await r.step({"type": "session.create", "session_id": f"f-{fmt}", "credits": 2, "format": fmt,
                           "seed": 5}, 5)
             await r.step({"type": "session.close"}, 1)
@@ -158,7 +205,7 @@ def test_world_transcript():
 # --------------------------------------------------------------------------------- tts
 async def _tts_session(addr: str) -> list[Any]:
     async with websockets.connect(f"ws://{addr}/v1/realtime/tts", max_size=None) as ws:
-        r = _Recorder(ws)
+        r = _Recorder(ws, "pcm16")
         await r.step(None, 1)  # session.updated
         await r.step({"type": "session.update", "speed": 9}, 1)  # out of range
         await r.step({"type": "session.update", "sample_rate": 8000}, 1)
@@ -198,7 +245,12 @@ SMALL = FlowPolicyConfig(
 
 
 def _structure(value: Any, key: str = "") -> Any:
-    """A decoded msgpack frame with bytes as digests and timing floats as ``<ms>``."""
+    """A decoded msgpack frame with bytes as digests, arrays' data as their values (``approx``)
+    and timing floats as ``<ms>``."""
+    if isinstance(value, dict) and value.get(b"__ndarray__") is True:
+        array = np.frombuffer(value[b"data"], np.dtype(value[b"dtype"])).reshape(value[b"shape"])
+        data = {"bytes": len(value[b"data"]), "approx": np.round(array.astype(np.float64), 4).ravel().tolist()}
+        return [[_structure(k), data if k == b"data" else _structure(v)] for k, v in value.items()]
     if isinstance(value, dict):
         return [[_structure(k), _structure(v, k if isinstance(k, str) else "")] for k, v in value.items()]
     if isinstance(value, list):
