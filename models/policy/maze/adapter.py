@@ -21,9 +21,9 @@ import numpy as np
 from models.base import ACTION_KEYS
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
-from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
 from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
 from models.world.maze.sim import PITCH_MAX
 from protocols.openpi import PolicyMetadata
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from models.world.maze.seen_map import SeenMap
 from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, egocentric, panorama_update,
                                       policy_state, visit_memory)
 from models.world.maze.goals import GoalEpisode
 from models.world.maze.planner import goal_sim
+from models.world.maze.seen_map import SeenMap
 
 BUDGET = 300   # frames; the planner needs at most ~170 (MODEL_CARD.md)
 

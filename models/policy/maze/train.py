@@ -3,7 +3,8 @@
 Imitation of a teacher with DAgger-style relabelling, all on the training device. The
 teacher (``--teacher``) is the planner (``models/world/maze/planner.py``, the true map) or
 the scanner (``models/world/maze/scanner.py``: only what the robot has seen). The
-defaults are the shipped weights' recipe (run 7: ``map`` state, scanner, prompt FiLM):
+defaults are the shipped weights' recipe (run 8: ``map`` state, scanner, prompt FiLM;
+``--minutes 7.7 --workers 12`` on the H200, MODEL_CARD.md):
 
 * ``--envs`` goal episodes (half wall, half marker; seeds from ``TRAIN_SEED0``
   upwards, never the evaluation's) run in one batched ``MazeSim``.

@@ -1,6 +1,6 @@
 """The maze robot's map as seen: cells it has looked down, goal objects whose beacons it has seen.
 
-The ``map`` state layout (``model.py``) sends this map with every observation. It is
+The maze policy's ``map`` state layout (``models/policy/maze/model.py``) sends this map with every observation. It is
 what the scanner teacher (``models/world/maze/scanner.py``) decides from, kept by the
 robot from its own looks, never the maze's true map:
 
