@@ -10,11 +10,28 @@ that the engine resolves with ``loop.call_soon_threadsafe``.
 One step of the loop::
 
     controls first ──> pick the model whose oldest tick waited longest
+                       (unless a deadline says otherwise, below)
                    ──> take up to adapter.max_batch ticks of that model
                        (waiting, at most batch_wait_ms after that model's last
                        batch ended, for the sessions of that batch to return)
                    ──> adapter.run_batch(works) ──> validate each result
                    ──> adapter.end_tick(session, committed) ──> resolve futures
+
+Deadlines: a tick may say by when its result is needed (``submit(..., deadline=)``, a
+``time.perf_counter`` time; the speech endpoint's: when the listener's audio runs out, or
+now for a first window). Before a batch of the model picked oldest-first, the engine
+looks at the other models' oldest ticks: one whose deadline would pass if it waited for
+that batch (its slack, deadline - now - its model's last forward time, is below the
+picked model's last forward time) goes first, the least slack first. A tick that can
+wait, waits: a voice far ahead of its listener leaves a world its turn, and a world
+tick of a CPU server (100-200 ms) no longer sits between every window of a sentence.
+No tick is passed over once it has waited ``DEADLINE_DEFER_MAX_S``: deadlines reorder
+the queue, they cannot starve a model (voices that cannot keep up with their listeners
+would otherwise always be due).
+A deadline is seen only once its tick is queued, and a speaker queues its next window
+a moment after the last one's result: so after a batch with deadlines the engine waits
+for that batch's sessions (the returner wait below, at most that model's batch wait
+after it ended) before it starts another model's batch.
 
 Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
 its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
@@ -91,6 +108,10 @@ SWITCH_INTERVAL_S = 0.0005
 # never, the benches' A/B rows), read at every submit.
 GIL_HAND_OFF = True
 
+# The longest a tick waits while ticks with deadlines go first ("Deadlines"): an older
+# one that has waited this long runs next whatever is due.
+DEADLINE_DEFER_MAX_S = 0.5
+
 # How many of a model's last forwards must each be within its ``inline_forward_s``
 # before ``submit`` runs it inline (one slow forward and it is back on the engine thread).
 INLINE_WINDOW = 8
@@ -132,6 +153,7 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
+    deadline: float | None = None  # perf_counter time the result is needed by (see "Deadlines")
 
 
 @dataclass
@@ -201,6 +223,11 @@ class Engine:
         # Per model: seconds from its last launching batch's start to its launch; inf until
         # it first launches (then it launches, and the gate closes for its batches).
         self._launch_s: dict[str, float] = {n: math.inf for n in self._adapters}
+        # Per model: seconds its last forward took (0 until one ran), for "Deadlines".
+        self._forward_s: dict[str, float] = {n: 0.0 for n in self._adapters}
+        # The model of the last batch if a tick of it had a deadline (its returners are
+        # waited for before another model's batch: "Deadlines").
+        self._deadline_model: str | None = None
         self._batch_started = 0.0
         # A launching model's last batch's results, until the next launch (see "Held results").
         self._held: list[tuple[_Job, Any]] = []
@@ -252,15 +279,17 @@ class Engine:
         *,
         session_id: str | None = None,
         validate: Callable[[Any], None] | None = None,
+        deadline: float | None = None,
     ) -> Any:
         """Queue ``work`` on the tick lane of ``model`` and wait for its result.
 
         ``validate(result)`` runs on the engine thread before the tick counts as
         done; if it raises, the adapter is told the tick was not committed and the
         caller gets a ``ModelError``. With ``session_id`` the adapter's
-        ``end_tick(session_id, committed)`` is called either way.
+        ``end_tick(session_id, committed)`` is called either way. ``deadline``: the
+        ``time.perf_counter`` time the result is needed by (see "Deadlines").
         """
-        return await self.submit_future(model, work, session_id=session_id, validate=validate)
+        return await self.submit_future(model, work, session_id=session_id, validate=validate, deadline=deadline)
 
     def submit_future(
         self,
@@ -269,6 +298,7 @@ class Engine:
         *,
         session_id: str | None = None,
         validate: Callable[[Any], None] | None = None,
+        deadline: float | None = None,
     ) -> asyncio.Future:
         """``submit`` as a future (call on the event loop): already done when the work ran
         inline, so a caller can tell whether it is about to wait. Cancelling the future
@@ -277,7 +307,7 @@ class Engine:
             raise KeyError(model)
         self._raise_if_down()
         loop = asyncio.get_running_loop()
-        job = _Job(model, work, session_id, validate, loop.create_future(), loop)
+        job = _Job(model, work, session_id, validate, loop.create_future(), loop, deadline=deadline)
         if self._fast[model] and self._run_inline(job):
             return job.future
         with self._cv:
@@ -456,10 +486,12 @@ class Engine:
         batch at the latest (a returner may have stopped: out of credits, closed).
         """
         with self._cv:
+            self._await_deadline_returners()
             ready = [(q[0].enqueued, name) for name, q in self._ticks.items() if q]
             if not ready:
                 return []
             _, name = min(ready)
+            name = self._due_first(name)
             queue = self._ticks[name]
             limit = max(1, self._adapters[name].max_batch)
             returners = self._returners[name]
@@ -496,7 +528,47 @@ class Engine:
             queue.extendleft(reversed(skipped))
             return batch
 
+    def _await_deadline_returners(self) -> None:
+        """After a batch with deadlines, wait (until that model's batch wait after it ended)
+        for its sessions' next ticks while another model's ticks are queued: the next
+        window's deadline can only win once it is queued. Under ``_cv``."""
+        prev, self._deadline_model = self._deadline_model, None
+        if prev is None or not any(q for name, q in self._ticks.items() if name != prev):
+            return
+        awaited = set(self._returners[prev]).difference(j.session_id for j in self._ticks[prev])
+        if not awaited:
+            return
+        self._flush()  # the returners may wait for these
+        deadline = self._free_since[prev] + self._wait[prev]
+        self._awaited = awaited
+        try:
+            while awaited and not self._controls and not self._stopping:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+        finally:
+            self._awaited = None
+
+    def _due_first(self, picked: str) -> str:
+        """``picked``, or the model whose oldest tick would miss its deadline waiting for a
+        forward of ``picked`` (the least slack first; see "Deadlines"). Under ``_cv``."""
+        now = time.perf_counter()
+        if now - self._ticks[picked][0].enqueued >= DEADLINE_DEFER_MAX_S:
+            return picked
+        cost = self._forward_s[picked]
+        best: tuple[float, str] | None = None
+        for name, queue in self._ticks.items():
+            if name == picked or not queue or queue[0].deadline is None:
+                continue
+            slack = queue[0].deadline - now - self._forward_s[name]
+            if slack < cost and (best is None or slack < best[0]):
+                best = (slack, name)
+        return picked if best is None else best[1]
+
     def _run_batch(self, batch: list[_Job]) -> None:
+        if any(j.deadline is not None for j in batch):
+            self._deadline_model = batch[0].model
         try:
             self._forward(batch)
         finally:
@@ -558,6 +630,7 @@ class Engine:
             self.launch_gate.open()
             self._flush()  # a batch that launched nothing: the last one's results wait no longer
             elapsed = time.perf_counter() - started
+            self._forward_s[model] = elapsed
             self.stats.busy_seconds += elapsed
             self.stats.models[model].busy_seconds += elapsed
             # A slow forward during which the OS preempted this thread says nothing about

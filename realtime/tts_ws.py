@@ -92,6 +92,9 @@ class TTSConnection:
         self.cancelled: set[int] = set()
         self.samples: dict[int, int] = {}  # utterance -> samples sent, for response.done
         self.current: int | None = None  # the utterance the speaker is speaking
+        # (utterance, perf_counter time of its first audio, seconds of audio sent since):
+        # when the listener runs out, each window's engine deadline (``_needed_by``).
+        self.playback: tuple[int, float, float] | None = None
         # Unbounded as a queue, bounded by what feeds it: at most MAX_PENDING_TEXT_CHARS of
         # sentence text (``queued_chars``) plus one _UtteranceEnd per input.done.
         self.queue: asyncio.Queue[_Sentence | _UtteranceEnd | _Drained] = asyncio.Queue()
@@ -316,12 +319,14 @@ class TTSConnection:
         config = self.config
         utt, k = item.utterance_index, item.sentence_index
         await self.send(wire.encode(wire.AudioStart(utt, k, item.text, config.sample_rate)))
-        work = SynthesizeSentence(self.session_id, utt, k, item.text, config.speed, config.sample_rate)
+        rate = config.sample_rate
+        work = SynthesizeSentence(self.session_id, utt, k, item.text, config.speed, rate)
         samples = 0
         while True:
             self.synthesizing = True
             try:
-                chunk = await self.engine.submit(self.model, work, session_id=self.session_id)
+                chunk = await self.engine.submit(self.model, work, session_id=self.session_id,
+                                                 deadline=self._needed_by(utt))
             except ENGINE_ERRORS as exc:
                 failure = engine_failure(exc)
                 if failure is Failure.ENGINE:
@@ -339,6 +344,7 @@ class TTSConnection:
             if chunk.samples:
                 if samples == 0:
                     self.first_audio.observe(time.perf_counter() - item.queued_at)
+                self._played(utt, chunk.samples / rate)
                 if await self.conn.send(chunk.pcm):
                     self.idle.touch()
             samples = chunk.sentence_samples
@@ -347,6 +353,19 @@ class TTSConnection:
             work = DecodeWindow(self.session_id, utt, k)
         self.samples[utt] = self.samples.get(utt, 0) + samples
         await self.send(wire.encode(wire.AudioDone(utt, k, samples)))
+
+
+    def _needed_by(self, utt: int) -> float:
+        """When the listener runs out of utterance ``utt``'s audio: the engine's deadline for
+        its next window (realtime/engine.py "Deadlines"); now, before its first audio."""
+        if self.playback is None or self.playback[0] != utt:
+            return time.perf_counter()
+        return self.playback[1] + self.playback[2]
+
+    def _played(self, utt: int, seconds: float) -> None:
+        if self.playback is None or self.playback[0] != utt:
+            self.playback = (utt, time.perf_counter(), 0.0)
+        self.playback = (utt, self.playback[1], self.playback[2] + seconds)
 
 
 async def _first(*waits: Awaitable[object]) -> None:

@@ -511,3 +511,80 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
         assert model.batches[-1] == [8, 9] and handed == []  # two returners: no hand-off
 
     with_engine(model, main)
+
+
+def _two_models(main, world_delay: float = 0.05) -> tuple[Doubler, Doubler, list[str]]:
+    """A slow "world" and a quick "voice" on one engine; ``order`` lists which ran, batch by batch."""
+    world, voice = Doubler("world", max_batch=1, delay=world_delay), Doubler("voice", max_batch=1)
+    order: list[str] = []
+    for model in (world, voice):
+        run = model.run_batch
+        model.run_batch = lambda works, run=run, name=model.name: order.append(name) or run(works)  # type: ignore[method-assign]
+    engine = Engine({"world": world, "voice": voice}, batch_wait_ms=200.0)  # roomy: CI may be loaded
+    engine.start()
+    try:
+        asyncio.run(asyncio.wait_for(main(engine, world, order), 20))
+    finally:
+        engine.stop()
+    return world, voice, order
+
+
+def test_a_tick_that_would_miss_its_deadline_goes_before_an_older_batch():
+    async def main(engine: Engine, world: Doubler, order: list[str]):
+        assert await engine.submit("world", 1, session_id="w") == 2  # its forward time: 50 ms
+        for deadline, want in ((None, ["world", "voice"]), (30.0, ["world", "voice"]), (0.0, ["voice", "world"])):
+            world.gate.clear()  # hold the engine in a world batch while both queue
+            held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
+            await asyncio.sleep(0.02)
+            older = asyncio.ensure_future(engine.submit("world", 3, session_id="w2"))
+            await asyncio.sleep(0.01)
+            due = None if deadline is None else time.perf_counter() + deadline
+            voice = asyncio.ensure_future(engine.submit("voice", 4, session_id="v", deadline=due))
+            await asyncio.sleep(0.01)
+            start = len(order)
+            world.gate.set()
+            assert (await held, await older, await voice) == (4, 6, 8)
+            # Oldest first unless the voice would miss its deadline waiting for the world's 50 ms.
+            assert order[start:] == want, deadline
+            await asyncio.sleep(0.25)  # past the engine's wait for the voice's return
+
+    _two_models(main)
+
+
+def test_after_a_batch_with_deadlines_its_sessions_are_awaited_before_another_model():
+    async def main(engine: Engine, world: Doubler, order: list[str]):
+        assert await engine.submit("world", 1, session_id="w") == 2
+        world.gate.clear()
+        held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
+        await asyncio.sleep(0.02)
+        first = asyncio.ensure_future(engine.submit("voice", 1, session_id="v", deadline=time.perf_counter()))
+        await asyncio.sleep(0.01)
+        world.gate.set()
+        assert await held == 4
+        nxt = asyncio.ensure_future(engine.submit("world", 3, session_id="w"))  # queued before the voice returns
+        assert await first == 2
+        # The voice's next window comes a moment after its result: it runs before the world's tick.
+        assert await engine.submit("voice", 2, session_id="v", deadline=time.perf_counter()) == 4
+        assert await nxt == 6
+
+    _, _, order = _two_models(main)
+    assert order == ["world", "world", "voice", "voice", "world"]
+
+
+def test_a_tick_that_waited_the_defer_limit_is_not_passed_over():
+    from realtime.engine import DEADLINE_DEFER_MAX_S
+
+    async def main(engine: Engine, world: Doubler, order: list[str]):
+        assert await engine.submit("world", 1, session_id="w") == 2
+        world.gate.clear()
+        held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
+        await asyncio.sleep(0.02)
+        older = asyncio.ensure_future(engine.submit("world", 3, session_id="w2"))
+        await asyncio.sleep(DEADLINE_DEFER_MAX_S + 0.05)  # the older tick has waited its limit
+        voice = asyncio.ensure_future(engine.submit("voice", 4, session_id="v", deadline=time.perf_counter()))
+        await asyncio.sleep(0.01)
+        world.gate.set()
+        assert (await held, await older, await voice) == (4, 6, 8)
+
+    _, _, order = _two_models(main)
+    assert order == ["world", "world", "world", "voice"]
