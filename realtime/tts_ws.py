@@ -354,7 +354,6 @@ class TTSConnection:
         self.samples[utt] = self.samples.get(utt, 0) + samples
         await self.send(wire.encode(wire.AudioDone(utt, k, samples)))
 
-
     def _needed_by(self, utt: int) -> float:
         """When the listener runs out of utterance ``utt``'s audio: the engine's deadline for
         its next window (realtime/engine.py "Deadlines"); now, before its first audio."""
