@@ -36,15 +36,23 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # Passive unless the caller chose. (The models are also built on a thread that ends,
 # realtime.registry.on_spent_thread, so the engine's OpenMP team is the only one: with two
 # teams libgomp cuts any spin count to 100 and wakes a sleeping worker at nearly every op.)
-# Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000.
-OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+# A passive team pays a futex wake-up at every parallel op, which for these small models
+# costs more than a second thread gives: one intra-op thread as well. On the quiet 2-core dev
+# box (2026-12-02): the bare maze tick (2 steps) 161 ms with two passive threads, 85 ms with
+# one (63 ms with two spinning; bench/maze/bench_omp_wait.py); served, one session 6.2 ->
+# 11.7 frames/s and four 2.8 -> 3.8 each (bench/results/maze_serve_cpu_threads.json); the
+# voice's first audio 69 -> 52 ms (bench/results/tts_first_audio_threads_cpu.json).
+# Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000 with OMP_NUM_THREADS
+# at the core count.
+OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 
 
 def openmp_defaults(env: MutableMapping[str, str]) -> None:
-    """Set ``OPENMP_DEFAULTS`` in ``env`` unless it sets any wait policy of its own.
+    """Set ``OPENMP_DEFAULTS`` in ``env`` unless it sets a wait policy or a thread count
+    of its own (then the caller has chosen; nothing is added).
 
-    libgomp reads these when it loads (with torch): call before torch is imported."""
-    if not any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+    libgomp and torch read these when they load: call before torch is imported."""
+    if not any(k in env for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")):
         env.update(OPENMP_DEFAULTS)
 
 

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pause_before_each_utterance_s": [0.0, args.gap_s],
         "server": server.command,
         "window_plan": voice.get("windows"),
-        "cpu_threads": voice.get("cpu_threads"),
+        "openmp": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")},
         **result,
         **environment("cpu"),
     }

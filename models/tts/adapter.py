@@ -34,23 +34,13 @@ checks every chunk against its work); ``realtime/tts_ws.py`` documents the wire.
 
 ``end_tick(sid, committed=False)`` rewinds the last window so the same window
 can be decoded again; ``committed=True`` makes it final.
-
-On a CPU the voice runs on ``CPU_THREADS`` intra-op thread (``cpu_threads``), set
-around each batch and put back after, so a world model on the same engine thread
-keeps its own count. Its ops are small (a 192-channel encoder over a sentence,
-windows of a few dozen frames): under the server's passive OpenMP wait
-(``realtime/cli.py``) every parallel op wakes a sleeping worker, which cost more
-than the second core gave: 2 CPU cores, first audio at the adapter 69 ms p50 with
-two threads, 52 ms with one, at the same real-time factor (0.085 vs 0.090;
-``bench/results/tts_first_audio_threads_cpu.json``).
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -78,22 +68,6 @@ __all__ = ["MAX_SENTENCE_CHARS", "AudioChunk", "DecodeWindow", "PiperTTS", "Synt
 
 # The rates every voice here offers (the resampler makes what the voice lacks).
 SUPPORTED_RATES = SAMPLE_RATES
-CPU_THREADS = 1  # intra-op threads of the voice on a CPU (the module docstring says why)
-
-
-@contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op thread count of the calling thread set to ``threads`` (None: as
-    it is) for the block, and put back after."""
-    before = torch.get_num_threads()
-    if threads is None or threads == before:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class PiperTTS(TTSAdapter):
@@ -110,15 +84,10 @@ class PiperTTS(TTSAdapter):
         phonemizer: Phonemizer | PhonemeTable | None = None,
         name: str = "piper-joe-medium",
         prefix_ids: int | None = PREFIX_IDS,
-        cpu_threads: int | None = CPU_THREADS,
     ) -> None:
         """``prefix_ids``: ids whose durations the first window waits for
-        (``models.tts.prior``); None: the whole sentence's, as one-shot synthesis.
-        ``cpu_threads``: intra-op threads for the voice on a CPU (None: torch's count)."""
+        (``models.tts.prior``); None: the whole sentence's, as one-shot synthesis."""
         self.voice = voice
-        if cpu_threads is not None and cpu_threads < 1:
-            raise ValueError("cpu_threads must be >= 1 or None, got %r" % (cpu_threads,))
-        self.cpu_threads = cpu_threads if voice.device.type == "cpu" else None
         if prefix_ids is not None and prefix_ids < 1:
             raise ValueError("prefix_ids must be >= 1 or None, got %r" % (prefix_ids,))
         self.prefix_ids = prefix_ids
@@ -172,7 +141,6 @@ class PiperTTS(TTSAdapter):
                 "hop_samples": self.voice.hop,
             },
             "device": str(self.voice.device),
-            "cpu_threads": self.cpu_threads,
             "phonemizer": self.phonemizer.backend,
         }
 
@@ -189,10 +157,6 @@ class PiperTTS(TTSAdapter):
     # --- the engine seam --------------------------------------------------------------
 
     def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
-        with intra_op_threads(self.cpu_threads):
-            return self._synthesize(works)
-
-    def _synthesize(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
         sessions = [w.session_id for w in works]
         if len(set(sessions)) != len(sessions):
             raise ModelError("a tts batch holds two works of one session: %s" % sessions)

@@ -156,8 +156,9 @@ def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
 
     env: dict[str, str] = {"PATH": "/bin"}
     openmp_defaults(env)
-    assert env == {"PATH": "/bin", **OPENMP_DEFAULTS} == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
-    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+    assert env == {"PATH": "/bin", **OPENMP_DEFAULTS} == {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE",
+                                                         "OMP_NUM_THREADS": "1"}
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}, {"OMP_NUM_THREADS": "2"}):
         env = dict(chosen)
         openmp_defaults(env)
         assert env == chosen

@@ -46,24 +46,9 @@ def test_describe(quiet_tts):
         "max_batch": 1,  # CPU: batching does not pay (see PiperTTS.__init__)
         "windows": {"first_frames": 12, "max_frames": 96, "context_frames": 11, "hop_samples": 256},
         "device": "cpu",
-        "cpu_threads": 1,  # CPU: one intra-op thread (see the adapter's docstring)
         "phonemizer": "piper",
     }
     assert quiet_tts.voices == ("en_US-joe-medium",)
-
-
-def test_the_voice_runs_on_its_cpu_threads_and_puts_the_count_back(quiet_tts, monkeypatch):
-    import torch
-
-    from models.tts.adapter import intra_op_threads
-
-    before = torch.get_num_threads()
-    seen: list[int] = []
-    monkeypatch.setattr(quiet_tts, "_synthesize", lambda works: seen.append(torch.get_num_threads()) or [])
-    assert quiet_tts.synthesize_batch([]) == []
-    assert seen == [1] and torch.get_num_threads() == before
-    with intra_op_threads(None):
-        assert torch.get_num_threads() == before
 
 
 def test_a_sentence_streams_in_growing_windows_and_matches_the_whole_decode(quiet_tts, reference):
