@@ -96,8 +96,10 @@ def test_a_spent_loader_thread_leaves_the_engine_team_spinning() -> None:
         pytest.skip("one intra-op thread: no OpenMP worker to throttle")
 
     def probe(mode: str) -> int:
-        # libgomp's own spin count (realtime.cli, once imported, sets a small one).
-        env = {**os.environ, "PYTHONPATH": str(REPO), "GOMP_SPINCOUNT": "300000"}
+        # libgomp's own spin count and a team of two, whatever OpenMP settings this process
+        # picked up (realtime.cli's defaults, once a test ran them, are passive and one thread).
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+        env.update({"PYTHONPATH": str(REPO), "GOMP_SPINCOUNT": "300000", "OMP_NUM_THREADS": "2"})
         done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, env=env,
                               cwd=REPO, timeout=120, check=True)
         return int(done.stdout.split()[-1])
