@@ -29,9 +29,11 @@ No tick is passed over once it has waited ``DEADLINE_DEFER_MAX_S``: deadlines re
 the queue, they cannot starve a model (voices that cannot keep up with their listeners
 would otherwise always be due).
 A deadline is seen only once its tick is queued, and a speaker queues its next window
-a moment after the last one's result: so after a batch with deadlines the engine waits
-for that batch's sessions (the returner wait below, at most that model's batch wait
-after it ended) before it starts another model's batch.
+a moment after the last one's result: so after a batch with a tick that was due within
+a forward of the slowest model, the engine waits for that batch's sessions (the returner
+wait below, at most that model's batch wait after it ended) before it starts another
+model's batch. (Waiting after every batch with deadlines cost a voice beside a world
+~20 ms of first audio on 2 CPU cores, bench/results/tts_mixed_cpu.json.)
 
 Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
 its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
@@ -225,7 +227,7 @@ class Engine:
         self._launch_s: dict[str, float] = {n: math.inf for n in self._adapters}
         # Per model: seconds its last forward took (0 until one ran), for "Deadlines".
         self._forward_s: dict[str, float] = {n: 0.0 for n in self._adapters}
-        # The model of the last batch if a tick of it had a deadline (its returners are
+        # The model of the last batch if a tick of it was due soon (its returners are
         # waited for before another model's batch: "Deadlines").
         self._deadline_model: str | None = None
         self._batch_started = 0.0
@@ -497,18 +499,8 @@ class Engine:
             returners = self._returners[name]
             deadline = self._free_since[name] + self._wait[name]
             if len(queue) < limit and returners and not self._unbatched[name]:
-                awaited = set(returners).difference(j.session_id for j in queue)
-                if awaited:
-                    self._flush()  # the returners wait for these: never hold them here
-                self._awaited = awaited
-                try:
-                    while awaited and len(queue) < limit and not self._controls and not self._stopping:
-                        remaining = deadline - time.perf_counter()
-                        if remaining <= 0:
-                            break
-                        self._cv.wait(remaining)
-                finally:
-                    self._awaited = None
+                self._await_returners(set(returners).difference(j.session_id for j in queue), deadline,
+                                      lambda: len(queue) < limit)
             if self._controls or self._stopping or not queue:
                 return []  # serve controls first; the ticks stay queued
             batch: list[_Job] = []
@@ -529,20 +521,23 @@ class Engine:
             return batch
 
     def _await_deadline_returners(self) -> None:
-        """After a batch with deadlines, wait (until that model's batch wait after it ended)
-        for its sessions' next ticks while another model's ticks are queued: the next
+        """After a batch with a tick due soon, wait (until that model's batch wait after it
+        ended) for its sessions' next ticks while another model's ticks are queued: the next
         window's deadline can only win once it is queued. Under ``_cv``."""
         prev, self._deadline_model = self._deadline_model, None
         if prev is None or not any(q for name, q in self._ticks.items() if name != prev):
             return
         awaited = set(self._returners[prev]).difference(j.session_id for j in self._ticks[prev])
-        if not awaited:
-            return
-        self._flush()  # the returners may wait for these
-        deadline = self._free_since[prev] + self._wait[prev]
+        self._await_returners(awaited, self._free_since[prev] + self._wait[prev], lambda: True)
+
+    def _await_returners(self, awaited: set[str], deadline: float, room: Callable[[], bool]) -> None:
+        """Wait until every session in ``awaited`` has queued a tick (``submit`` takes each out),
+        ``room()`` turns False, a control arrives, the engine stops, or ``deadline``. Under ``_cv``."""
+        if awaited:
+            self._flush()  # the returners may wait for these: never hold them here
         self._awaited = awaited
         try:
-            while awaited and not self._controls and not self._stopping:
+            while awaited and room() and not self._controls and not self._stopping:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
                     break
@@ -567,7 +562,9 @@ class Engine:
         return picked if best is None else best[1]
 
     def _run_batch(self, batch: list[_Job]) -> None:
-        if any(j.deadline is not None for j in batch):
+        # Due within a forward of the slowest model: its next tick will likely be due too.
+        soon = time.perf_counter() + max(self._forward_s.values())
+        if any(j.deadline is not None and j.deadline < soon for j in batch):
             self._deadline_model = batch[0].model
         try:
             self._forward(batch)

@@ -529,6 +529,15 @@ def _two_models(main, world_delay: float = 0.05) -> tuple[Doubler, Doubler, list
     return world, voice, order
 
 
+async def _hold_the_world(engine: Engine, world: Doubler) -> asyncio.Future:
+    """The world's forward time measured (50 ms), then a world batch held running."""
+    assert await engine.submit("world", 1, session_id="w") == 2
+    world.gate.clear()
+    held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
+    await asyncio.sleep(0.02)
+    return held
+
+
 def test_a_tick_that_would_miss_its_deadline_goes_before_an_older_batch():
     async def main(engine: Engine, world: Doubler, order: list[str]):
         assert await engine.submit("world", 1, session_id="w") == 2  # its forward time: 50 ms
@@ -553,10 +562,7 @@ def test_a_tick_that_would_miss_its_deadline_goes_before_an_older_batch():
 
 def test_after_a_batch_with_deadlines_its_sessions_are_awaited_before_another_model():
     async def main(engine: Engine, world: Doubler, order: list[str]):
-        assert await engine.submit("world", 1, session_id="w") == 2
-        world.gate.clear()
-        held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
-        await asyncio.sleep(0.02)
+        held = await _hold_the_world(engine, world)
         first = asyncio.ensure_future(engine.submit("voice", 1, session_id="v", deadline=time.perf_counter()))
         await asyncio.sleep(0.01)
         world.gate.set()
@@ -575,10 +581,7 @@ def test_a_tick_that_waited_the_defer_limit_is_not_passed_over():
     from realtime.engine import DEADLINE_DEFER_MAX_S
 
     async def main(engine: Engine, world: Doubler, order: list[str]):
-        assert await engine.submit("world", 1, session_id="w") == 2
-        world.gate.clear()
-        held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
-        await asyncio.sleep(0.02)
+        held = await _hold_the_world(engine, world)
         older = asyncio.ensure_future(engine.submit("world", 3, session_id="w2"))
         await asyncio.sleep(DEADLINE_DEFER_MAX_S + 0.05)  # the older tick has waited its limit
         voice = asyncio.ensure_future(engine.submit("voice", 4, session_id="v", deadline=time.perf_counter()))
