@@ -1,10 +1,12 @@
 """Speech beside a world session on one CPU server: time to first audio and stalls.
 
-    python -m bench.tts.mixed_stalls --utterances 12 --out bench/results/tts_mixed_cpu.json
+    python -m bench.tts.mixed_stalls --utterances 16 --out /tmp/mixed.json
+    python -m bench.tts.mixed_stalls --utterances 16 --tree ../before --out /tmp/mixed_before.json
 
-Starts ``python -m realtime serve`` (the default models) on loopback. With
-``--world`` (default) a world.v1 session on the default world holds credits the
-whole time and takes every frame as it comes (the engine alternates its ticks with
+(``bench/results/tts_mixed_cpu.json`` holds four such runs: before and after the engine's
+deadlines, at one and two OpenMP threads.) Starts ``python -m realtime serve`` (the
+default models) on loopback. Unless ``--no-world``, a world.v1 session on the default
+world holds credits the whole time and takes every frame as it comes (the engine alternates its ticks with
 the voice's windows); a tts.v1 socket then speaks ``--utterances`` ~5 s sentences,
 one after another, each after a pause drawn uniformly from [0, ``--gap-s``) (seeded),
 so that a sentence arrives at any point of a world tick and not just after the
