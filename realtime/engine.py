@@ -562,9 +562,9 @@ class Engine:
         return picked if best is None else best[1]
 
     def _run_batch(self, batch: list[_Job]) -> None:
+        due = [j.deadline for j in batch if j.deadline is not None]
         # Due within a forward of the slowest model: its next tick will likely be due too.
-        soon = time.perf_counter() + max(self._forward_s.values())
-        if any(j.deadline is not None and j.deadline < soon for j in batch):
+        if due and min(due) < time.perf_counter() + max(self._forward_s.values()):
             self._deadline_model = batch[0].model
         try:
             self._forward(batch)

@@ -145,7 +145,8 @@ class Voice:
         if first.get("type") != "session.updated":
             raise SystemExit("unexpected first message %r" % first)
 
-    async def speak(self, text: str) -> tuple[float, float]:
+    async def speak(self, text: str, arrivals: list[tuple[float, int]] | None = None) -> tuple[float, float]:
+        """``arrivals``: if given, gets (perf_counter time, bytes) of every PCM frame."""
         await self.ws.send(json.dumps({"type": "input.text", "text": text}))
         t_done = time.perf_counter()
         await self.ws.send(json.dumps({"type": "input.done"}))
@@ -153,8 +154,11 @@ class Voice:
         while True:
             msg = await asyncio.wait_for(self.ws.recv(), 60)
             if isinstance(msg, bytes):
+                now = time.perf_counter()
                 if first is None:
-                    first = time.perf_counter()
+                    first = now
+                if arrivals is not None:
+                    arrivals.append((now, len(msg)))
                 continue
             kind = json.loads(msg).get("type")
             if kind == "error":

@@ -38,8 +38,9 @@ import realtime.cli
 
 realtime.cli.openmp_defaults(os.environ)
 from bench.report import emit  # noqa: E402
-from bench.tts.bench_served import Server, log  # noqa: E402
+from bench.tts.bench_served import Server, Voice, log  # noqa: E402
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms  # noqa: E402
+from protocols.tts_v1 import DEFAULT_SAMPLE_RATE  # noqa: E402
 
 
 async def world_load(port: int, stop: asyncio.Event, counts: dict[str, float]) -> None:
@@ -65,35 +66,20 @@ async def world_load(port: int, stop: asyncio.Event, counts: dict[str, float]) -
         await ws.send(json.dumps({"type": "session.close"}))
 
 
-async def speak(ws: Any, text: str) -> dict[str, float]:
-    await ws.send(json.dumps({"type": "input.text", "text": text}))
-    t_done = time.perf_counter()
-    await ws.send(json.dumps({"type": "input.done"}))
-    rate, samples, first, stall = 22050, 0, None, 0.0
-    while True:
-        msg = await asyncio.wait_for(ws.recv(), 60)
-        now = time.perf_counter()
-        if isinstance(msg, bytes):
-            if first is None:
-                first = now
-            stall = max(stall, now - (first + samples / rate))
-            samples += len(msg) // 2
-            continue
-        data = json.loads(msg)
-        if data.get("type") == "audio.start":
-            rate = int(data.get("sample_rate", rate))
-        elif data.get("type") == "error":
-            raise SystemExit("tts error: %s" % msg)
-        elif data.get("type") == "response.done":
-            if first is None:
-                raise SystemExit("no audio for %r" % text)
-            return {"ttfa_ms": (first - t_done) * 1e3, "stall_ms": stall * 1e3, "audio_s": samples / rate}
+async def speak(voice: Voice, text: str) -> dict[str, float]:
+    """One utterance: first audio, and the worst stall for a listener who starts playing at
+    the first frame (PCM16 at the server's default rate, which this bench never changes)."""
+    arrivals: list[tuple[float, int]] = []
+    t_done, first = await voice.speak(text, arrivals)
+    stall, samples = 0.0, 0
+    for t, size in arrivals:
+        stall = max(stall, t - (first + samples / DEFAULT_SAMPLE_RATE))
+        samples += size // 2
+    return {"ttfa_ms": (first - t_done) * 1e3, "stall_ms": stall * 1e3, "audio_s": samples / DEFAULT_SAMPLE_RATE}
 
 
 async def run(port: int, utterances: int, with_world: bool, gap_s: float) -> dict[str, Any]:
     import random
-
-    import websockets
 
     pauses = random.Random(0)
     stop, counts = asyncio.Event(), {"chunks": 0.0, "seconds": 0.0}
@@ -101,12 +87,15 @@ async def run(port: int, utterances: int, with_world: bool, gap_s: float) -> dic
     if world is not None:
         await asyncio.sleep(2.0)  # the world session is streaming before the first sentence
     rows = []
-    async with websockets.connect("ws://127.0.0.1:%d/v1/realtime/tts" % port, max_size=None) as ws:
-        json.loads(await asyncio.wait_for(ws.recv(), 60))  # session.updated
+    voice = Voice(port)
+    await voice.open()
+    try:
         for i in range(utterances):
             await asyncio.sleep(pauses.uniform(0.0, gap_s))
-            rows.append(await speak(ws, SENTENCES[i % len(SENTENCES)]))
+            rows.append(await speak(voice, SENTENCES[i % len(SENTENCES)]))
             log("utterance %d: first audio %.1f ms, worst stall %.1f ms" % (i, rows[-1]["ttfa_ms"], rows[-1]["stall_ms"]))
+    finally:
+        await voice.close()
     stop.set()
     if world is not None:
         await asyncio.wait_for(world, 60)

@@ -26,7 +26,6 @@ const LABEL = 14; // px of key labels at the left
 const KEY_COLOURS = ["#ffb44f", "#ff7f50", "#ff5f6d", "#f75fb0", "#5fb3ff", "#4cc3c3", "#6f8cff", "#4cc38a"];
 // The map window's channels (models/world/maze/seen_map.py: wall, floor, red, yellow, blue object),
 // drawn in this order so that an object shows over its wall or floor; unknown cells stay black.
-const MAP_POSE = 4;
 const MAP_COLOURS = [[150, 156, 166], [52, 58, 68], [230, 60, 50], [240, 200, 40], [60, 110, 240]];
 const ROBOT_COLOUR = [255, 255, 255];
 
@@ -143,8 +142,8 @@ export class RobotPanel {
         s.frame = frame;
         $("robot-frame").textContent = String(frame);
       },
-      map: (floats) => {
-        drawMap($("robot-map"), floats);
+      map: (floats, pose) => {
+        drawMap($("robot-map"), floats, pose);
         s.mapsDrawn += 1;
       },
       executed: (held) => {
@@ -222,11 +221,11 @@ function drawRgb(canvas, { header, frame }) {
 }
 
 /**
- * Draw the map layout's window (MAP_POSE floats, then channel-major 0/1 cells [c][i][j], j cells
+ * Draw the map layout's window (`pose` floats, then channel-major 0/1 cells [c][i][j], j cells
  * ahead and i to the right of the robot) with ahead up: pixel (x = i, y = side - 1 - j).
  */
-function drawMap(canvas, floats) {
-  const side = Math.round(Math.sqrt((floats.length - MAP_POSE) / MAP_COLOURS.length));
+function drawMap(canvas, floats, pose) {
+  const side = Math.round(Math.sqrt((floats.length - pose) / MAP_COLOURS.length));
   if (canvas.width !== side || canvas.height !== side) Object.assign(canvas, { width: side, height: side });
   const rgba = new Uint8ClampedArray(side * side * 4);
   for (let k = 3; k < rgba.length; k += 4) rgba[k] = 255;
@@ -239,7 +238,7 @@ function drawMap(canvas, floats) {
   MAP_COLOURS.forEach((colour, c) => {
     for (let i = 0; i < side; i += 1) {
       for (let j = 0; j < side; j += 1) {
-        if (floats[MAP_POSE + (c * side + i) * side + j] > 0.5) paint(i, j, colour);
+        if (floats[pose + (c * side + i) * side + j] > 0.5) paint(i, j, colour);
       }
     }
   });

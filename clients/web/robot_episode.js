@@ -90,7 +90,8 @@ export class RobotEpisode {
    * @param {object} o  {id, prompt, seed, budget, sim (world name), dream (world name or null),
    *                     view: {frame(which, chunk, frame), chunk(actions, executed, call),
    *                            executed(held keys of the frame just made), status(text), infer(ms),
-   *                            map(the map layout's floats, each observation's)}}
+   *                            map(the map layout's floats, each observation's, and how many
+   *                                of them lead as the pose)}}
    */
   constructor(o) {
     Object.assign(this, o);
@@ -141,7 +142,7 @@ export class RobotEpisode {
       if (this.frames >= this.budget) return this.#result(false, "budget");
       if (info.yaw === undefined) throw new Error(`world ${this.sim} sends no pose (chunk info); is it the maze simulator?`);
       const map = meta.state_layout === "map" ? mapFloats(info.map, meta.state_map_floats) : null;
-      if (map) this.view.map(map);
+      if (map) this.view.map(map, info.map.pose.length);
       const obs = {
         [meta.image_keys[0]]: new NdArray("|u1", [64, 64, 3], camera.frame),
         [meta.state_key || "state"]: new NdArray("<f4", [meta.state_dim],

@@ -57,8 +57,8 @@ class _Session:
     prompt: str | None
     sim: MazeSim
     seen: SeenMap | None                 # the robot's map as seen (with a goal)
-    # The pose and the map before the tick in flight (None: none in flight).
-    before: tuple[SimState, Any] | None = None
+    # The pose and the map (SeenMap.snapshot) before the tick in flight (None: none in flight).
+    before: tuple[SimState, tuple[torch.Tensor, torch.Tensor] | None] | None = None
 
     def keep(self) -> None:
         self.before = (self.sim.state(), None if self.seen is None else self.seen.snapshot())
