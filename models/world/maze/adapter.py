@@ -29,10 +29,10 @@ rules), so the engine's retry one by one finds nothing in flight.
 
 Defaults per device (``SERVING_DEFAULTS``; measured, bench/results/maze_eval*.json):
 CUDA bf16 with 4 steps and a 14-frame window (the training clip); CPU with 2 steps
-and a 4-frame window (the model trained a quarter of its steps with that window; on
-held-out mazes it scores as well or better on one-step PSNR and at a third of
-the cost), float32 unless the CPU has native bf16 and a timed pass finds bf16
-faster (``cpu_dtype``). The eager clean pass stops at the last block's K/V.
+and a 2-frame window (the context of a training clip's third frame; on held-out
+mazes it keeps every gate a 4-frame window kept, a few tenths of a dB under it, at
+about three quarters of its CPU tick), float32 unless the CPU has native bf16 and a
+timed pass finds bf16 faster (``cpu_dtype``). The eager clean pass stops at the last block's K/V.
 
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
@@ -86,7 +86,7 @@ class ServingDefaults:
 # (bench/results/maze_eval*.json); change a row only together with its evaluation.
 SERVING_DEFAULTS = {
     "cuda": ServingDefaults(steps=4, window=14),
-    "cpu": ServingDefaults(steps=2, window=4),
+    "cpu": ServingDefaults(steps=2, window=2),
 }
 
 

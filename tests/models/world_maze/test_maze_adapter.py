@@ -31,14 +31,14 @@ def test_describe_and_geometry(weights):
     w = MazeWorld(weights=weights, max_sessions=4, max_batch=4)
     d = w.describe()
     assert (d["kind"], d["name"], d["denoising_steps"], d["window_frames"], d["train_steps"]) == (
-        "world", "maze", 2, 4, 3)
+        "world", "maze", 2, 2, 3)
     assert (d["height"], d["width"], d["fps"], d["control_schemas"], d["uses_prompts"]) == (
         64, 64, 15.0, ["keys.v1"], False)
     g = w.geometry
     assert (g.height, g.width, g.frames_per_chunk, g.fps) == (64, 64, 1, 15.0)
     k = w.kv_geometry  # what kv/ plans with: the wire geometry carries no cache fields
     assert (k.num_layers, k.kv_heads, k.head_dim, k.tokens_per_frame, k.sink_frames, k.window_frames,
-            k.itemsize) == (2, 1, 64, 256, 1, 4, w.dtype.itemsize)
+            k.itemsize) == (2, 1, 64, 256, 1, 2, w.dtype.itemsize)
     # float32 on most CPUs; bfloat16 where the CPU computes it faster (cpu_dtype.py)
     assert w.dtype in (torch.float32, torch.bfloat16)
 
@@ -61,15 +61,15 @@ def test_paged_serving_matches_the_contiguous_cache_path(weights):
         frames.append(play(w, [tick("s", i, k)])[0].frames[0])
 
     model = load_model(weights)
-    cache = FrameCache(TINY, 1, 4, "cpu")
+    cache = FrameCache(TINY, 1, w.window, "cpu")
     view = cache.view()
     gen = torch.Generator().manual_seed(5)
     first = MazeSim([3]).render()
-    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), 4)
+    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), w.window)
     ref = [first[0].numpy()]
     for i, k in enumerate(keys, 1):
         a = torch.tensor([[1.0 if c in k else 0.0 for c in "wasdijkl"]])
-        x0, _ = next_frame(model, view, a, torch.tensor([i]), 4, SamplerConfig(steps=2), gen)
+        x0, _ = next_frame(model, view, a, torch.tensor([i]), w.window, SamplerConfig(steps=w.steps), gen)
         ref.append(((x0.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(1, -1)[0].numpy())
     diff = np.abs(np.stack(frames).astype(int) - np.stack(ref).astype(int))
     assert diff.max() <= 1 and diff.mean() < 1e-3
@@ -185,15 +185,15 @@ def test_kv_from_last_step_serves_what_the_evaluation_measures(weights):
     for i, k in enumerate(keys, 1):
         frames.append(play(w, [tick("s", i, k)])[0].frames[0])
     model = load_model(weights)
-    view = FrameCache(TINY, 1, 4, "cpu").view()
+    view = FrameCache(TINY, 1, w.window, "cpu").view()
     gen = torch.Generator().manual_seed(5)
     first = MazeSim([3]).render()
-    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), 4)
+    write_frame(model, view, to_model(first), torch.zeros(1, 8), torch.tensor([0]), w.window)
     ref = [first[0].numpy()]
     sampler = SamplerConfig(steps=2, shift=1 / 9, kv_from_last=True)
     for i, k in enumerate(keys, 1):
         a = torch.tensor([[1.0 if c in k else 0.0 for c in "wasdijkl"]])
-        x0, _ = next_frame(model, view, a, torch.tensor([i]), 4, sampler, gen)
+        x0, _ = next_frame(model, view, a, torch.tensor([i]), w.window, sampler, gen)
         ref.append(((x0.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(1, -1)[0].numpy())
     diff = np.abs(np.stack(frames).astype(int) - np.stack(ref).astype(int))
     assert diff.max() <= 1 and diff.mean() < 1e-3
