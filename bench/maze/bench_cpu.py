@@ -3,8 +3,9 @@
 ``python bench/maze/bench_cpu.py [--threads 2] [--ticks 30] [--out bench/results/maze_cpu.json]``
 
 One session, one frame per tick, keys cycling W, W+L, J, A; the window fills
-before timing starts. Configs: the CPU default (2 steps, 4-frame window), the
-GPU default (4 steps, 14-frame window), and 1 step. The 1-minute load average
+before timing starts. Configs: the CPU default (``SERVING_DEFAULTS["cpu"]``: 2 steps,
+a 2-frame window), 1 step, the CPU default's steps with the 4-frame window it had until
+2026-12-02, and the GPU default (4 steps, 14-frame window). The 1-minute load average
 is recorded: on a shared machine it says how much of the CPU the run had, and
 the fastest tick (``tick_ms_min``) is the best estimate of the uncontended cost.
 """
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from models.base import WorldTick  # noqa: E402
-from models.world.maze.adapter import MazeWorld  # noqa: E402
+from models.world.maze.adapter import SERVING_DEFAULTS, MazeWorld  # noqa: E402
 
 KEYS = ("w", "wl", "j", "a")
 
@@ -61,9 +62,10 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    for steps, window in ((2, 4), (1, 4), (4, 14)):
+    cpu, gpu = SERVING_DEFAULTS["cpu"], SERVING_DEFAULTS["cuda"]
+    for steps, window in ((cpu.steps, cpu.window), (1, cpu.window), (cpu.steps, 4), (gpu.steps, gpu.window)):
         load = os.getloadavg()[0]
-        r = run(steps, window, args.ticks if window < 14 else max(5, args.ticks // 3))
+        r = run(steps, window, args.ticks if window < gpu.window else max(5, args.ticks // 3))
         r["loadavg_1min_before"] = load
         rows.append(r)
         print(json.dumps(r), flush=True)
