@@ -22,6 +22,15 @@ so one close answers the client and none finds the session already gone. A clean
 fails leaves the session a CLEANUP_FAILED tombstone (its id
 cannot be reused); ``session.close`` again on the same connection retries it, and so
 does ``session.close`` with its ``session_id`` from a new connection after a disconnect.
+
+Next tick first: once a tick commits, the driver queues the session's next tick before
+anything else it does for that chunk (the live-session entry, the idle clock, waiting
+for the chunk before to be out, starting this chunk's send). A session alone on the
+server has one tick in flight, so the engine idles from the end of its forward until
+that submit; the rest then runs while the next forward computes (the send itself
+waits for its launch, ``launch_gate``). A streamed tick's next one is queued after
+the send task it must follow. ``NEXT_TICK_FIRST = False`` queues it after the send
+starts, as before (benchmarks' A/B).
 """
 
 from __future__ import annotations
@@ -67,6 +76,9 @@ from sessions import (
 log = logging.getLogger(__name__)
 
 KIND = "world"
+
+# See "Next tick first" above (bench/world/bench_served.py's ``latetick`` turns it off).
+NEXT_TICK_FIRST = True
 
 
 class _IdleClosed(Exception):
@@ -520,21 +532,13 @@ class WorldConnection:
         were dropped by ``_stop_driver``."""
         session, adapter = self.session, self.adapter
         assert session is not None and adapter is not None
-        sid = session.session_id
         sending: asyncio.Task | None = None
         ahead = self._ahead = collections.deque()  # submitted ticks, oldest first
         try:
             while True:
-                while (not self._stopping and session.state is SessionState.ACTIVE
-                       and len(ahead) < self._depth(session) and self.credits > len(ahead)):
-                    try:
-                        ahead.append(self._queue_tick(session, adapter, sending))
-                    except _NotBuilt as exc:  # the model's own bug fails its session, told
-                        # Uncaught, it would end this task silently and the client would wait forever.
-                        log.warning("session %s: %s.tick failed: %r", sid, self.model, exc.error)
-                        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
-                                         f"{type(exc.error).__name__}: {exc.error}", sending)
-                        return
+                if (unbuilt := self._fill(session, adapter, sending)) is not None:
+                    await self._fail_unbuilt(session, unbuilt, sending)
+                    return
                 if not ahead:
                     if self._stopping:
                         return
@@ -563,20 +567,47 @@ class WorldConnection:
                     await _finish(sending)
                     await self.send_error(exc.code.value, exc.message)
                     return
+                self.credits -= 1
+                # The next tick goes to the engine before this chunk's bookkeeping and send,
+                # which then run while it computes (see "Next tick first"). A streamed tick's
+                # next one needs this chunk's send task: it waits for the top of the loop.
+                unbuilt = self._fill(session, adapter, sending) if NEXT_TICK_FIRST and queued.stream is None else None
                 if self.entry is not None:
                     self.entry.ticked(committed.chunk_index)
                 self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)
-                self.credits -= 1
                 await _finish(sending)  # chunk N-1 is out before chunk N starts
                 # The commit goes out after the streamed frames (_send_chunk finishes the stream).
                 sending = self._sending = asyncio.create_task(
                     self._send_chunk(committed, chunk, tick_ms, queued.stream))
+                if unbuilt is not None:  # told after the chunk committed before it
+                    await self._fail_unbuilt(session, unbuilt, sending)
+                    return
         finally:
             await _finish(sending)
             for queued in ahead:  # ticks this driver leaves unfinished (cancelled, failed)
                 if queued.stream is not None:
                     queued.stream.cancel()
                 _drop(queued.future)
+
+    def _fill(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_NotBuilt | None":
+        """Queue the session's next ticks while it may have more in the engine (state,
+        ``_depth``, a credit for each); the model's failure to build one is returned, for
+        the driver to report after what it has to send first."""
+        ahead = self._ahead
+        while (not self._stopping and session.state is SessionState.ACTIVE
+               and len(ahead) < self._depth(session) and self.credits > len(ahead)):
+            try:
+                ahead.append(self._queue_tick(session, adapter, sending))
+            except _NotBuilt as exc:
+                return exc
+        return None
+
+    async def _fail_unbuilt(self, session: Session, exc: "_NotBuilt", sending: asyncio.Task | None) -> None:
+        """The model's own bug in ``tick`` fails its session, told (uncaught, it would end
+        the driver silently and the client would wait forever)."""
+        log.warning("session %s: %s.tick failed: %r", session.session_id, self.model, exc.error)
+        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
+                         f"{type(exc.error).__name__}: {exc.error}", sending)
 
     def _depth(self, session: Session) -> int:
         """Ticks to keep queued now: the session's most, or ``ticks_in_flight_alone`` while it is

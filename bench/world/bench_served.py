@@ -142,6 +142,7 @@ class RowPlan:
     ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
     hand_off: bool = True  # realtime.engine.GIL_HAND_OFF (``nohandoff``: False)
+    next_tick_first: bool = True  # realtime.world_ws.NEXT_TICK_FIRST (``latetick``: False)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
@@ -152,7 +153,8 @@ MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
         "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
         "pin": "the server's threads on --server-cpus, the client processes on every other core",
-        "nohandoff": "a lone session's submit does not hand the engine the GIL (realtime.engine.GIL_HAND_OFF)"}
+        "nohandoff": "a lone session's submit does not hand the engine the GIL (realtime.engine.GIL_HAND_OFF)",
+        "latetick": "a committed tick's next one is queued after its chunk's send starts (realtime.world_ws.NEXT_TICK_FIRST)"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -215,7 +217,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
                          auto.session_ticks_in_flight if "auto" in mods else 2 if "ahead2" in mods else 1,
                          ticks_in_flight_alone=auto.session_ticks_in_flight_alone if "auto" in mods else None,
                          pin="pin" in mods,
-                         hand_off="nohandoff" not in mods) for n in sessions]
+                         hand_off="nohandoff" not in mods, next_tick_first="latetick" not in mods) for n in sessions]
     return rows
 
 
@@ -387,6 +389,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import realtime.engine
     import realtime.media
+    import realtime.world_ws
     from models.world.device_jpeg import DeviceJpeg
     from realtime.app import build_app
     from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
@@ -448,6 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sys.setswitchinterval(switch_s)
             app.state.engine.launch_gate.enabled = p.launch_gate
             realtime.engine.GIL_HAND_OFF = p.hand_off
+            realtime.world_ws.NEXT_TICK_FIRST = p.next_tick_first
             # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
                 config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
@@ -500,6 +504,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["ticks_in_flight"] = p.ticks_in_flight
             row["ticks_in_flight_alone"] = p.ticks_in_flight_alone
             row["gil_hand_off"] = p.hand_off
+            row["next_tick_first"] = p.next_tick_first
             row["server_cpus"] = sorted(os.sched_getaffinity(0))
             row["client_cpus"] = client_cpus or sorted(all_cpus)
             if fmt == "jpeg":
@@ -510,6 +515,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.out:  # what is done so far survives a timeout of the whole run
                 emit(report(), args.out, echo=False)
     realtime.engine.GIL_HAND_OFF = True
+    realtime.world_ws.NEXT_TICK_FIRST = True
     return report()
 
 

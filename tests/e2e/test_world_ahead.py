@@ -182,3 +182,63 @@ def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
                     assert max(queued_at_end) >= 1  # next ticks waited in the engine's queue
 
         run(main())
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypatch, first):
+    """Next tick first (realtime/world_ws.py): a session alone queues tick N+1 as soon as N
+    commits, while chunk N-1 may still be on its way; ``NEXT_TICK_FIRST = False`` waits for it."""
+    import realtime.world_ws as world_ws
+
+    monkeypatch.setattr(world_ws, "NEXT_TICK_FIRST", first)
+    app, model = scripted_app()  # auto: one tick in flight for a session alone
+    built: dict[int, float] = {}
+    sent: dict[int, float] = {}
+    send_chunk, tick = world_ws.WorldConnection._send_chunk, model.tick
+
+    async def slow_first_send(self, request, *args, **kwargs):
+        if request.chunk_index == 0:
+            await asyncio.sleep(0.3)  # chunk 0 still going out while tick 1 runs and commits
+        await send_chunk(self, request, *args, **kwargs)
+        sent[request.chunk_index] = asyncio.get_running_loop().time()
+
+    def building(request, *args, **kwargs):
+        built.setdefault(request.chunk_index, asyncio.get_running_loop().time())
+        return tick(request, *args, **kwargs)
+
+    monkeypatch.setattr(world_ws.WorldConnection, "_send_chunk", slow_first_send)
+    model.tick = building
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a:
+                await a.create("alone", credits=4)
+                assert [(await a.next_chunk()).chunk_index for _ in range(4)] == list(range(4))
+
+        run(main())
+    # Tick 2 comes after tick 1's commit: first, it is built while chunk 0 is still going out.
+    assert (built[2] < sent[0]) is first
+
+
+def test_a_tick_that_cannot_be_built_fails_after_the_chunk_before():
+    """The model's ``tick`` raising for chunk 2 (its own bug, found as chunk 1 commits): chunk 1
+    still reaches the client, then the session's error, and nothing after it."""
+    app, model = scripted_app()
+    tick = model.tick
+
+    def building(request, *args, **kwargs):
+        if request.chunk_index == 2:
+            raise ValueError("simulated tick bug")
+        return tick(request, *args, **kwargs)
+
+    model.tick = building
+    with serve(app) as addr:
+        async def main():
+            async with WorldClient.connect(url(addr)) as a:
+                await a.create("bug", credits=4)
+                err = await a.expect("error")
+                assert "simulated tick bug" in err["message"]
+                assert [(await a.next_chunk(credit=False)).chunk_index for _ in range(a.chunks.qsize())] == [0, 1]
+                await a.send({"type": "session.reset"})
+                assert (await a.expect("session.reset"))["type"] == "session.reset"
+
+        run(main())
