@@ -198,7 +198,7 @@ def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypa
 
     async def slow_first_send(self, request, *args, **kwargs):
         if request.chunk_index == 0:
-            await asyncio.sleep(0.3)  # chunk 0 still going out while tick 1 runs and commits
+            await asyncio.sleep(0.5)  # chunk 0 still going out while tick 1 runs and commits
         await send_chunk(self, request, *args, **kwargs)
         sent[request.chunk_index] = asyncio.get_running_loop().time()
 
