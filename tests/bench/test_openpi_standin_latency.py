@@ -13,13 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_one_round_each(tmp_path):
     out = tmp_path / "standin.json"
-    subprocess.run([sys.executable, "-m", "bench.openpi.standin_latency", "--rounds", "1", "--calls", "5",
-                    "--warmup", "2", "--infer-ms", "5", "--out", str(out)], cwd=ROOT, check=True, timeout=240,
+    subprocess.run([sys.executable, "-m", "bench.openpi.standin_latency", "--rounds", "1", "--seconds", "0.3",
+                    "--warmup-robots", "0", "--infer-ms", "5", "--out", str(out)], cwd=ROOT, check=True, timeout=240,
                    capture_output=True)
     report = json.loads(out.read_text())
     for kind in ("ours", "reference"):
         (row,) = report["rounds"][kind]
-        assert row["calls"] == 5
+        assert row["calls"] > 0
         assert row["call_ms_p50"] >= 5.0  # the policy's own time is in every call
         assert row["protocol_ms_p50"] == round(row["call_ms_p50"] - 5.0, 3)
     assert report["ratio_ours_over_reference"] > 0
