@@ -562,9 +562,9 @@ class Engine:
         return picked if best is None else best[1]
 
     def _run_batch(self, batch: list[_Job]) -> None:
-        due = [j.deadline for j in batch if j.deadline is not None]
+        due = min((j.deadline for j in batch if j.deadline is not None), default=None)
         # Due within a forward of the slowest model: its next tick will likely be due too.
-        if due and min(due) < time.perf_counter() + max(self._forward_s.values()):
+        if due is not None and due < time.perf_counter() + max(self._forward_s.values()):
             self._deadline_model = batch[0].model
         try:
             self._forward(batch)

@@ -362,9 +362,11 @@ class TTSConnection:
         return self.playback[1] + self.playback[2]
 
     def _played(self, utt: int, seconds: float) -> None:
+        """``seconds`` more of utterance ``utt``'s audio sent; its first starts the listener's clock."""
         if self.playback is None or self.playback[0] != utt:
-            self.playback = (utt, time.perf_counter(), 0.0)
-        self.playback = (utt, self.playback[1], self.playback[2] + seconds)
+            self.playback = (utt, time.perf_counter(), seconds)
+        else:
+            self.playback = (utt, self.playback[1], self.playback[2] + seconds)
 
 
 async def _first(*waits: Awaitable[object]) -> None:
