@@ -529,22 +529,25 @@ def _two_models(main, world_delay: float = 0.05) -> tuple[Doubler, Doubler, list
     return world, voice, order
 
 
-async def _hold_the_world(engine: Engine, world: Doubler) -> asyncio.Future:
-    """The world's forward time measured (50 ms), then a world batch held running."""
-    assert await engine.submit("world", 1, session_id="w") == 2
+async def _hold(engine: Engine, world: Doubler) -> asyncio.Future:
+    """A world batch held running (until ``world.gate`` is set)."""
     world.gate.clear()
     held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
     await asyncio.sleep(0.02)
     return held
 
 
+async def _hold_the_world(engine: Engine, world: Doubler) -> asyncio.Future:
+    """The world's forward time measured (50 ms), then a world batch held running."""
+    assert await engine.submit("world", 1, session_id="w") == 2
+    return await _hold(engine, world)
+
+
 def test_a_tick_that_would_miss_its_deadline_goes_before_an_older_batch():
     async def main(engine: Engine, world: Doubler, order: list[str]):
         assert await engine.submit("world", 1, session_id="w") == 2  # its forward time: 50 ms
         for deadline, want in ((None, ["world", "voice"]), (30.0, ["world", "voice"]), (0.0, ["voice", "world"])):
-            world.gate.clear()  # hold the engine in a world batch while both queue
-            held = asyncio.ensure_future(engine.submit("world", 2, session_id="w"))
-            await asyncio.sleep(0.02)
+            held = await _hold(engine, world)  # the engine in a world batch while both queue
             older = asyncio.ensure_future(engine.submit("world", 3, session_id="w2"))
             await asyncio.sleep(0.01)
             due = None if deadline is None else time.perf_counter() + deadline
