@@ -55,6 +55,11 @@ DEFAULTS: dict[str, str] = {"policy": "maze-policy", "tts": "piper-joe-medium"}
 FALLBACK_WORLD = "tiny"
 
 
+# The number formats a CPU model may pick between (models.cpu_format), by name: the values of
+# BuildOptions.cpu_format and ``realtime serve --cpu-format`` (this module imports no torch).
+CPU_FORMATS = ("float32", "bfloat16")
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     """Server-wide facts a factory may use; a factory ignores what does not apply."""
@@ -63,6 +68,9 @@ class BuildOptions:
     max_batch: int | None = None  # None: the model's own default
     frames_per_chunk: int | None = None  # world models; None: the model's own
     steps: int | None = None  # denoising steps (world models that denoise)
+    # A CPU model's number format by name (CPU_FORMATS) for models that pick
+    # one; None: their pick (float32, or bfloat16 where this CPU is faster at it).
+    cpu_format: str | None = None
     # World models size their KV pool from gpu_memory_fraction of the device's free memory
     # (kv.capacity.kv_budget); kv_budget_bytes replaces that with a fixed budget (any device).
     gpu_memory_fraction: float = 0.9

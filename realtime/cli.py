@@ -8,7 +8,7 @@ import os
 import sys
 from typing import MutableMapping
 
-from models.factory import DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
+from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.origins import parse_allowed
 
@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
     serve.add_argument("--steps", type=int, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
+    serve.add_argument("--cpu-format", choices=("auto",) + tuple(CPU_FORMATS), default="auto",
+                       help="number format of the CPU models' products (maze, voice): auto (the default) keeps "
+                            "float32 unless this CPU has native bf16 and a pass timed at start is faster in "
+                            "bfloat16; the model cards say what bfloat16 changes")
     serve.add_argument("--gpu-memory-fraction", type=_fraction, default=0.9,
                        help="world models size their KV pool to this fraction of the device's free memory "
                             "(measured after the weights load); a session that does not fit is refused "
@@ -221,7 +225,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_allow_ips=args.forwarded_allow_ips,
         limits=LimitsConfig(idle_timeout_s=args.idle_timeout_s, max_sessions_per_client=args.max_sessions_per_client),
         drain_timeout_s=args.drain_timeout,
-        engine=EngineConfig(device=device),
+        engine=EngineConfig(device=device, cpu_format=None if args.cpu_format == "auto" else args.cpu_format),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
                           kv_budget_bytes=_gib(args.kv_budget_gib), host_budget_bytes=_gib(args.kv_host_gib),

@@ -18,6 +18,8 @@ class EngineConfig:
     # How long after a model's batch ends the engine waits for that batch's sessions
     # to queue their next tick (realtime/engine.py, _take_batch); strangers never wait.
     batch_wait_ms: float = 20.0
+    # CPU models' number format by name (models.factory.CPU_FORMATS); None: each model's pick.
+    cpu_format: str | None = None
 
 
 @dataclass(frozen=True)

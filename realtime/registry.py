@@ -85,7 +85,7 @@ def _build_inventory(config: ServerConfig) -> Inventory:
     world_options = BuildOptions(device=device, max_batch=world.max_batch, frames_per_chunk=world.frames_per_chunk,
                                  steps=world.steps, gpu_memory_fraction=world.gpu_memory_fraction,
                                  kv_budget_bytes=world.kv_budget_bytes, host_budget_bytes=world.host_budget_bytes,
-                                 trajectory_root=world.trajectory_root)
+                                 trajectory_root=world.trajectory_root, cpu_format=config.engine.cpu_format)
     for text in world.models:
         _try(inv, factory.parse_entry(text), world_options, "world")
     if not inv.names("world"):
@@ -99,7 +99,8 @@ def _build_inventory(config: ServerConfig) -> Inventory:
             inv.skip(config.policy.policy, "policy", str(exc))
     if config.tts.enabled:
         entry = factory.parse_entry(config.tts.voice or factory.DEFAULTS["tts"])
-        _try(inv, entry, BuildOptions(device=device, max_batch=config.tts.max_batch), "tts")
+        options = BuildOptions(device=device, max_batch=config.tts.max_batch, cpu_format=config.engine.cpu_format)
+        _try(inv, entry, options, "tts")
     return inv
 
 

@@ -11,6 +11,8 @@ load from other processes hits them alike:
   with stamps at each stage of the path), for the breakdown of where the time goes.
 - ``served_spin_N`` (``--spin N ...``, default 300000): the profiled server with
   ``GOMP_SPINCOUNT=N`` instead of ``realtime.cli``'s default (the A/B of that setting);
+  ``served_float32`` (``--float32``): a plain server with ``--cpu-format float32``
+  (the voice's products in float32 whatever its pick);
   ``served_load_on_main`` (``--load-on-main``): models loaded on the main thread, as
   before ``realtime.registry.on_spent_thread``; ``served_baseline`` (``--baseline DIR``):
   a plain server running another checkout's code (the code before a change).
@@ -191,7 +193,7 @@ def load_adapter() -> Any:
     from models.tts.adapter import PiperTTS
 
     tts = PiperTTS.load(device="cpu")
-    log("adapter loaded on its own thread (torch threads %d)" % torch.get_num_threads())
+    log("adapter loaded on its own thread (torch threads %d, products %s)" % (torch.get_num_threads(), tts.describe()["products"]))
     return tts
 
 
@@ -244,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--serve-args", default="", help="extra arguments for realtime serve (quoted)")
     p.add_argument("--spin", nargs="*", default=["300000"],
                    help="also a profiled server per GOMP_SPINCOUNT value (the A/B of realtime.cli's default)")
+    p.add_argument("--float32", action="store_true",
+                   help="also a plain server with --cpu-format float32 (the A/B of the voice's number format pick)")
     p.add_argument("--load-on-main", action="store_true",
                    help="also a profiled server that loads its models on the main thread (the old behaviour)")
     p.add_argument("--baseline", default=None, metavar="DIR",
@@ -261,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for value in args.spin:
             servers["served_spin_%s" % value] = Server(serve_args, trace=os.path.join(tmp, "spin%s.json" % value),
                                                        spincount=value)
+        if args.float32:
+            servers["served_float32"] = Server(serve_args + ["--cpu-format", "float32"])
         if args.baseline:
             servers["served_baseline"] = Server(serve_args, tree=Path(args.baseline).resolve())
         if args.load_on_main:

@@ -18,9 +18,11 @@ and noise), the reference every streamed path must equal.
 Variants: ``before`` (transformers' modules, the whole sentence's durations
 before the first window, the first window of 12 frames: the code before these
 benchmarks), ``after`` (this project's forwards, the durations of the first
-``prior.PREFIX_IDS`` ids only, the default plan), ``after_whole_prior``
-(``--whole-prior``: ``after`` with the whole sentence's durations first) and
-``after_firstN`` for each ``--first-frames N``.
+``prior.PREFIX_IDS`` ids only, the default plan, products in float32),
+``after_bfloat16`` (``--bfloat16``: ``after`` with its products in bfloat16,
+compared with the float32 one-shot, so its audio differs by what bf16 changes),
+``after_whole_prior`` (``--whole-prior``: ``after`` with the whole sentence's
+durations first) and ``after_firstN`` for each ``--first-frames N``.
 
     python -m bench.tts.first_audio --utterances 24 --out bench/results/tts_first_audio_cpu.json
     # a machine without the tts extra: a converted voice folder and precomputed phonemes
@@ -176,6 +178,7 @@ class Variant:
         plan = self.tts.plan
         out: dict[str, Any] = {
             "text_encoder": "transformers VitsTextEncoder" if self.tts.voice.reference else "models.tts.text_encoder",
+            "products": str(self.tts.voice.products).replace("torch.", ""),
             "window_plan": dataclasses.asdict(plan),
             "durations_before_first_window": "whole sentence" if self.tts.prefix_ids is None
             else "first %d ids" % self.tts.prefix_ids,
@@ -199,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--first-frames", type=int, nargs="*", default=[], help="also 'after' with these first windows")
     p.add_argument("--whole-prior", action="store_true",
                    help="also 'after' with the whole sentence's durations before the first window")
+    p.add_argument("--bfloat16", action="store_true",
+                   help="also 'after' with its products in bfloat16 (TorchVoice products=)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--voice-dir", default=None, help="a converted voice folder (no tts extra needed)")
     p.add_argument("--phonemes", default=None, help="precomputed phoneme ids (bench_tts --write-phonemes)")
@@ -222,14 +227,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         phonemes = PhonemeTable(json.loads(Path(args.phonemes).read_text(encoding="utf-8"))["texts"])
     log("voice loaded in %.2f s, torch threads %d" % (time.perf_counter() - t, torch.get_num_threads()))
 
+    f32 = torch.float32  # the products' format; --bfloat16 adds a variant in the other
     variants = [
         Variant("before", TorchVoice(model, spec, reference=True), WindowPlan(12, 96, 11), phonemes, None),
-        Variant("after", TorchVoice(model, spec), WindowPlan(context_frames=11), phonemes),
+        Variant("after", TorchVoice(model, spec, products=f32), WindowPlan(context_frames=11), phonemes),
     ]
+    if args.bfloat16:
+        bf16 = TorchVoice(model, spec, products=torch.bfloat16)
+        variants.append(Variant("after_bfloat16", bf16, WindowPlan(context_frames=11), phonemes))
     if args.whole_prior:
-        variants.append(Variant("after_whole_prior", TorchVoice(model, spec), WindowPlan(context_frames=11), phonemes, None))
+        variants.append(Variant("after_whole_prior", TorchVoice(model, spec, products=f32), WindowPlan(context_frames=11),
+                                phonemes, None))
     for n in args.first_frames:
-        variants.append(Variant("after_first%d" % n, TorchVoice(model, spec), WindowPlan(n, 96, 11), phonemes))
+        variants.append(Variant("after_first%d" % n, TorchVoice(model, spec, products=f32), WindowPlan(n, 96, 11), phonemes))
 
     # The one-shot reference per (sentence, seed), outside the timings.
     oneshot = TorchVoice(model, spec, reference=True)

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from models.base import ModelError
+from models.cpu_format import format_name, named_format
 from models.tts.base import (  # the work and chunk types, re-exported for older imports
     MAX_SENTENCE_CHARS,
     AudioChunk,
@@ -115,13 +116,19 @@ class PiperTTS(TTSAdapter):
         self._streams: dict[str, SentenceStream] = {}
 
     @classmethod
-    def load(cls, device: str | torch.device = "cpu", cache_root: Path | None = None, **kwargs: Any) -> "PiperTTS":
+    def load(
+        cls,
+        device: str | torch.device = "cpu",
+        cache_root: Path | None = None,
+        products: torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> "PiperTTS":
         """Convert (first time) or load the cached voice; raises ``TTSUnavailable``
-        without the ``tts`` extra."""
+        without the ``tts`` extra. ``products``: ``TorchVoice``'s number format."""
         from models.tts.availability import require_tts
 
         require_tts()
-        return cls(TorchVoice.load(device=device, cache_root=cache_root), **kwargs)
+        return cls(TorchVoice.load(device=device, cache_root=cache_root, products=products), **kwargs)
 
     def describe(self) -> Mapping[str, Any]:
         spec = self.voice.spec
@@ -141,6 +148,8 @@ class PiperTTS(TTSAdapter):
                 "hop_samples": self.voice.hop,
             },
             "device": str(self.voice.device),
+            "products": format_name(self.voice.products),
+            "products_pick": self.voice.products_pick,
             "phonemizer": self.phonemizer.backend,
         }
 
@@ -274,7 +283,9 @@ def build(path: str | None, options: BuildOptions) -> PiperTTS:
     folder (default: the user cache). Without the ``tts`` extra: ``ModelUnavailable``."""
     from models.tts.availability import TTSUnavailable
 
-    kwargs = {} if options.max_batch is None else {"max_batch": options.max_batch}
+    kwargs: dict[str, Any] = {} if options.max_batch is None else {"max_batch": options.max_batch}
+    if options.cpu_format is not None and options.device == "cpu":
+        kwargs["products"] = named_format(options.cpu_format)
     try:
         return PiperTTS.load(device=options.device, cache_root=Path(path) if path else None, **kwargs)
     except TTSUnavailable as exc:

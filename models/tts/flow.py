@@ -35,16 +35,16 @@ from models.tts.conv_matmul import ConvAsMatmul
 
 
 class _Coupling:
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, products: torch.dtype) -> None:
         self.half = layer.half_channels
-        self.conv_pre = ConvAsMatmul.same(layer.conv_pre)
-        self.conv_post = ConvAsMatmul.same(layer.conv_post)
+        self.conv_pre = ConvAsMatmul.same(layer.conv_pre, products)
+        self.conv_post = ConvAsMatmul.same(layer.conv_post, products)
         net = layer.wavenet
         if getattr(net, "cond_layer", None) is not None:
             raise ValueError("speaker-conditioned flows are not supported")
         self.hidden = net.hidden_size
-        self.in_layers = [ConvAsMatmul.same(c) for c in net.in_layers]
-        self.res_skip = [ConvAsMatmul.same(c) for c in net.res_skip_layers]
+        self.in_layers = [ConvAsMatmul.same(c, products) for c in net.in_layers]
+        self.res_skip = [ConvAsMatmul.same(c, products) for c in net.res_skip_layers]
         self.reach = sum((c.kernel - 1) * c.dilation // 2 for c in self.in_layers)
 
     def reverse(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -69,8 +69,9 @@ class _Coupling:
 class ReverseFlow:
     """The reverse prior flow over segments of any lengths in one padded batch."""
 
-    def __init__(self, block: nn.Module) -> None:
-        self.couplings = [_Coupling(layer) for layer in reversed(block.flows)]
+    def __init__(self, block: nn.Module, products: torch.dtype = torch.float32) -> None:
+        """``products``: the couplings' number format (``conv_matmul``)."""
+        self.couplings = [_Coupling(layer, products) for layer in reversed(block.flows)]
         self.per_coupling = max(c.reach for c in self.couplings)
 
     @torch.inference_mode()

@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul
+from models.tts.conv_matmul import ConvAsMatmul, product
 from models.tts.hifigan import LEAKY_SLOPE, DecoderGeometry, ResBlock2, level_spans
 
 
@@ -37,16 +37,17 @@ MAX_FRAMES = 32
 class DecoderMatmul:
     """A VITS HiFi-GAN decoder with ``ResBlock2`` blocks, prepared for time-major decodes."""
 
-    def __init__(self, decoder: nn.Module, geometry: DecoderGeometry) -> None:
+    def __init__(self, decoder: nn.Module, geometry: DecoderGeometry, products: torch.dtype = torch.float32) -> None:
+        """``products``: the number format of every conv's product (``conv_matmul``)."""
         if not self.supports(decoder):
             raise ValueError("DecoderMatmul needs resblock type 2 and no speaker conditioning")
         self.decoder, self.geometry = decoder, geometry
         self.num_kernels = decoder.num_kernels
         self.slope = decoder.config.leaky_relu_slope
-        self.conv_pre = ConvAsMatmul.same(decoder.conv_pre)
-        self.blocks = [[ConvAsMatmul.same(c) for c in block.convs] for block in decoder.resblocks]
-        self.conv_post = ConvAsMatmul.same(decoder.conv_post)
-        self.upsamplers = [UpsampleAsMatmul(up) for up in decoder.upsampler]
+        self.conv_pre = ConvAsMatmul.same(decoder.conv_pre, products)
+        self.blocks = [[ConvAsMatmul.same(c, products) for c in block.convs] for block in decoder.resblocks]
+        self.conv_post = ConvAsMatmul.same(decoder.conv_post, products)
+        self.upsamplers = [UpsampleAsMatmul(up, products) for up in decoder.upsampler]
 
     @staticmethod
     def supports(decoder: nn.Module) -> bool:
@@ -110,13 +111,13 @@ class UpsampleAsMatmul:
     then ``padding`` samples are cut from each end, as the module does.
     """
 
-    def __init__(self, up: nn.ConvTranspose1d) -> None:
+    def __init__(self, up: nn.ConvTranspose1d, products: torch.dtype = torch.float32) -> None:
         if not self.supports(up):
             raise ValueError("UpsampleAsMatmul needs kernel = m * stride, no groups/dilation/output padding: %r" % up)
         cin, cout, k = up.weight.shape
         self.stride, self.padding, self.blocks, self.channels = up.stride[0], up.padding[0], k // up.stride[0], cout
         # weight[i, o, j] -> column j * C_out + o.
-        self.weight = up.weight.detach().permute(0, 2, 1).reshape(cin, k * cout).contiguous()
+        self.weight = up.weight.detach().permute(0, 2, 1).reshape(cin, k * cout).contiguous().to(products)
         self.bias = None if up.bias is None else up.bias.detach()
 
     @staticmethod
@@ -132,7 +133,7 @@ class UpsampleAsMatmul:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
         s, m, cout = self.stride, self.blocks, self.channels
-        taps = torch.matmul(x, self.weight).view(batch, length, m, s * cout)
+        taps = product(x, self.weight).view(batch, length, m, s * cout)
         full = taps.new_zeros(batch, length + m - 1, s * cout)
         for q in range(m):
             full[:, q : q + length] += taps[:, :, q]

@@ -25,6 +25,10 @@ does slowly are done differently:
    a few hundred ids) faster than the oneDNN conv, and no transposes.
 3. **Q, K and V in one product** ([C, 3C] weights stacked once at load).
 
+``products``: the number format of the Q/K/V and feed-forward products (the
+encoder's time, ``models.cpu_format``); attention itself, the output projection
+and the final projection to the prior's statistics stay float32.
+
 The result equals ``VitsTextEncoder.forward`` up to float rounding (the dense
 form adds the same products plus exact zeros; the sums run in another order);
 ``tests/models/tts/test_tts_text_encoder.py`` asserts it, padded batches included.
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul
+from models.tts.conv_matmul import ConvAsMatmul, product
 
 
 @dataclass
@@ -56,19 +60,19 @@ class EncoderOutput:
 class _Layer:
     """One ``VitsEncoderLayer``'s weights in the forms ``_layer`` uses."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, products: torch.dtype) -> None:
         attn, ff = layer.attention, layer.feed_forward
         self.attention = attn
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         # q is scaled after its bias, as VitsAttention does: fold the scale into both.
         scales = (attn.scaling, 1.0, 1.0)
-        self.qkv_weight = torch.cat([p.weight.detach() * s for p, s in zip(projections, scales)]).T.contiguous()
+        self.qkv_weight = torch.cat([p.weight.detach() * s for p, s in zip(projections, scales)]).T.contiguous().to(products)
         self.qkv_bias = (
             None if attn.q_proj.bias is None else torch.cat([p.bias.detach() * s for p, s in zip(projections, scales)])
         )
         pad = (0, 0) if ff.padding is None else (ff.padding[0], ff.padding[1])
-        self.conv_1 = ConvAsMatmul(ff.conv_1, *pad)
-        self.conv_2 = ConvAsMatmul(ff.conv_2, *pad)
+        self.conv_1 = ConvAsMatmul(ff.conv_1, *pad, products)
+        self.conv_2 = ConvAsMatmul(ff.conv_2, *pad, products)
         self.act_fn = ff.act_fn
         self.layer_norm = layer.layer_norm
         self.final_layer_norm = layer.final_layer_norm
@@ -77,9 +81,9 @@ class _Layer:
 class TextEncoder:
     """``VitsTextEncoder.forward`` over the module's own weights (see the module doc)."""
 
-    def __init__(self, text_encoder: nn.Module) -> None:
+    def __init__(self, text_encoder: nn.Module, products: torch.dtype = torch.float32) -> None:
         self.module = text_encoder
-        self.layers = [_Layer(layer) for layer in text_encoder.encoder.layers]
+        self.layers = [_Layer(layer, products) for layer in text_encoder.encoder.layers]
         self.project = ConvAsMatmul(text_encoder.project, 0, 0)
         convs = (self.layers[-1].conv_1, self.layers[-1].conv_2)
         # Rows beyond a slice that the last layer's feed-forward reads (1 per "same" conv).
@@ -176,7 +180,7 @@ def band_attention(
     bsz, length, embed = hidden.shape
     heads, d = attn.num_heads, attn.head_dim
     a, b = (0, length) if rows is None else rows
-    qkv = torch.matmul(hidden, layer.qkv_weight)
+    qkv = product(hidden, layer.qkv_weight)
     if layer.qkv_bias is not None:
         qkv = qkv + layer.qkv_bias
     q, k, v = qkv.view(bsz, length, 3, heads, d).permute(2, 0, 3, 1, 4)  # each [B, h, T, d]

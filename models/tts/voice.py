@@ -10,6 +10,12 @@ whole-sentence path, the reference for parity and streaming tests.
 
 Noise is drawn on the CPU from a generator seeded per sentence, so a sentence's
 audio does not depend on what else shares its batch, nor on the device.
+
+The products of the text encoder, the flow and the windowed decoder run in one
+number format (``products``): float32, or bfloat16 on a CPU with native bf16
+where a timed first-audio pass finds it faster (``models.cpu_format``). What
+bfloat16 does to the audio is measured in the model card
+(``bench/tts/products_quality.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from models.cpu_format import faster_format, native_bf16, steady_ms
 from models.tts.durations import DurationPredictor
 from models.tts.flow import ReverseFlow
 from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
@@ -61,13 +68,19 @@ class TorchVoice:
     """A Piper VITS voice in torch. Owns its tensors; call from one thread."""
 
     def __init__(
-        self, model: nn.Module, spec: VoiceSpec, device: str | torch.device = "cpu", reference: bool = False
+        self,
+        model: nn.Module,
+        spec: VoiceSpec,
+        device: str | torch.device = "cpu",
+        reference: bool = False,
+        products: torch.dtype | None = None,
     ) -> None:
         """``reference``: run transformers' own text encoder, duration predictor
         and flow forwards and the module decoder instead of
         ``text_encoder.TextEncoder``, ``durations.DurationPredictor``,
         ``flow.ReverseFlow`` and ``hifigan_matmul.DecoderMatmul`` (the same
-        math, slower: the A of A/B runs and the tests' reference)."""
+        math, slower: the A of A/B runs and the tests' reference).
+        ``products``: their number format; None picks (see the module doc)."""
         self.model = model
         self.spec = spec
         self.device = torch.device(device)
@@ -80,25 +93,55 @@ class TorchVoice:
         self.duration_reach = duration_reach(model.duration_predictor)
         self.channels = model.config.flow_size
         self.reference = reference
-        self._encoder = None if reference else TextEncoder(model.text_encoder)
-        self._flow = None if reference else ReverseFlow(model.flow)
         self._durations = None if reference else DurationPredictor(model.duration_predictor)
-        use_matmul = not reference and DecoderMatmul.supports(model.decoder)
-        self._decoder = DecoderMatmul(model.decoder, geometry) if use_matmul else None
+        self.products_pick: dict[str, Any] | None = None
+        if reference:
+            products = torch.float32
+        elif products is None and self.device.type == "cpu" and native_bf16():
+            both = {dt: self._forwards(dt) for dt in (torch.float32, torch.bfloat16)}
+            passes = {dt: (lambda f=f: steady_ms(lambda: self._first_audio_pass(*f), repeats=3)) for dt, f in both.items()}
+            products, self.products_pick = faster_format("tts", passes)
+        self.products = products or torch.float32
+        self._encoder, self._flow, self._decoder = (None, None, None) if reference else self._forwards(self.products)
+
+    def _forwards(self, products: torch.dtype) -> tuple[TextEncoder, ReverseFlow, DecoderMatmul | None]:
+        model = self.model
+        decoder = DecoderMatmul(model.decoder, self.geometry, products) if DecoderMatmul.supports(model.decoder) else None
+        return TextEncoder(model.text_encoder, products), ReverseFlow(model.flow, products), decoder
+
+    @torch.inference_mode()
+    def _first_audio_pass(self, encoder: TextEncoder, flow: ReverseFlow, decoder: DecoderMatmul | None) -> None:
+        """The products a sentence's first audio waits for, on fixed inputs of a
+        typical sentence (215 ids, the prefix's 100 rows, a 55-frame flow, a 23-frame window)."""
+        ids = torch.ones(1, 215, dtype=torch.long)
+        encoder(ids, torch.ones(1, 215, 1), rows=100)
+        (z,) = flow([torch.zeros(self.channels, 55)])
+        if decoder is not None:
+            decoder.decode_cores(z[None, :, :23], [23], [(0, 12)])
 
     @classmethod
     def load(
-        cls, device: str | torch.device = "cpu", cache_root: Path | None = None, reference: bool = False
+        cls,
+        device: str | torch.device = "cpu",
+        cache_root: Path | None = None,
+        reference: bool = False,
+        products: torch.dtype | None = None,
     ) -> "TorchVoice":
         """The installed joe voice, converted on first use (needs the tts extra)."""
         model, spec, _ = load_voice_model(cache_root_dir=cache_root, device=device)
-        return cls(model, spec, device, reference)
+        return cls(model, spec, device, reference, products)
 
     @classmethod
-    def load_dir(cls, directory: Path, device: str | torch.device = "cpu", reference: bool = False) -> "TorchVoice":
+    def load_dir(
+        cls,
+        directory: Path,
+        device: str | torch.device = "cpu",
+        reference: bool = False,
+        products: torch.dtype | None = None,
+    ) -> "TorchVoice":
         """A converted cache directory on its own (no voice package, no onnx)."""
         model, spec = load_converted(directory, device)
-        return cls(model, spec, device, reference)
+        return cls(model, spec, device, reference, products)
 
     # --- latent stage -----------------------------------------------------------------
 

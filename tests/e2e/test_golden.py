@@ -227,7 +227,8 @@ def test_tts_transcript():
     from models.tts.availability import TTSUnavailable
 
     try:
-        voice = tts_adapter.PiperTTS.load(device="cpu", max_batch=4)
+        # float32 products whatever the CPU: the transcript records the audio's length.
+        voice = tts_adapter.PiperTTS.load(device="cpu", max_batch=4, products=torch.float32)
     except TTSUnavailable as exc:
         pytest.skip(f"TTS extra not installed: {exc}")
     inventory = Inventory()

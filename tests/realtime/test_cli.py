@@ -127,6 +127,18 @@ def test_ticks_in_flight_reaches_the_world_config(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+def test_cpu_format_reaches_the_engine_config_and_the_factories():
+    from realtime.cli import config_from_args
+    from realtime.registry import _build_inventory
+
+    assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).engine.cpu_format is None  # auto
+    config = config_from_args(parse_args(["serve", "--models", "maze", "--policy", "dummy", "--no-tts",
+                                          "--device", "cpu", "--cpu-format", "float32"]))
+    assert config.engine.cpu_format == "float32"
+    maze = _build_inventory(config).adapters["maze"]
+    assert (str(maze.dtype), maze.details()["dtype_pick"]) == ("torch.float32", None)
+
+
 def test_client_limits_reach_the_config_with_documented_defaults(capsys):
     from realtime.cli import config_from_args
     from realtime.config import LimitsConfig, ServerConfig

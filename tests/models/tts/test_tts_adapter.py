@@ -46,6 +46,8 @@ def test_describe(quiet_tts):
         "max_batch": 1,  # CPU: batching does not pay (see PiperTTS.__init__)
         "windows": {"first_frames": 12, "max_frames": 96, "context_frames": 11, "hop_samples": 256},
         "device": "cpu",
+        "products": "float32",  # the fixture's voice pins it (conftest.py)
+        "products_pick": None,
         "phonemizer": "piper",
     }
     assert quiet_tts.voices == ("en_US-joe-medium",)
