@@ -50,8 +50,8 @@ import realtime.cli
 
 # Before torch loads: the adapter here waits as the server's engine does (realtime.cli's defaults).
 realtime.cli.openmp_defaults(os.environ)
-from bench.report import emit, load_summary
-from bench.tts.bench_tts import SENTENCES, environment, summary_ms
+from bench.report import load_summary
+from bench.tts.bench_tts import SENTENCES, summary_ms, write_report
 from bench.tts.serve_profile import STAGES, stages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -320,11 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "servers": {n: s.command for n, s in servers.items()},
         "openmp_defaults": realtime.cli.OPENMP_DEFAULTS,
-        "command": "python -m bench.tts.bench_served " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    report.update(environment("cpu"))
-    emit(report, args.out, indent=1, log=log)
+    write_report(report, "bench.tts.bench_served", argv, args.out, log)
     return 0
 
 

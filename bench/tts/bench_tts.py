@@ -37,11 +37,12 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from bench.report import emit
 from models.tts.adapter import AudioChunk, DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.phonemes import PhonemeTable
 from models.tts.segmenter import SentenceSegmenter
@@ -101,6 +102,16 @@ def paragraph_sentences() -> list[list[str]]:
         seg = SentenceSegmenter()
         out.append(seg.push(text) + seg.flush())
     return out
+
+
+def write_report(report: dict[str, Any], module: str, argv: Sequence[str] | None, out: str | None,
+                 log: Callable[[str], None]) -> None:
+    """Add the exact command, the date and ``environment("cpu")`` to a CPU bench's
+    ``report``, then print it and write it to ``out`` (``bench.report.emit``)."""
+    report["command"] = "python -m %s %s" % (module, " ".join(sys.argv[1:] if argv is None else argv))
+    report["date"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    report.update(environment("cpu"))
+    emit(report, out, indent=1, log=log)
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -44,8 +44,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from bench.report import emit, load_summary
-from bench.tts.bench_tts import SENTENCES, environment, summary_ms
+from bench.report import load_summary
+from bench.tts.bench_tts import SENTENCES, summary_ms, write_report
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.phonemes import PhonemeTable
 from models.tts.prior import PREFIX_IDS
@@ -291,11 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "openmp_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
                        if k in os.environ},
         "affinity": sorted(os.sched_getaffinity(0)),
-        "command": "python -m bench.tts.first_audio " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    report.update(environment("cpu"))
-    emit(report, args.out, indent=1, log=log)
+    write_report(report, "bench.tts.first_audio", argv, args.out, log)
     return 0
 
 

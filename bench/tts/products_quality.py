@@ -32,8 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from bench.report import emit
-from bench.tts.bench_tts import SENTENCES, environment
+from bench.tts.bench_tts import SENTENCES, write_report
 from models.cpu_format import native_bf16, steady_ms
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.stream import to_pcm16
@@ -167,11 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "first_audio_pass_ms": passes,
         "rows": rows,
-        "command": "python -m bench.tts.products_quality " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    report.update(environment("cpu"))
-    emit(report, args.out, indent=1, log=log)
+    write_report(report, "bench.tts.products_quality", argv, args.out, log)
     return 0
 
 
