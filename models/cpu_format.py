@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from models.factory import CPU_FORMATS
+from models.factory import CPU_FORMATS, BuildOptions
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,13 @@ def named_format(name: str) -> torch.dtype:
     if name not in CPU_FORMATS:
         raise ValueError(f"cpu format {name!r} is not one of {CPU_FORMATS}")
     return getattr(torch, name)
+
+
+def chosen_format(options: BuildOptions) -> torch.dtype | None:
+    """The CPU format ``options`` fixes for a model on the CPU; None: the model picks (or runs on a GPU)."""
+    if options.cpu_format is None or options.device != "cpu":
+        return None
+    return named_format(options.cpu_format)
 
 
 def faster_format(what: str, passes: Mapping[torch.dtype, Callable[[], float]],

@@ -46,6 +46,7 @@ import torch
 
 from bench.report import load_summary
 from bench.tts.bench_tts import SENTENCES, summary_ms, write_report
+from models.cpu_format import format_name
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.phonemes import PhonemeTable
 from models.tts.prior import PREFIX_IDS
@@ -178,7 +179,7 @@ class Variant:
         plan = self.tts.plan
         out: dict[str, Any] = {
             "text_encoder": "transformers VitsTextEncoder" if self.tts.voice.reference else "models.tts.text_encoder",
-            "products": str(self.tts.voice.products).replace("torch.", ""),
+            "products": format_name(self.tts.voice.products),
             "window_plan": dataclasses.asdict(plan),
             "durations_before_first_window": "whole sentence" if self.tts.prefix_ids is None
             else "first %d ids" % self.tts.prefix_ids,

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from bench.tts.bench_tts import SENTENCES, write_report
-from models.cpu_format import native_bf16, steady_ms
+from models.cpu_format import format_name, native_bf16, steady_ms
 from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
 from models.tts.stream import to_pcm16
 
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     noisy = {dt: PiperTTS(v) for dt, v in voices.items()}
     session = ort.InferenceSession(str(find_joe_voice().onnx_path), providers=["CPUExecutionProvider"])
     texts = list(SENTENCES) + list(MORE)
-    names = {dt: str(dt).replace("torch.", "") for dt in FORMATS}
+    names = {dt: format_name(dt) for dt in FORMATS}
 
     rows: list[dict[str, Any]] = []
     for i, text in enumerate(texts):

@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from models.base import ModelError
-from models.cpu_format import format_name, named_format
+from models.cpu_format import chosen_format, format_name
 from models.tts.base import (  # the work and chunk types, re-exported for older imports
     MAX_SENTENCE_CHARS,
     AudioChunk,
@@ -283,9 +283,9 @@ def build(path: str | None, options: BuildOptions) -> PiperTTS:
     folder (default: the user cache). Without the ``tts`` extra: ``ModelUnavailable``."""
     from models.tts.availability import TTSUnavailable
 
-    kwargs: dict[str, Any] = {} if options.max_batch is None else {"max_batch": options.max_batch}
-    if options.cpu_format is not None and options.device == "cpu":
-        kwargs["products"] = named_format(options.cpu_format)
+    kwargs: dict[str, Any] = {"products": chosen_format(options)}
+    if options.max_batch is not None:
+        kwargs["max_batch"] = options.max_batch
     try:
         return PiperTTS.load(device=options.device, cache_root=Path(path) if path else None, **kwargs)
     except TTSUnavailable as exc:

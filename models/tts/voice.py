@@ -95,14 +95,19 @@ class TorchVoice:
         self.reference = reference
         self._durations = None if reference else DurationPredictor(model.duration_predictor)
         self.products_pick: dict[str, Any] | None = None
+        self._encoder: TextEncoder | None = None
+        self._flow: ReverseFlow | None = None
+        self._decoder: DecoderMatmul | None = None
         if reference:
-            products = torch.float32
+            self.products = torch.float32
         elif products is None and self.device.type == "cpu" and native_bf16():
             both = {dt: self._forwards(dt) for dt in (torch.float32, torch.bfloat16)}
             passes = {dt: (lambda f=f: steady_ms(lambda: self._first_audio_pass(*f), repeats=3)) for dt, f in both.items()}
-            products, self.products_pick = faster_format("tts", passes)
-        self.products = products or torch.float32
-        self._encoder, self._flow, self._decoder = (None, None, None) if reference else self._forwards(self.products)
+            self.products, self.products_pick = faster_format("tts", passes)
+            self._encoder, self._flow, self._decoder = both[self.products]
+        else:
+            self.products = products or torch.float32
+            self._encoder, self._flow, self._decoder = self._forwards(self.products)
 
     def _forwards(self, products: torch.dtype) -> tuple[TextEncoder, ReverseFlow, DecoderMatmul | None]:
         model = self.model

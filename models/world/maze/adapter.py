@@ -59,7 +59,7 @@ import torch
 
 from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyError, kv_budget, plan_capacity
 from models.base import ModelError
-from models.cpu_format import named_format, native_bf16
+from models.cpu_format import chosen_format, format_name, native_bf16
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
@@ -206,7 +206,7 @@ class MazeWorld(WorldAdapter):
             "denoising_steps": self.steps, "window_frames": self.window, "sink_frames": 1,
             "kv_from_last_step": self.sampler.kv_from_last, "schedule_shift": self.sampler.shift,
             "passes_per_frame": self.steps + (0 if self.sampler.kv_from_last else 1),
-            "device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""),
+            "device": str(self.device), "dtype": format_name(self.dtype),
             "dtype_pick": self.dtype_pick,
             "params": sum(p.numel() for p in self.model.parameters()), "config": cfg.to_dict(),
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),
@@ -446,8 +446,7 @@ def build(path: str | None, options: BuildOptions) -> MazeWorld:
         kwargs["max_batch"] = options.max_batch
     if options.steps is not None:
         kwargs["steps"] = options.steps
-    if options.cpu_format is not None and options.device == "cpu":
-        kwargs["dtype"] = named_format(options.cpu_format)
+    kwargs["dtype"] = chosen_format(options)  # None: the adapter's own pick
     if path is not None:
         kwargs["weights"] = path
     try:
