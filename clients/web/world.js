@@ -22,6 +22,7 @@ export class WorldPanel {
     this.ws = null;
     this.assembling = null; // {header, payloads} while a chunk's binary frames arrive
     this.pendingCreate = null; // options of a session.create waiting for session.closed
+    this.creating = false; // a session.create was sent on this socket and not answered yet
     this.socketSessionId = null; // the session id in the socket's URL (its routing key)
     this.closing = false; // session.close sent: no more events or credits for this session
     this.nextEventId = 1; // strictly increasing for every session this page makes
@@ -153,11 +154,13 @@ export class WorldPanel {
     // id gets a socket of its own, which may land on another replica.
     const sameRoute = options.session_id === this.socketSessionId;
     if (sameRoute && this.ws && this.ws.readyState === WebSocket.OPEN) {
-      if (this.state.sessionId) {
+      if (this.state.sessionId || this.creating) {
+        // The newest settings win: the live session (or the one still being created, once
+        // it is) is closed first, then this create is sent.
         this.pendingCreate = options;
         this.closeSession();
       } else {
-        this.send(options);
+        this.#create(options);
       }
       return;
     }
@@ -171,6 +174,11 @@ export class WorldPanel {
     // world.v1: a create with `image` is followed by exactly one binary message, the image.
     if (msg.type === "session.create" && msg.image) this.ws.send(this.imageBytes);
     return true;
+  }
+
+  /** Send a session.create; the next one waits until the server has answered it. */
+  #create(options) {
+    if (this.send(options)) this.creating = true;
   }
 
   /** Close this socket's session; the socket stays open for the next one. */
@@ -207,6 +215,7 @@ export class WorldPanel {
     this.closing = false;
     this.#renderButtons(); // no session on the new socket yet: reset and close are off now, not at the next HUD tick
     this.pendingCreate = null;
+    this.creating = false;
     this.player.stop();
     this.player.clear();
     // A socket still connecting (a second click) is dropped; its handlers see it is stale.
@@ -216,7 +225,7 @@ export class WorldPanel {
     ws.onopen = () => {
       if (ws !== this.ws) return;
       this.state.connected = true;
-      this.send(createOptions);
+      this.#create(createOptions);
     };
     ws.onmessage = (e) => {
       if (ws !== this.ws) return;
@@ -233,6 +242,7 @@ export class WorldPanel {
     this.state.connected = false;
     this.closing = false;
     this.pendingCreate = null;
+    this.creating = false;
     this.state.sessionId = null;
     this.state.closeCode = code;
     this.assembling = null;
@@ -277,6 +287,7 @@ export class WorldPanel {
   }
 
   #created(msg) {
+    this.creating = false;
     const s = this.state;
     Object.assign(s, {
       sessionId: msg.session_id,
@@ -291,6 +302,11 @@ export class WorldPanel {
       lastError: null,
     });
     showError(this.el.error, "");
+    if (this.pendingCreate) {
+      // Another create was asked for while this one was on its way: that one wins.
+      this.closeSession();
+      return;
+    }
     this.player.clear();
     this.credits.reset();
     this.player.configure(msg);
@@ -370,7 +386,7 @@ export class WorldPanel {
     this.#renderButtons();
     const next = this.pendingCreate;
     this.pendingCreate = null;
-    if (next) this.send(next);
+    if (next) this.#create(next);
   }
 
   #fail(msg) {
@@ -379,6 +395,13 @@ export class WorldPanel {
     this.state.lastError = msg;
     this.state.errors.push(msg);
     showError(this.el.error, describeError(msg));
+    if (msg.type === "error" && this.creating && !this.state.sessionId) {
+      // With no session, the server can refuse nothing but the create in flight: send the next one.
+      this.creating = false;
+      const next = this.pendingCreate;
+      this.pendingCreate = null;
+      if (next) this.#create(next);
+    }
     if (msg.code === "session_failed" || msg.code === "session_evicted") this.#setStatus("failed: reset or close");
     // A refused session.create leaves the socket without a session.
     if (msg.code === "session_exists" && !this.state.sessionId) this.#setStatus("no session");

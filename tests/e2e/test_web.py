@@ -348,6 +348,29 @@ def test_server_errors_are_shown_on_the_page(tiny_page: Page):
     assert p.console_errors == []
 
 
+def test_connect_clicked_again_while_a_create_is_on_its_way(tiny_page: Page):
+    """Two clicks on Connect before the server answers the first create: the second
+    waits for the first session, closes it and starts its own; the server refuses nothing."""
+    p = tiny_page
+    p.page.click("#world-close")
+    p.wait("demo.world.sessionId === null && !demo.panels.world.closing")
+    errors = len(p.js("demo.world.errors"))
+    # One evaluation: the second click lands while the first create is unanswered.
+    assert p.js("""(() => {
+        const connect = document.getElementById("world-connect");
+        connect.click();
+        const inFlight = demo.panels.world.creating;
+        document.getElementById("world-seed").value = "7";
+        connect.click();
+        return inFlight;
+    })()""") is True
+    p.wait("demo.world.sessionId !== null && !demo.panels.world.creating && !demo.panels.world.pendingCreate"
+           " && demo.world.chunkIndex >= 2")
+    assert len(p.js("demo.world.errors")) == errors, p.js("demo.world.errors")
+    assert p.js("demo.world.lastError") is None
+    assert p.console_errors == []
+
+
 def test_dropped_connection_offers_reconnect(tiny_page: Page):
     p = tiny_page
     reconnect = p.page.locator("#world-reconnect")
