@@ -20,6 +20,9 @@ Phases, one after another so that they never compete for the cores:
    served ones; ``--no-bare-after`` skips it).
 
 ``--variants`` repeats all three for each string of extra ``realtime serve`` arguments.
+``--page`` adds a served row per session count where one session is the demo page in real
+Chromium (``bench/maze/page_pace.py``) beside the other sessions' Python clients: the frames
+it drew and the chunks it received per second, and its stalls.
 
 Every phase records the 1-minute load average before and after, the CPU seconds of the
 server and client processes, and the CPU affinity (``taskset`` is inherited by the
@@ -48,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # also runnable as a script
     sys.path.insert(0, str(ROOT))
 
+from bench.maze import page_pace  # noqa: E402
 from bench.report import emit, proc_stat  # noqa: E402
 from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
@@ -230,6 +234,31 @@ def served(port: int, server_pid: int, n: int, args: argparse.Namespace) -> dict
     }
 
 
+def served_with_page(port: int, server_pid: int, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The page as one of ``n`` sessions, the other ``n - 1`` the Python clients of ``served``
+    (started first, and measured over a longer window that covers the page's)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    others = None
+    if n > 1:
+        others = ctx.Process(target=_client_process, args=(f"ws://127.0.0.1:{port}/v1/realtime/world", n - 1,
+                                                           args.format, args.credits, args.warmup,
+                                                           args.seconds + 15, queue))
+        others.start()
+    load0, s0, t0 = load1(), proc_stat(server_pid)[0], time.perf_counter()
+    page = page_pace.measure_page(f"127.0.0.1:{port}", args.warmup, args.seconds)
+    wall = time.perf_counter() - t0
+    server_cpu = proc_stat(server_pid)[0] - s0
+    row: dict[str, Any] = {"sessions": n, "format": "jpeg (the page's)", "page": page,
+                           "server_cpu_s_per_s": server_cpu / wall, "load_avg_1m": [load0, load1()]}
+    if others is not None:
+        res = queue.get(timeout=args.warmup + args.seconds + 600)
+        others.join(60)
+        per = [s["frames_per_s"] for s in res["sessions"]]
+        row["python_clients_frames_per_s"] = per
+    return row
+
+
 def split_variant(text: str) -> tuple[dict[str, str], list[str]]:
     """``"OMP_WAIT_POLICY=ACTIVE --steps 1"`` -> ({"OMP_WAIT_POLICY": "ACTIVE"}, ["--steps", "1"]):
     leading NAME=VALUE words are environment for the server and the bare process."""
@@ -280,6 +309,10 @@ def _run_variant(variant: str, env: dict[str, str], serve_args: list[str],
             log(f"[{variant}] served, {n} session(s), {args.warmup + args.seconds:.0f} s ...")
             rows.append({"variant": variant, "phase": "served", **served(port, proc.pid, n, args)})
             log(json.dumps({k: v for k, v in rows[-1].items() if k != "frames_per_s_per_session"}))
+            if args.page:
+                log(f"[{variant}] the page in Chromium as 1 of {n} session(s) ...")
+                rows.append({"variant": variant, "phase": "page", **served_with_page(port, proc.pid, n, args)})
+                log(json.dumps(rows[-1]))
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -298,7 +331,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per variant and session count: served frames/s beside the bare adapter's, and CPU per frame."""
     out: dict[str, Any] = {}
     for srv in (r for r in rows if r["phase"] == "served"):
-        bare_rows = [r for r in rows if r["phase"] != "served" and r["variant"] == srv["variant"]
+        bare_rows = [r for r in rows if r["phase"] in ("bare", "bare_after") and r["variant"] == srv["variant"]
                      and r["sessions"] == srv["sessions"]]
         bares = [r["frames_per_s_per_session"] for r in bare_rows]
         bare_cpu = statistics.mean(r["cpu_ms_per_frame_p50"] for r in bare_rows)
@@ -310,6 +343,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bare_cpu_ms_per_frame": bare_cpu,
             "load_avg_1m": srv["load_avg_1m"],
         }
+        page = next((r["page"] for r in rows if r["phase"] == "page" and r["variant"] == srv["variant"]
+                     and r["sessions"] == srv["sessions"]), None)
+        if page is not None:
+            out[srv["variant"]][str(srv["sessions"])].update(
+                page_frames_drawn_per_s=page["frames_drawn_per_s"],
+                page_chunks_received_per_s=page["chunks_received_per_s"], page_stalls=page["stalls"])
     return out
 
 
@@ -327,8 +366,12 @@ def main() -> None:
                     help="one run per entry, each a string of extra realtime serve arguments, optionally "
                          "after NAME=VALUE environment words (\"\" = the defaults; e.g. --variants \"\" "
                          "\"--steps 1\" \"OMP_WAIT_POLICY=ACTIVE\")")
+    ap.add_argument("--page", action="store_true",
+                    help="also play one of the sessions in the demo page in real Chromium")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.page and (why := page_pace.available()):
+        raise SystemExit(f"--page: {why}")
     # What realtime serve sets before torch loads (realtime.cli.openmp_defaults), for the bare
     # processes too; a variant's own environment words come on top.
     openmp_defaults(os.environ)
