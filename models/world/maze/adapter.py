@@ -60,6 +60,7 @@ import torch
 from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyError, kv_budget, plan_capacity
 from models.base import ModelError
 from models.cpu_format import chosen_format, format_name, native_bf16
+from models.cpu_lanes import CpuLanes, default_lanes, split_rows
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
@@ -111,7 +112,8 @@ class MazeWorld(WorldAdapter):
                  attention_backend: str | None = None, seed: int = 0,
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
                  budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
-                 kv_from_last: bool | None = None, shift: float | None = None) -> None:
+                 kv_from_last: bool | None = None, shift: float | None = None,
+                 cpu_lanes: int | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -167,6 +169,8 @@ class MazeWorld(WorldAdapter):
         self.graph_buckets = graph_buckets(self.max_batch) if self.cuda_graphs else ()
         self._runners: dict[int, FrameRunner] = {}
         self._graph_pool: Any = None
+        # CPU: a batch of generated frames split across threads, one core each (models/cpu_lanes.py).
+        self.lanes = CpuLanes(1 if cuda else cpu_lanes if cpu_lanes is not None else default_lanes(self.max_batch))
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
         if warm_up if warm_up is not None else cuda:
@@ -212,6 +216,7 @@ class MazeWorld(WorldAdapter):
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),
             "cuda_graphs": self.cuda_graphs and self.device.type == "cuda",
             "static_frame_path": self.cuda_graphs, "graph_buckets": list(self.graph_buckets),
+            "cpu_lanes": self.lanes.lanes,
             "start": "frame 0 of a session is the simulator's first frame of maze `seed`; "
                      "every later frame is generated",
         }
@@ -409,16 +414,28 @@ class MazeWorld(WorldAdapter):
             batch = self._begin(ids, pad_to=rows, upload=False)
             # The noise is drawn as denoise_frame draws it: graph and eager consume the generator alike.
             return _frames(self._runner(rows).run(batch, acts, frames, self.gen))
-        batch = self._begin(ids)
-        ctx = PagedContext(self.cache, batch)
         idx = torch.from_numpy(frames).to(self.device)
         a = torch.from_numpy(acts).to(self.device)
-        x0 = denoise_frame(self.model, ctx, a, idx, self.sampler, self.gen)
-        if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
-            zeros = torch.zeros(B, device=self.device)
-            # The clean pass: only its K/V are kept, so it stops at the last block's K/V.
-            self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
-        return _frames(to_u8(x0))
+        # The whole batch's noise first, as denoise_frame draws it: the lanes' split changes a
+        # frame only as far as a matrix kernel rounds a smaller batch differently.
+        noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
+        parts = split_rows(B, self.lanes.lanes)
+        batches = [self._begin(ids[p.start:p.stop]) for p in parts]  # kv bookkeeping stays on this thread
+        x0 = self.lanes.map(self._denoise, [(b, a[p.start:p.stop], idx[p.start:p.stop], noise[p.start:p.stop])
+                                            for b, p in zip(batches, parts)])
+        return _frames(to_u8(x0[0] if len(x0) == 1 else torch.cat(x0)))
+
+    def _denoise(self, part: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """One lane's rows (kv batch, actions, frame indexes, noise): denoise, then the clean pass."""
+        batch, a, idx, noise = part
+        with torch.no_grad():  # grad mode is per thread: a lane's thread starts with it on
+            ctx = PagedContext(self.cache, batch)
+            x0 = denoise_frame(self.model, ctx, a, idx, self.sampler, noise=noise)
+            if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
+                zeros = torch.zeros(len(idx), device=self.device)
+                # The clean pass: only its K/V are kept, so it stops at the last block's K/V.
+                self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
+        return x0
 
 
 def _frames(x: torch.Tensor) -> Any:

@@ -214,3 +214,62 @@ def test_cpu_number_format_is_timed_only_where_bf16_is_native(weights, monkeypat
     (c,) = play(w, [tick("s", 0, "", seed=1)])
     (c,) = play(w, [tick("s", 1, "w")])
     assert c.frames.shape == (1, 64, 64, 3)
+
+
+def _batches_of_three(w: MazeWorld) -> list[np.ndarray]:
+    ids = ["a", "b", "c"]
+    out = play(w, [tick(s, 0, "", seed=i) for i, s in enumerate(ids)])
+    frames = [c.frames[0] for c in out]
+    for ci, keys in enumerate(["w", "l", "wj", ""], 1):
+        frames += [c.frames[0] for c in play(w, [tick(s, ci, keys) for s in ids])]
+    return frames
+
+
+@pytest.mark.parametrize("lanes", [2, 3])
+def test_cpu_lanes_split_a_batch_without_changing_a_frame(weights, lanes):
+    """Rows on two or three threads make the frames one thread makes (the noise is drawn for
+    the whole batch first; a matrix kernel may round a smaller batch differently, a level in a
+    pixel at most), and kv ends up the same."""
+    one = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=7, cpu_lanes=1, dtype=torch.float32)
+    split = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=7, cpu_lanes=lanes, dtype=torch.float32)
+    assert (one.describe()["cpu_lanes"], split.describe()["cpu_lanes"]) == (1, lanes)
+    diff = np.abs(np.stack(_batches_of_three(one)).astype(int) - np.stack(_batches_of_three(split)).astype(int))
+    assert diff.max() <= 1 and diff.mean() < 1e-3
+    for s in "abc":
+        assert one.cache.committed_frames(s) == split.cache.committed_frames(s) == 5
+        assert not split.cache.in_flight(s)
+
+
+def test_a_lane_that_fails_fails_the_batch_and_leaves_no_open_chunk(weights, monkeypatch):
+    w = MazeWorld(weights=weights, max_sessions=4, max_batch=4, cpu_lanes=2)
+    play(w, [tick(s, 0, "", seed=i) for i, s in enumerate("ab")])
+    real, calls = w._denoise, []
+
+    def second_lane_fails(part):
+        calls.append(len(part[2]))
+        if len(calls) == 2:
+            raise RuntimeError("injected in a lane")
+        return real(part)
+
+    monkeypatch.setattr(w, "_denoise", second_lane_fails)
+    with pytest.raises(RuntimeError, match="injected in a lane"):
+        w.run_batch([tick("a", 1, "w"), tick("b", 1, "w")])
+    assert calls == [1, 1]
+    for s in "ab":
+        w.end_tick(s, False)
+        assert w.cache.committed_frames(s) == 1 and not w.cache.in_flight(s)
+    monkeypatch.undo()
+    play(w, [tick("a", 1, "w"), tick("b", 1, "w")])
+    assert (w.cache.committed_frames("a"), w.cache.committed_frames("b")) == (2, 2)
+
+
+def test_default_lanes_follow_the_free_cores(monkeypatch):
+    from models import cpu_lanes
+
+    monkeypatch.setattr(cpu_lanes, "usable_cores", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert cpu_lanes.default_lanes(32) == 2 and cpu_lanes.default_lanes(1) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert cpu_lanes.default_lanes(32) == 1
+    assert cpu_lanes.split_rows(5, 2) == [range(0, 2), range(2, 5)]
+    assert cpu_lanes.split_rows(1, 3) == [range(0, 1)]
