@@ -7,11 +7,10 @@ computes; ``realtime/cli.py``). Lanes use the other cores the other way round: e
 lane is a thread running its share of the rows with the one intra-op thread it has,
 so nothing waits at an OpenMP barrier, and torch drops the GIL inside every op.
 
-    lanes = CpuLanes(default_lanes(max_batch))
+    lanes = CpuLanes(default_lanes())
     outs = lanes.map(work, parts)      # work(part) for every part, part 0 on the caller's thread
 
-``default_lanes``: the cores this process may run on divided by torch's intra-op
-threads, at most ``cap`` (the batch can be split no finer than a row).
+``default_lanes``: the cores this process may run on divided by torch's intra-op threads.
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_lanes(cap: int) -> int:
-    """Lanes for a CPU batch of at most ``cap`` rows: one per free core (cores // intra-op threads)."""
-    return max(1, min(cap, usable_cores() // max(1, torch.get_num_threads())))
+def default_lanes() -> int:
+    """One lane per core left over by torch's intra-op threads (cores // intra-op threads)."""
+    return max(1, usable_cores() // max(1, torch.get_num_threads()))
 
 
 def split_rows(rows: int, lanes: int) -> list[range]:

@@ -170,7 +170,7 @@ class MazeWorld(WorldAdapter):
         self._runners: dict[int, FrameRunner] = {}
         self._graph_pool: Any = None
         # CPU: a batch of generated frames split across threads, one core each (models/cpu_lanes.py).
-        self.lanes = CpuLanes(1 if cuda else cpu_lanes if cpu_lanes is not None else default_lanes(self.max_batch))
+        self.lanes = CpuLanes(1 if cuda else cpu_lanes if cpu_lanes is not None else default_lanes())
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
         if warm_up if warm_up is not None else cuda:
