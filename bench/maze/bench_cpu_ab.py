@@ -32,7 +32,7 @@ from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
 
 def parse_variant(text: str) -> dict[str, Any]:
-    """``"kv_from_last=1 shift=0.1111 dtype=bfloat16"`` -> MazeWorld keyword arguments."""
+    """``"kv_from_last=1 shift=0.1111 dtype=bfloat16 gelu=tanh cpu_lanes=1"`` -> MazeWorld keyword arguments."""
     import torch
 
     out: dict[str, Any] = {}
@@ -42,6 +42,8 @@ def parse_variant(text: str) -> dict[str, Any]:
             out[name] = getattr(torch, value)
         elif name == "kv_from_last":
             out[name] = value not in ("0", "false", "False")
+        elif name == "gelu":
+            out[name] = value
         elif "." in value:
             out[name] = float(value)
         else:

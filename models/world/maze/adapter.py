@@ -32,7 +32,9 @@ CUDA bf16 with 4 steps and a 14-frame window (the training clip); CPU with 2 ste
 and a 2-frame window (the context of a training clip's third frame; on held-out
 mazes it keeps every gate a 4-frame window kept, a few tenths of a dB under it, at
 about three quarters of its CPU tick), float32 unless the CPU has native bf16 and a
-timed pass finds bf16 faster (``cpu_dtype``). The eager clean pass stops at the last block's K/V.
+timed pass finds bf16 faster (``cpu_dtype``; in bf16 the MLPs use the exact GELU, see
+``model.GELUS``). The eager clean pass stops at the last block's K/V. On CPU a batch of
+several sessions is split across lanes, one thread per core (``models/cpu_lanes.py``).
 
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
@@ -113,7 +115,7 @@ class MazeWorld(WorldAdapter):
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
                  budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
                  kv_from_last: bool | None = None, shift: float | None = None,
-                 cpu_lanes: int | None = None) -> None:
+                 cpu_lanes: int | None = None, gelu: str | None = None) -> None:
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
         self.device = torch.device(device)
@@ -126,14 +128,23 @@ class MazeWorld(WorldAdapter):
         self.frames_per_chunk = frames_per_chunk
         self.weights = Path(weights)
         # CPU: float32, or bfloat16 where the CPU has native bf16 and a timed pass finds it faster.
+        # The MLPs' GELU: on CPU in bf16 the exact one (erf), 5x cheaper there than the tanh
+        # approximation training used and within bf16's own rounding of it (the model card's
+        # evaluation of both); the tanh one everywhere else.
+        def gelu_for(dt: torch.dtype) -> str:
+            return gelu or ("erf" if not cuda and dt == torch.bfloat16 else "tanh")
+
         self.dtype_pick: dict[str, Any] | None = None
         if dtype is None and not cuda and native_bf16():
             both = {dt: load_model(self.weights, self.device, dt) for dt in (torch.float32, torch.bfloat16)}
+            for dt, m in both.items():
+                m.set_gelu(gelu_for(dt))  # timed as it would serve
             self.dtype, self.dtype_pick = pick_cpu_dtype(both, self.window)
             self.model: MazeDiT = both[self.dtype]
         else:
             self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
             self.model = load_model(self.weights, self.device, self.dtype)
+            self.model.set_gelu(gelu_for(self.dtype))
         self.meta = read_metadata(self.weights)
         cfg = self.model.cfg
         self.sampler = SamplerConfig(steps=self.steps, shift=shift, kv_from_last=kv_from_last)
@@ -210,7 +221,7 @@ class MazeWorld(WorldAdapter):
             "denoising_steps": self.steps, "window_frames": self.window, "sink_frames": 1,
             "kv_from_last_step": self.sampler.kv_from_last, "schedule_shift": self.sampler.shift,
             "passes_per_frame": self.steps + (0 if self.sampler.kv_from_last else 1),
-            "device": str(self.device), "dtype": format_name(self.dtype),
+            "device": str(self.device), "dtype": format_name(self.dtype), "gelu": self.model.gelu,
             "dtype_pick": self.dtype_pick,
             "params": sum(p.numel() for p in self.model.parameters()), "config": cfg.to_dict(),
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),

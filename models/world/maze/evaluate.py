@@ -351,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the last denoising pass's K/V as context (no clean pass; SamplerConfig)")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                     help="auto: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--gelu", choices=["tanh", "erf"], default="tanh",
+                    help="the MLPs' activation (MazeDiT.set_gelu): as trained, or the exact GELU the CPU serves in bf16")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -358,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
         args.dtype, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     model = load_model(args.weights, dev, dtype)
+    model.set_gelu(args.gelu)
     cfg = EvalConfig(mazes=args.mazes, window=args.window, nokey_frames=args.nokey_frames, id_steps=args.id_steps,
                      sampler=SamplerConfig(steps=args.steps, shift=args.shift, kv_from_last=args.kv_from_last))
     res = Evaluator(model, cfg, dev).run()
@@ -365,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     res["device"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
     res["torch"] = torch.__version__
     res["dtype"] = str(dtype)
+    res["gelu"] = args.gelu
     text = json.dumps(res, indent=1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

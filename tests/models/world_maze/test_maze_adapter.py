@@ -273,3 +273,10 @@ def test_default_lanes_follow_the_free_cores(monkeypatch):
     assert cpu_lanes.split_rows(5, 2) == [range(0, 2), range(2, 5)]
     assert cpu_lanes.split_rows(1, 3) == [range(0, 1)]
 
+
+
+def test_the_exact_gelu_serves_only_in_bf16_on_cpu(weights):
+    assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.float32).describe()["gelu"] == "tanh"
+    assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16).describe()["gelu"] == "erf"
+    pinned = MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16, gelu="tanh")
+    assert pinned.describe()["gelu"] == "tanh"

@@ -1,5 +1,6 @@
 """The maze DiT: clip and per-frame paths agree, positions, the cache ring, weights, training pieces."""
 
+import pytest
 import torch
 
 from models.world.maze.attention import frame_causal_mask
@@ -167,3 +168,18 @@ def test_lr_schedule():
     assert lr_at(0, 0.0, 1.0, 10) == 0.1
     assert lr_at(100, 0.0, 1.0, 10) == 1.0
     assert abs(lr_at(100, 1.0, 1.0, 10) - 0.1) < 1e-12
+
+
+def test_set_gelu_switches_every_mlp_between_the_trained_tanh_and_the_exact_gelu():
+    torch.manual_seed(0)
+    m = MazeDiT(MazeDiTConfig(dim=64, depth=2, heads=1))
+    assert m.gelu == "tanh"
+    x = torch.linspace(-6, 6, 10_001)
+    tanh = m.blocks[0].mlp[1](x)
+    m.set_gelu("erf")
+    assert m.gelu == "erf" and all(b.mlp[1].approximate == "none" for b in m.blocks)
+    erf = m.blocks[1].mlp[1](x)
+    assert torch.equal(erf, torch.nn.functional.gelu(x))
+    assert 4e-4 < (erf - tanh).abs().max() < 5e-4  # GELUS' bound
+    with pytest.raises(ValueError, match="gelu must be one of"):
+        m.set_gelu("relu")
