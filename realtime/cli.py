@@ -43,8 +43,10 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # 11.7 frames/s and four 2.8 -> 3.8 each (bench/results/maze_serve_cpu_threads.json); the
 # voice's first audio 69 -> 52 ms (bench/results/tts_first_audio_threads_cpu.json). CPU-dependent:
 # on the earlier AVX2 box one thread was 14% slower than two passive ones (maze MODEL_CARD.md).
-# Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000 with OMP_NUM_THREADS
-# at the core count.
+# The other cores still work: a model may split its batch across them, a thread per core with
+# one intra-op thread each (models/cpu_lanes.py; the maze world's four sessions 232 -> 124 ms a
+# tick on 2 cores). Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000 with
+# OMP_NUM_THREADS at the core count.
 OPENMP_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 
 
