@@ -78,6 +78,13 @@ class CpuLanes:
             raise error
         return [first, *rest]  # type: ignore[list-item]
 
+    def submit(self, work: Callable[[P], R], part: P) -> Future:
+        """``work(part)`` on a lane thread, not waited for (needs ``lanes`` > 1; a ``map`` meanwhile
+        queues its parts behind it)."""
+        if self._pool is None:
+            raise RuntimeError("one lane: nothing runs beside the caller")
+        return self._pool.submit(work, part)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from clients.world import WorldClient
 from models.world.maze.adapter import MazeWorld
 from realtime.app import build_app
@@ -19,10 +21,10 @@ class UnadmittingMaze(MazeWorld):
         return None
 
 
-def maze_app(host_budget_bytes: int, model_class: type[MazeWorld] = MazeWorld):
+def maze_app(host_budget_bytes: int, model_class: type[MazeWorld] = MazeWorld, cpu_lanes: int = 1):
     # Room on the "device" for one session only, so a second one must evict the first.
     model = model_class(device="cpu", steps=1, window=2, max_batch=1, max_sessions=1,
-                        host_budget_bytes=host_budget_bytes)
+                        host_budget_bytes=host_budget_bytes, cpu_lanes=cpu_lanes)
     inventory = Inventory()
     inventory.adapters[model.name] = model
     return build_app(ServerConfig(world=WorldConfig(models=("maze",))), inventory), model
@@ -36,8 +38,11 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
-def test_idle_session_is_swapped_to_host_and_back():
-    app, model = maze_app(host_budget_bytes=1 << 26)
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_idle_session_is_swapped_to_host_and_back(lanes):
+    # Two lanes: a's last clean pass runs ahead, and b's first tick waits for it before a is swapped.
+    app, model = maze_app(host_budget_bytes=1 << 26, cpu_lanes=lanes)
+    assert model.describe()["clean_pass_ahead"] is (lanes == 2)
     with serve(app) as addr:
         async def main():
             async with WorldClient.connect(url(addr)) as a, WorldClient.connect(url(addr)) as b:

@@ -34,7 +34,8 @@ mazes it keeps every gate a 4-frame window kept, a few tenths of a dB under it, 
 about three quarters of its CPU tick), float32 unless the CPU has native bf16 and a
 timed pass finds bf16 faster (``cpu_dtype``; in bf16 the MLPs use the exact GELU, see
 ``model.GELUS``). The eager clean pass stops at the last block's K/V. On CPU a batch of
-several sessions is split across lanes, one thread per core (``models/cpu_lanes.py``).
+several sessions is split across lanes, one thread per core (``models/cpu_lanes.py``), and a
+lone session's clean pass runs on a lane while its next tick starts ("clean pass ahead" below).
 
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
@@ -68,7 +69,7 @@ from models.factory import BuildOptions, FactoryError
 from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.cpu_dtype import pick_cpu_dtype
 from models.world.maze.model import MazeDiT
-from models.world.maze.paged_context import PagedContext
+from models.world.maze.paged_context import LayerGate, PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
 from models.world.maze.sim import FPS, H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
@@ -100,6 +101,14 @@ class _Session:
     frames: int = 0            # committed frames (the next frame's index)
     pending: int = 0           # frames of the in-flight tick (0: none)
     open_tx: bool = False      # a kv transaction is open for the last frame
+
+
+@dataclass
+class _CleanAhead:
+    """The clean pass of a lone session's last frame, running on a lane (see ``_generate``)."""
+    session_id: str
+    done: Any      # the lane's Future
+    gate: LayerGate
 
 
 class MazeWorld(WorldAdapter):
@@ -182,6 +191,9 @@ class MazeWorld(WorldAdapter):
         self._graph_pool: Any = None
         # CPU: a batch of generated frames split across threads, one core each (models/cpu_lanes.py).
         self.lanes = CpuLanes(1 if cuda else cpu_lanes if cpu_lanes is not None else default_lanes())
+        # A lone session's clean pass runs on a lane beside its next tick (``_generate``).
+        self.clean_ahead = self.lanes.lanes > 1 and frames_per_chunk == 1 and not self.sampler.kv_from_last
+        self._ahead: _CleanAhead | None = None
         log.info("maze world on %s (%s): %d steps, window %d, %d frames/chunk, %d sessions max",
                  self.device, self.dtype, self.steps, self.window, frames_per_chunk, plan.capacity)
         if warm_up if warm_up is not None else cuda:
@@ -196,6 +208,7 @@ class MazeWorld(WorldAdapter):
         scratch session's frame at every bucket size and aborts it: kv is left as
         found. Returns the seconds it took.
         """
+        self._join_ahead()
         t0 = time.perf_counter()
         sid = "__warm_up__"
         scratch = torch.Generator(device=self.device)  # the sessions' noise stream stays untouched
@@ -227,7 +240,7 @@ class MazeWorld(WorldAdapter):
             "weights": self.weights.name, "train_steps": self.meta.get("steps"),
             "cuda_graphs": self.cuda_graphs and self.device.type == "cuda",
             "static_frame_path": self.cuda_graphs, "graph_buckets": list(self.graph_buckets),
-            "cpu_lanes": self.lanes.lanes,
+            "cpu_lanes": self.lanes.lanes, "clean_pass_ahead": self.clean_ahead,
             "start": "frame 0 of a session is the simulator's first frame of maze `seed`; "
                      "every later frame is generated",
         }
@@ -244,6 +257,8 @@ class MazeWorld(WorldAdapter):
     def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         if not works:
             return []
+        if self._ahead is not None and not self._continues(works):
+            self._join_ahead()
         if len({w.session_id for w in works}) != len(works):
             raise ModelError("a session appears twice in one batch")
         F = self.frames_per_chunk
@@ -270,6 +285,8 @@ class MazeWorld(WorldAdapter):
             raise
 
     def end_tick(self, session_id: str, committed: bool) -> None:
+        if not committed:
+            self._join_ahead()  # an abort frees the page a clean pass may still be writing
         self._unended.discard(session_id)
         self._end_tick(session_id, committed)
         if not self._unended:
@@ -300,6 +317,7 @@ class MazeWorld(WorldAdapter):
             self.cache.commit_chunks(ids)
 
     def release(self, session_id: str) -> None:
+        self._join_ahead()
         self._commit_queued()
         self._evicted.discard(session_id)
         self._admitted.discard(session_id)
@@ -323,6 +341,7 @@ class MazeWorld(WorldAdapter):
 
     def _abort_all(self, works: Sequence[WorldTick]) -> None:
         """Undo a failed ``run_batch``: abort open kv chunks; forget sessions that cannot be undone."""
+        self._join_ahead()
         for w in works:
             sid = w.session_id
             if sid in self.cache and self.cache.in_flight(sid):
@@ -430,11 +449,63 @@ class MazeWorld(WorldAdapter):
         # The whole batch's noise first, as denoise_frame draws it: the lanes' split changes a
         # frame only as far as a matrix kernel rounds a smaller batch differently.
         noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
+        if self.clean_ahead and B == 1:
+            return self._generate_ahead(ids[0], self._begin(ids), a, idx, noise)
         parts = split_rows(B, self.lanes.lanes)
         batches = [self._begin(ids[p.start:p.stop]) for p in parts]  # kv bookkeeping stays on this thread
         x0 = self.lanes.map(self._denoise, [(b, a[p.start:p.stop], idx[p.start:p.stop], noise[p.start:p.stop])
                                             for b, p in zip(batches, parts)])
         return _frames(to_u8(x0[0] if len(x0) == 1 else torch.cat(x0)))
+
+    # ------------------------------------------------------------------ clean pass ahead
+    # One session on a CPU with lanes: its frame is returned after the denoising passes, and the
+    # clean pass that writes the frame's K/V for the next tick runs on a lane meanwhile. The
+    # session's next tick starts at once; its first pass waits, layer by layer, until the clean
+    # pass is through that layer (paged_context.LayerGate), so the two overlap with the lag of a
+    # layer. The commit of the frame is only kv metadata and may happen meanwhile; anything else
+    # that touches kv (another batch, an abort, a release) waits for the clean pass first.
+
+    def _continues(self, works: Sequence[WorldTick]) -> bool:
+        """Whether ``works`` is the running clean pass's session's next tick, alone."""
+        return (len(works) == 1 and works[0].session_id == self._ahead.session_id  # type: ignore[union-attr]
+                and works[0].chunk_index > 0)
+
+    def _generate_ahead(self, sid: str, batch: Any, a: torch.Tensor, idx: torch.Tensor,
+                        noise: torch.Tensor) -> np.ndarray:
+        prev = self._ahead  # this session's previous clean pass (generate waited for any other)
+        with torch.no_grad():
+            ctx = PagedContext(self.cache, batch, after=prev.gate if prev is not None else None)
+            x0 = denoise_frame(self.model, ctx, a, idx, self.sampler, noise=noise)
+        if prev is not None:  # through every layer by now: the first pass waited for each
+            self._ahead = None
+            prev.done.result()
+        gate = LayerGate(self.model.cfg.depth)
+        done = self.lanes.submit(self._clean_pass, (batch, a, idx, x0, gate))
+        done.add_done_callback(gate.close)  # however it ends, nobody waits on the gate forever
+        self._ahead = _CleanAhead(sid, done, gate)
+        return _frames(to_u8(x0))
+
+    def _clean_pass(self, part: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, LayerGate]) -> None:
+        batch, a, idx, x0, gate = part
+        with torch.no_grad():  # grad mode is per thread
+            zeros = torch.zeros(len(idx), device=self.device)
+            ctx = PagedContext(self.cache, batch, marks=gate)
+            self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
+
+    def _join_ahead(self) -> None:
+        """Wait for the clean pass running ahead, if any. One that failed leaves its session's
+        newest frame without K/V: its world is forgotten and its next tick refused (reset it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        try:
+            ahead.done.result()
+        except Exception as exc:  # noqa: BLE001 - reported to the session, not raised here
+            log.error("maze clean pass failed session=%s: %s: %s", ahead.session_id, type(exc).__name__, exc)
+            self.release(ahead.session_id)
+            self._evicted.add(ahead.session_id)
+            if self._drop_listener is not None:
+                self._drop_listener(ahead.session_id, "the K/V of its last frame could not be written")
 
     def _denoise(self, part: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """One lane's rows (kv batch, actions, frame indexes, noise): denoise, then the clean pass."""

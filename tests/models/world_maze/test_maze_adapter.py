@@ -280,3 +280,54 @@ def test_the_exact_gelu_serves_only_in_bf16_on_cpu(weights):
     assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16).describe()["gelu"] == "erf"
     pinned = MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16, gelu="tanh")
     assert pinned.describe()["gelu"] == "tanh"
+
+
+def test_a_lone_sessions_clean_pass_runs_ahead_and_other_kv_work_waits_for_it(weights):
+    """One session on two lanes: each tick returns before its clean pass ends; a dropped tick,
+    a second session and a release each wait for it, and every frame equals the one-lane frame."""
+    one = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=3, cpu_lanes=1, dtype=torch.float32)
+    two = MazeWorld(weights=weights, max_sessions=4, max_batch=4, seed=3, cpu_lanes=2, dtype=torch.float32)
+    assert (one.describe()["clean_pass_ahead"], two.describe()["clean_pass_ahead"]) == (False, True)
+    got: dict[str, list[np.ndarray]] = {"one": [], "two": []}
+    for name, w in (("one", one), ("two", two)):
+        got[name].append(play(w, [tick("a", 0, "", seed=4)])[0].frames[0])
+        for ci, k in enumerate(["w", "l", "wl"], 1):
+            got[name].append(play(w, [tick("a", ci, k)])[0].frames[0])
+        play(w, [tick("a", 4, "j")], committed=False)            # dropped: waits, then aborts
+        assert w.cache.committed_frames("a") == 4 and not w.cache.in_flight("a")
+        got[name].append(play(w, [tick("a", 4, "j")])[0].frames[0])
+        out = play(w, [tick("a", 5, "w"), tick("b", 0, "", seed=5)])  # another batch: waits first
+        got[name] += [c.frames[0] for c in out]
+        got[name].append(play(w, [tick("a", 6, "")])[0].frames[0])
+        w.release("a")
+        assert "a" not in w.cache
+    diff = np.abs(np.stack(got["one"]).astype(int) - np.stack(got["two"]).astype(int))
+    assert diff.max() <= 1 and diff.mean() < 1e-3
+    assert two._ahead is None  # the release waited for the last one
+
+
+def test_a_clean_pass_that_fails_ahead_loses_only_its_sessions_world(weights, monkeypatch):
+    w = MazeWorld(weights=weights, max_sessions=2, max_batch=2, cpu_lanes=2)
+    dropped: list[tuple[str, str]] = []
+    w.set_drop_listener(lambda sid, why: dropped.append((sid, why)))
+    play(w, [tick("a", 0, "", seed=1)])
+    play(w, [tick("a", 1, "w")])
+    real = w._clean_pass
+
+    def fails(part):
+        raise RuntimeError("injected in the clean pass")
+
+    monkeypatch.setattr(w, "_clean_pass", fails)
+    play(w, [tick("a", 2, "w")])     # its frame is out; its K/V never gets written
+    monkeypatch.setattr(w, "_clean_pass", real)
+    with pytest.raises(RuntimeError, match="clean pass failed"):
+        w.run_batch([tick("a", 3, "w")])
+    w.end_tick("a", False)
+    assert dropped == [("a", "the K/V of its last frame could not be written")]
+    assert "a" not in w.cache
+    with pytest.raises(ModelError, match="reset or close it"):
+        w.run_batch([tick("a", 3, "w")])
+    (c,) = play(w, [tick("a", 0, "", seed=1)])    # a reset starts the world again
+    assert np.array_equal(c.frames[0], MazeSim([1]).render()[0].numpy())
+    play(w, [tick("a", 1, "w")])
+    assert w.cache.committed_frames("a") == 2
