@@ -84,8 +84,3 @@ class CpuLanes:
         if self._pool is None:
             raise RuntimeError("one lane: nothing runs beside the caller")
         return self._pool.submit(work, part)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
