@@ -21,6 +21,7 @@ import os
 import time
 from typing import Any
 
+# Debian's Chromium and its headless flags, for this bench and the page's tests (tests/e2e/test_web.py).
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]

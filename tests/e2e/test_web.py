@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
+from bench.maze.page_pace import CHROMIUM, CHROMIUM_ARGS  # one definition, shared with the page bench
 from models.policy import DummyPolicy
 from models.world.tiny import TinyWorld
 from realtime.app import build_app
@@ -24,9 +25,6 @@ from realtime.config import ServerConfig, WorldConfig
 from realtime.registry import Inventory
 from tests.e2e.conftest import serve, tiny_app
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "web"
 
 pytestmark = [

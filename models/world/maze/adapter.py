@@ -488,9 +488,13 @@ class MazeWorld(WorldAdapter):
     def _clean_pass(self, part: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, LayerGate]) -> None:
         batch, a, idx, x0, gate = part
         with torch.no_grad():  # grad mode is per thread
-            zeros = torch.zeros(len(idx), device=self.device)
-            ctx = PagedContext(self.cache, batch, marks=gate)
-            self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
+            self._keep_clean(PagedContext(self.cache, batch, marks=gate), x0, a, idx)
+
+    def _keep_clean(self, ctx: PagedContext, x0: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> None:
+        """The clean pass (t = 0) over frame ``x0``: only its K/V are kept, so it stops at the
+        last block's K/V."""
+        zeros = torch.zeros(len(idx), device=self.device)
+        self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
 
     def _join_ahead(self) -> None:
         """Wait for the clean pass running ahead, if any. One that failed leaves its session's
@@ -514,9 +518,7 @@ class MazeWorld(WorldAdapter):
             ctx = PagedContext(self.cache, batch)
             x0 = denoise_frame(self.model, ctx, a, idx, self.sampler, noise=noise)
             if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
-                zeros = torch.zeros(len(idx), device=self.device)
-                # The clean pass: only its K/V are kept, so it stops at the last block's K/V.
-                self.model.forward_frame(x0.to(self.dtype), zeros, a, idx, idx == 0, ctx, kv_only=True)
+                self._keep_clean(ctx, x0, a, idx)
         return x0
 
 
