@@ -198,7 +198,8 @@ def main() -> None:
             if mode != "default":
                 opts["mode"] = mode
             fns = layers.LayerFns(torch.compile(layers.prefix_layer, **opts),
-                                  torch.compile(layers.expert_layer, **opts), True)
+                                  torch.compile(layers.expert_layer, **opts),
+                                  torch.compile(layers.vision_layer, **opts), True)
         fn = loop_fn(model, t, fns)
         entry: dict[str, Any] = {}
         try:

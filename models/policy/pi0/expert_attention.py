@@ -1,4 +1,9 @@
-"""The action expert's attention: 51 tokens x 8 query heads over one K/V head of the whole cache.
+"""pi0's multi-query attention, the expert's and the prefix's: query heads folded into rows over one K/V head.
+
+Its first use, and its name: the action expert's 51 tokens x 8 query heads over the whole
+cache. Gemma-2B's prefix layers (816 tokens x 8 heads = 6,528 rows over the prefix's keys,
+a bias per key) run it too: 38 vs 53 us a layer for ``scaled_dot_product_attention`` at one
+robot, 163 vs 204 us at eight (bench/results/pi0_prefix_profile_h200.json).
 
 Folded as in ``layers.attend`` (query heads into rows: row ``t * H + h`` is token t's
 head h), one expert layer is one head of ``T * H = 408`` query rows over ``kv_len``
@@ -103,12 +108,12 @@ def _expert_fwd(Q, K, V, Bias, Out, WsAcc, WsM, WsL,
 def expert_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, *,
                             num_splits: int | None = None, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
                             num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> torch.Tensor:
-    """q [B, T, H, D], k / v [B, L, D], bias [B, 1, T * H, L] -> [B, T, H * D] (see the module docstring)."""
+    """q [B, T, H, D], k / v [B, L, D], bias [B, 1, T * H or 1, L] -> [B, T, H * D] (see the module docstring)."""
     b, t, h, d = q.shape
     rq, length = t * h, k.shape[1]
     if q.stride(3) != 1:
         q = q.contiguous()
-    bias = bias.reshape(b, rq, length)
+    bias = _rows(bias, b, rq, length)
     out = q.new_empty(b, rq, d)
     q_tiles, kv_tiles = -(-rq // block_m), -(-length // block_n)
     if num_splits is None:
@@ -136,12 +141,21 @@ def expert_attention_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bia
     """The same attention as two batched matmuls, scores in fp32 (CPU, or CUDA without Triton)."""
     b, t, h, d = q.shape
     rows = q.reshape(b, t * h, d).float()
-    scores = torch.baddbmm(bias.reshape(b, t * h, -1).float(), rows, k.float().transpose(1, 2), alpha=d ** -0.5)
+    scores = torch.baddbmm(_rows(bias, b, t * h, k.shape[1]).float(), rows, k.float().transpose(1, 2), alpha=d ** -0.5)
     return torch.bmm(scores.softmax(-1).to(v.dtype), v).view(b, t, h * d)
 
 
-# Candidates the first call of a shape times (``tuned``): (block_n, num_splits or None for choose_splits).
-CANDIDATES = ((32, None), (64, None), (64, 1), (64, 2), (64, 4), (32, 8))
+def _rows(bias: torch.Tensor, b: int, rows: int, length: int) -> torch.Tensor:
+    """bias [B, 1, rows or 1, L] -> [B, rows, L]; a bias per key only (the prefix's padding) is
+    broadcast with a zero row stride, not copied."""
+    return bias.expand(b, 1, rows, length)[:, 0]
+
+
+# Candidates the first call of a shape times (``tuned``): (block_m, block_n, num_splits or None for
+# choose_splits, num_warps). The 64-row tiles suit the expert's 408 rows; the 128-row ones the
+# prefix's 6,528 (816 tokens x 8 heads), where there are query tiles enough for every SM.
+CANDIDATES = ((64, 32, None, 4), (64, 64, None, 4), (64, 64, 1, 4), (64, 64, 2, 4), (64, 64, 4, 4), (64, 32, 8, 4),
+              (128, 32, 1, 8), (128, 64, 1, 8), (128, 64, None, 8), (64, 64, 1, 8))
 _TUNED: dict[tuple, dict[str, int | None]] = {}
 
 
@@ -151,15 +165,15 @@ def tuned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor)
     No ``triton.autotune``: the choice must not be made while a CUDA graph is being
     captured, so a call under capture that finds no choice for its shape takes the
     defaults (the runner's warm-up calls come first, outside the capture)."""
-    key = (q.device.index, tuple(q.shape), tuple(k.shape), q.dtype)
+    key = (q.device.index, tuple(q.shape), tuple(k.shape), tuple(bias.shape), q.dtype)
     hit = _TUNED.get(key)
     if hit is not None:
         return hit
     if torch.cuda.is_current_stream_capturing():
         return {}
     best, best_ms = {}, float("inf")
-    for block_n, splits in CANDIDATES:
-        opts = {"block_n": block_n, "num_splits": splits}
+    for block_m, block_n, splits, warps in CANDIDATES:
+        opts = {"block_m": block_m, "block_n": block_n, "num_splits": splits, "num_warps": warps}
         try:
             ms = graph_ms(lambda: expert_attention_triton(q, k, v, bias, **opts))
         except Exception:  # noqa: BLE001 - a variant this device cannot run (resources): skip it
@@ -191,8 +205,8 @@ def graph_ms(fn, reps: int = 20) -> float:
 
 @torch.library.custom_op("pi0::expert_attention", mutates_args=())
 def expert_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Multi-query attention of the expert's folded rows: q [B, T, H, D] over k / v [B, L, D]
-    with ``bias`` [B, 1, T * H, L] (0 visible, -inf hidden) -> [B, T, H * D]."""
+    """Multi-query attention of folded rows: q [B, T, H, D] over k / v [B, L, D] with ``bias``
+    [B, 1, T * H, L], or [B, 1, 1, L] for a bias per key (0 visible, -inf hidden) -> [B, T, H * D]."""
     if q.is_cuda and triton_available():
         return expert_attention_triton(q, k, v, bias, **tuned(q, k, v, bias))
     return expert_attention_math(q, k, v, bias)

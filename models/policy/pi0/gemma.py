@@ -59,7 +59,7 @@ class GemmaAttention(nn.Module):
 
     def fuse(self) -> None:
         if self.qkv is None:
-            self.qkv = _stack_and_view(self.q_proj, self.k_proj, self.v_proj)
+            self.qkv = stack_and_view(self.q_proj, self.k_proj, self.v_proj)
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, T, W] -> q|k|v [B, T, (H + 2 * KV) * D]."""
@@ -78,7 +78,7 @@ class GemmaMLP(nn.Module):
 
     def fuse(self) -> None:
         if self.gate_up is None:
-            self.gate_up = _stack_and_view(self.gate_proj, self.up_proj)
+            self.gate_up = stack_and_view(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
@@ -113,13 +113,14 @@ class GemmaStack(nn.Module):
         self.norm = GemmaRMSNorm(spec.width)
 
 
-def _stack_and_view(*linears: nn.Linear) -> torch.Tensor:
-    """One matrix of the linears' rows; each ``weight`` becomes a view of its rows."""
-    fused = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+def stack_and_view(*linears: nn.Linear, attr: str = "weight") -> torch.Tensor:
+    """One matrix of the linears' rows (``attr="bias"``: one vector of their biases); each
+    linear's ``attr`` becomes a view of its rows, so the checkpoint's names still reach them."""
+    fused = torch.cat([getattr(lin, attr).detach() for lin in linears], dim=0)
     row = 0
     for lin in linears:
-        n = lin.weight.shape[0]
-        lin.weight.data = fused[row:row + n]
+        n = getattr(lin, attr).shape[0]
+        getattr(lin, attr).data = fused[row:row + n]
         row += n
     return fused
 

@@ -1,12 +1,18 @@
-"""One Gemma layer of pi0 as a pure function over tensors, the unit that torch.compile traces.
+"""One layer of pi0 as a pure function over tensors, the unit that torch.compile traces.
 
-Both stacks run the same layer (norm, fused q|k|v, rope, multi-query attention over a
+SigLIP's encoder layer (``vision_layer``: layer norm, fused q|k|v, 16-head attention per
+image, o, layer norm, gelu MLP) runs over every camera's 256 patches. Both Gemma stacks run
+the same layer (norm, fused q|k|v, rope, multi-query attention over a
 K/V cache layer, o, norm, gate|up, down); they differ in where their K/V go and which
 keys they see::
 
-    prefix  (Gemma-2B):   writes kv[:, :, 0:L]        attends kv[:, :, :L]       (bidirectional, pads hidden)
-    suffix  (Gemma-300M): writes kv[:, :, L:L+S]      attends kv[:, :, :kv_len]  (pi0's mask as a bias;
-                                                      its own kernel, expert_attention.py)
+    prefix  (Gemma-2B):   writes kv[:, :, 0:L]        attends kv[:, :, :L]       (bidirectional, pads hidden:
+                                                      a bias per key)
+    suffix  (Gemma-300M): writes kv[:, :, L:L+S]      attends kv[:, :, :kv_len]  (pi0's mask as a bias)
+
+Both attend through expert_attention.py's kernel (query heads folded into rows); at the
+prefix's 6,528 rows it took 38 us a layer against 53 us for scaled_dot_product_attention
+(bench/results/pi0_prefix_profile_h200.json).
 
 The weights arrive as a ``LayerWeights`` tuple rather than through the module, so that a
 compiled layer is traced once per stack and reused by all 18 layers (a module argument
@@ -29,7 +35,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from models.policy.pi0.config import RMS_EPS
+from models.policy.pi0.config import LAYER_NORM_EPS, RMS_EPS
 from models.policy.pi0.expert_attention import expert_attention
 from models.policy.pi0.gemma import apply_rope
 from models.policy.pi0.skinny_linear import geglu, linear
@@ -62,7 +68,8 @@ def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Multi-query attention with the query heads folded into the rows.
+    """Multi-query attention with the query heads folded into the rows, through
+    ``scaled_dot_product_attention`` (the library kernels ``expert_attention`` is measured against).
 
     With one K/V head, H heads over T tokens are one head over T * H rows (row
     t * H + h is token t's head h), so q [B, T, H, D] becomes [B, 1, T*H, D] with no
@@ -86,7 +93,7 @@ def prefix_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.
     """A Gemma-2B layer over the prefix [B, L, W]: K/V to ``kv[:, :, :L]``, which it attends."""
     length = x.shape[1]
     q = project(x, w, kv, 0, cos, sin, nh)
-    return finish(x, attend(q, kv[0, :, :length], kv[1, :, :length], bias), w)
+    return finish(x, expert_attention(q, kv[0, :, :length], kv[1, :, :length], bias), w)
 
 
 def expert_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos: torch.Tensor,
@@ -96,21 +103,52 @@ def expert_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int,
     return finish(x, expert_attention(q, kv[0], kv[1], bias), w)
 
 
+class VisionWeights(NamedTuple):
+    """A SigLIP encoder layer with q|k|v as one matrix (model.py's ``_VisionTower.fuse``)."""
+
+    ln1: torch.Tensor
+    ln1_b: torch.Tensor
+    qkv: torch.Tensor
+    qkv_b: torch.Tensor
+    o: torch.Tensor
+    o_b: torch.Tensor
+    ln2: torch.Tensor
+    ln2_b: torch.Tensor
+    fc1: torch.Tensor
+    fc1_b: torch.Tensor
+    fc2: torch.Tensor
+    fc2_b: torch.Tensor
+
+
+def vision_layer(x: torch.Tensor, w: VisionWeights, nh: int) -> torch.Tensor:
+    """transformers' ``SiglipEncoderLayer`` over x [N, T, W] (N images): the same maths,
+    one q|k|v matmul where it runs three."""
+    n, t, width = x.shape
+    h = F.layer_norm(x, (width,), w.ln1, w.ln1_b, LAYER_NORM_EPS)
+    q, k, v = F.linear(h, w.qkv, w.qkv_b).view(n, t, 3, nh, width // nh).permute(2, 0, 3, 1, 4).unbind(0)
+    att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, width)
+    x = x + F.linear(att, w.o, w.o_b)
+    h = F.layer_norm(x, (width,), w.ln2, w.ln2_b, LAYER_NORM_EPS)
+    return x + F.linear(F.gelu(F.linear(h, w.fc1, w.fc1_b), approximate="tanh"), w.fc2, w.fc2_b)
+
+
 class LayerFns(NamedTuple):
     prefix: Callable[..., torch.Tensor]
     expert: Callable[..., torch.Tensor]
+    vision: Callable[..., torch.Tensor]
     compiled: bool
 
 
-EAGER = LayerFns(prefix_layer, expert_layer, False)
+EAGER = LayerFns(prefix_layer, expert_layer, vision_layer, False)
 
 
 def compiled(backend: str = "inductor") -> LayerFns:
-    """The two layer functions under ``torch.compile`` (traced on first use; see the module docstring).
+    """The three layer functions under ``torch.compile`` (traced on first use; see the module docstring).
 
     ``fullgraph=True``: a graph break would silently cost the fusion, so it fails instead and
     the runner falls back to ``EAGER``. ``backend="aot_eager"`` traces without code
     generation (the CPU tests' check that the layers trace whole). ``dynamic=None``: batch 1 compiles specialised, the
     first larger bucket compiles one graph symbolic in the batch that serves all the others."""
     opts = {"fullgraph": True, "dynamic": None, "backend": backend}
-    return LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts), True)
+    return LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts),
+                    torch.compile(vision_layer, **opts), True)

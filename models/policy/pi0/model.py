@@ -37,8 +37,8 @@ from torch import nn
 from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from models.policy.pi0.config import LAYER_NORM_EPS, Pi0Config
-from models.policy.pi0.gemma import GemmaLayer, GemmaStack, rope
-from models.policy.pi0.layers import EAGER, LayerFns, LayerWeights, project
+from models.policy.pi0.gemma import GemmaLayer, GemmaStack, rope, stack_and_view
+from models.policy.pi0.layers import EAGER, LayerFns, LayerWeights, VisionWeights, project
 
 
 def make_att_2d_masks(pad: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
@@ -79,9 +79,34 @@ class _VisionTower(nn.Module):
         super().__init__()
         outer = SiglipVisionModel(vcfg)
         self.vision_model = getattr(outer, "vision_model", outer)
+        self.heads = vcfg.num_attention_heads
+        self._weights: tuple[VisionWeights, ...] | None = None  # set by fuse()
 
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.vision_model(pixel_values=pixels).last_hidden_state
+    def fuse(self) -> None:
+        """Each encoder layer as ``VisionWeights`` (q|k|v stacked; the named parameters become views)."""
+        if self._weights is not None:
+            return
+        weights = []
+        for layer in self.vision_model.encoder.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            qkv = (att.q_proj, att.k_proj, att.v_proj)
+            weights.append(VisionWeights(
+                layer.layer_norm1.weight, layer.layer_norm1.bias,
+                stack_and_view(*qkv), stack_and_view(*qkv, attr="bias"), att.out_proj.weight, att.out_proj.bias,
+                layer.layer_norm2.weight, layer.layer_norm2.bias, mlp.fc1.weight, mlp.fc1.bias,
+                mlp.fc2.weight, mlp.fc2.bias))
+        self._weights = tuple(weights)
+
+    def forward(self, pixels: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
+        """pixels [N, 3, H, W] -> [N, patches, hidden]: transformers' embeddings and final
+        norm around ``fns.vision`` (layers.py), the encoder's layers."""
+        if self._weights is None:
+            self.fuse()
+        vm = self.vision_model
+        x = vm.embeddings(pixels)
+        for w in self._weights:
+            x = fns.vision(x, w, self.heads)
+        return vm.post_layernorm(x)
 
 
 class _PaliGemmaModel(nn.Module):
@@ -150,17 +175,17 @@ class Pi0Model(nn.Module):
         return self.action_in_proj.weight.dtype
 
     # ------------------------------------------------------------------ prefix
-    def embed_images(self, pixels: torch.Tensor) -> torch.Tensor:
+    def embed_images(self, pixels: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
         """pixels [N, 3, H, W] in [-1, 1] -> [N, tokens_per_image, vlm width]."""
         pg = self.paligemma_with_expert.paligemma.model
-        feats = pg.vision_tower(pixels.to(self.dtype))
+        feats = pg.vision_tower(pixels.to(self.dtype), fns)
         # No 1/sqrt(width) here and no sqrt(width) on the sequence: openpi scales only
         # the text embedding (transformers' PaliGemma divides images by what its Gemma
         # then multiplies back, which nets to the same).
         return pg.multi_modal_projector.linear(feats)
 
     def embed_prefix(self, images: torch.Tensor, present: tuple[int, ...], tokens: torch.Tensor,
-                     token_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     token_valid: torch.Tensor, fns: LayerFns = EAGER) -> tuple[torch.Tensor, torch.Tensor]:
         """images [B, len(present), 3, H, W] of the cameras in ``present`` (slots of
         ``cfg.image_features``); tokens/token_valid [B, T] -> (embs [B, L, W], pad [B, L]).
 
@@ -169,7 +194,7 @@ class Pi0Model(nn.Module):
         cfg, b = self.cfg, tokens.shape[0]
         n, width = cfg.tokens_per_image, cfg.vlm.width
         dev = tokens.device
-        feats = self.embed_images(images.flatten(0, 1)).view(b, len(present), n, width) if present else None
+        feats = self.embed_images(images.flatten(0, 1), fns).view(b, len(present), n, width) if present else None
         # Pieces in the checkpoint's camera order; no index tensors, so this captures in a CUDA graph.
         pieces, pads = [], []
         for slot in range(len(cfg.image_features)):
@@ -273,6 +298,7 @@ class Pi0Model(nn.Module):
             for layer in stack.layers:
                 layer.fuse()
             stack.norm.fuse()
+        self.paligemma_with_expert.paligemma.model.vision_tower.fuse()
         w = self.cfg.expert.width
         self._time_in_a = self.action_time_mlp_in.weight.detach()[:, :w].contiguous()
         self._time_bias.clear()

@@ -17,11 +17,11 @@ layers over every camera, Gemma-2B's 18), so at one robot its launch time is
 comparable to its arithmetic. If the prefix cannot be captured (a library change),
 it falls back to eager and says so once.
 
-With ``compile`` (the default with graphs) the Gemma layers of both stacks run as
-``torch.compile``d functions (layers.py) inside those graphs: inductor fuses each
+With ``compile`` (the default with graphs) the layers of both Gemma stacks and of SigLIP
+run as ``torch.compile``d functions (layers.py) inside those graphs: inductor fuses each
 layer's element-wise kernels, the graph removes the launches. Compilation happens in
-the warm-up runs before a capture (two traces per stack: batch 1, then one symbolic in
-the batch for every larger bucket). If compiling or capturing the compiled layers
+the warm-up runs before a capture (two traces per layer function: batch 1, then one
+symbolic in the batch for every larger bucket). If compiling or capturing the compiled layers
 fails, the runner says so once and carries on with the eager layers in its graphs.
 """
 
@@ -109,7 +109,7 @@ class Pi0Runner:
     def _loop(self, bk: _Bucket, steps: int, present: tuple[int, ...] | None = None) -> torch.Tensor:
         m = self.model
         if present is not None and bk.inputs is not None:
-            embs, pad = m.embed_prefix(bk.inputs[0], present, bk.inputs[1], bk.inputs[2])
+            embs, pad = m.embed_prefix(bk.inputs[0], present, bk.inputs[1], bk.inputs[2], self.fns)
             m.prefix_kv(embs, pad, bk.kv, self.fns)
             bk.prefix_pad.copy_(pad)
         state_emb, mask, cos, sin = m.suffix_inputs(bk.state, bk.prefix_pad, bk.ar)
@@ -174,7 +174,7 @@ class Pi0Runner:
         if timing:
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             ev[0].record()
-        embs, pad = m.embed_prefix(images, present, tokens, token_valid)
+        embs, pad = m.embed_prefix(images, present, tokens, token_valid, self.fns)
         m.prefix_kv(embs, pad, bk.kv, self.fns)
         bk.prefix_pad.copy_(pad)
         bk.state.copy_(state)

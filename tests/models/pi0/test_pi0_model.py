@@ -326,3 +326,21 @@ def test_fused_projections_equal_the_named_ones(folder):
     torch.testing.assert_close(layer.input_layernorm(x), ref[2], atol=1e-5, rtol=1e-5)
     after = model.state_dict()  # the checkpoint's names still reach the same numbers
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_fused_vision_layers_equal_transformers_siglip(folder):
+    """``_VisionTower``'s forward (layers.vision_layer over q|k|v stacked) gives what
+    transformers' own SiglipVisionModel forward gives, and the checkpoint's names still
+    reach the same numbers after the fuse."""
+    model = build_empty(TINY)
+    load_weights(model, folder, device=torch.device("cpu"), dtype=torch.float32)
+    tower = model.paligemma_with_expert.paligemma.model.vision_tower
+    pixels = torch.rand(3, 3, *TINY.image_resolution, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    ref = tower.vision_model(pixel_values=pixels).last_hidden_state
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse()
+    assert tower._weights is not None and len(tower._weights) == TINY.vision.layers
+    torch.testing.assert_close(tower(pixels), ref, atol=1e-5, rtol=1e-5)
+    assert ref.abs().max() > 0.1
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
