@@ -65,6 +65,27 @@ def test_expert_attention_kernel_matches_the_math_path_at_full_size_and_in_a_gra
         torch.testing.assert_close(out.float(), expert_attention_math(q, k, v, bias).float(), atol=2e-2, rtol=2e-2)
 
 
+def test_expert_attention_kernel_at_the_prefix_geometry_with_a_bias_per_key():
+    """Gemma-2B's prefix: 816 tokens x 8 heads (6,528 rows) over 816 keys, a 12-token prompt's
+    padding hidden by a [B, 1, 1, L] bias; bf16, every candidate tile and the tuned choice."""
+    from models.policy.pi0.expert_attention import (CANDIDATES, expert_attention, expert_attention_math,
+                                                    expert_attention_triton)
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for b in (1, 2):
+        q = torch.randn(b, 816, 10, 256, device="cuda", generator=g).to(torch.bfloat16)[:, :, :8]
+        k, v = (torch.randn(b, 816, 256, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+        pad = torch.ones(b, 816, dtype=torch.bool, device="cuda")
+        pad[:, 780:] = False
+        bias = torch.zeros(b, 1, 1, 816, dtype=torch.bfloat16, device="cuda").masked_fill_(~pad[:, None, None], float("-inf"))
+        want = expert_attention_math(q, k, v, bias).float()
+        for block_m, block_n, splits, warps in CANDIDATES:
+            got = expert_attention_triton(q, k, v, bias, block_m=block_m, block_n=block_n, num_splits=splits,
+                                          num_warps=warps)
+            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(expert_attention(q, k, v, bias).float(), want, atol=2e-2, rtol=2e-2)
+
+
 def test_skinny_linear_matches_cublas_at_the_expert_sizes():
     """The expert's four matmuls at one robot (51 rows, bf16), every candidate tile and the tuned op."""
     from models.policy.pi0.skinny_linear import CANDIDATES, geglu, linear, reference, skinny_triton
