@@ -13,6 +13,7 @@ round's p50; the ratio is this checkout's over the baseline's.
     mkdir .base && git archive HEAD models protocols kv | tar -x -C .base    # the code before the change
     python3 -m bench.pi0.ab_checkouts --baseline .base --baseline-label "$(git rev-parse --short HEAD)" \
         --out bench/results/pi0_ab.json
+    python3 -m bench.pi0.ab_checkouts --baseline .base --device cpu --tiny --seconds 0.2   # CPU smoke test
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- worker (in the checkout's code)
-def worker(repo: str, max_batch: int) -> None:
+def worker(repo: str, max_batch: int, device: str, tiny: bool) -> None:
     sys.path.insert(0, repo)
     import tempfile
 
@@ -42,18 +43,23 @@ def worker(repo: str, max_batch: int) -> None:
     import torch
 
     from models.policy.base import PolicyWork
-    from models.policy.pi0.config import full_size
+    from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size
     from models.policy.pi0.inputs import PromptTokenizer, Stats
     from models.policy.pi0.layout import write_tokenizer
     from models.policy.pi0.policy import Pi0Policy
     from models.policy.pi0.weights import build_random
     from protocols import openpi as wire
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     cfg = full_size()
+    if tiny:  # the smoke test's geometry (bench_pi0's --tiny), built from the checkout's own config
+        cfg = full_size(image_resolution=(28, 28), tokenizer_max_length=16, vocab_size=128,
+                        vlm=GemmaSpec(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=32),
+                        expert=GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=32),
+                        vision=VisionSpec(hidden=32, intermediate=64, layers=2, heads=2, patch=14))
     tok_dir = tempfile.mkdtemp(prefix="pi0_tok_")
     write_tokenizer(tok_dir, ["pick up the red block", "warm up", "stack the blocks"], vocab_size=64)
-    model = build_random(cfg, device=dev, dtype=torch.bfloat16).eval()
+    model = build_random(cfg, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
     policy = Pi0Policy(model, PromptTokenizer(tok_dir, cfg.tokenizer_max_length), state_stats=Stats("IDENTITY"),
                        action_stats=Stats("IDENTITY"), device=dev, max_batch=max_batch)
     t0 = time.perf_counter()
@@ -80,7 +86,8 @@ def worker(repo: str, max_batch: int) -> None:
         lat: list[float] = []
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
-            torch.cuda.synchronize(dev)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
             t = time.perf_counter()
             policy.infer_batch(batch)
             lat.append((time.perf_counter() - t) * 1000.0)
@@ -89,11 +96,11 @@ def worker(repo: str, max_batch: int) -> None:
 
 # ---------------------------------------------------------------- parent
 class Worker:
-    def __init__(self, label: str, repo: str, max_batch: int) -> None:
+    def __init__(self, label: str, repo: str, max_batch: int, device: str, tiny: bool) -> None:
         self.label = label
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "worker", "--repo", repo,
-                                      "--max-batch", str(max_batch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, cwd=repo)
+        args = [sys.executable, os.path.abspath(__file__), "--role", "worker", "--repo", repo,
+                "--max-batch", str(max_batch), "--device", device] + (["--tiny"] if tiny else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=repo)
 
     def read(self) -> dict[str, Any]:
         line = self.proc.stdout.readline()
@@ -118,20 +125,23 @@ def main() -> None:
     ap.add_argument("--robots", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a tiny config (the CPU smoke test)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--role", choices=["worker"], help=argparse.SUPPRESS)
     ap.add_argument("--repo", help=argparse.SUPPRESS)
     ap.add_argument("--max-batch", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.role == "worker":
-        worker(args.repo, args.max_batch)
+        worker(args.repo, args.max_batch, args.device, args.tiny)
         return
     if not args.baseline:
         ap.error("--baseline is required")
     max_batch = max(args.robots)
     base_rev = args.baseline_label or subprocess.run(["git", "-C", args.baseline, "rev-parse", "--short", "HEAD"],
                                                      capture_output=True, text=True).stdout.strip()
-    workers = [Worker("this", REPO, max_batch), Worker("baseline", os.path.abspath(args.baseline), max_batch)]
+    workers = [Worker(label, repo, max_batch, args.device, args.tiny)
+               for label, repo in (("this", REPO), ("baseline", os.path.abspath(args.baseline)))]
     ready = {}
     try:
         for w in workers:  # both build and warm up at once
@@ -152,7 +162,7 @@ def main() -> None:
     res = {
         "benchmark": "pi0_ab_checkouts",
         "command": " ".join(["python3", "-m", "bench.pi0.ab_checkouts", *sys.argv[1:]]),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "torch": torch.__version__,
         "baseline": base_rev, "workers": ready,
         "rounds_p50_ms": {lab: {str(n): v for n, v in per.items()} for lab, per in rounds.items()},
         "p50_ms": {lab: {str(n): statistics.median(v) for n, v in per.items()} for lab, per in rounds.items()},
