@@ -14,6 +14,12 @@ Both attend through expert_attention.py's kernel (query heads folded into rows);
 prefix's 6,528 rows it took 38 us a layer against 53 us for scaled_dot_product_attention
 (bench/results/pi0_prefix_profile_h200.json).
 
+Residuals: a layer takes the residual stream as ``x + pending`` and returns (the stream after
+its attention, its MLP's output), so the MLP's residual add happens at the top of the next
+layer, in the same compiled function as that layer's norm, which inductor fuses with it: one
+add kernel less per layer but the last, against one memset per stack pass for the first
+layer's ``pending`` (zeros); after the last layer the caller adds it (``run_stack``).
+
 The weights arrive as a ``LayerWeights`` tuple rather than through the module, so that a
 compiled layer is traced once per stack and reused by all 18 layers (a module argument
 would be guarded on its identity and recompiled per layer). ``kv`` is one layer of the
@@ -80,25 +86,31 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     return out.view(b, t, h * d)
 
 
-def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights) -> torch.Tensor:
-    """o projection, residual, norm, gelu-gated MLP, residual (``skinny_linear``'s matmuls:
-    a weight stream at the expert's few rows on CUDA, ``F.linear`` otherwise)."""
+def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """o projection, residual, norm, gelu-gated MLP (``skinny_linear``'s matmuls: a weight stream
+    at the expert's few rows on CUDA, ``F.linear`` otherwise) -> (the residual stream after the
+    attention, the MLP's output): the MLP's residual add is the next layer's (see "Residuals")."""
     x = x + linear(att, w.o)
     h = F.rms_norm(x, (x.shape[-1],), w.post_scale, RMS_EPS)
-    return x + linear(geglu(h, w.gate_up), w.down)
+    return x, linear(geglu(h, w.gate_up), w.down)
 
 
-def prefix_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 bias: torch.Tensor, nh: int) -> torch.Tensor:
-    """A Gemma-2B layer over the prefix [B, L, W]: K/V to ``kv[:, :, :L]``, which it attends."""
+def prefix_layer(x: torch.Tensor, pending: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, bias: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gemma-2B layer over the prefix ``x + pending`` [B, L, W]: K/V to ``kv[:, :, :L]``, which it
+    attends -> (residual, MLP output), as ``finish``."""
+    x = x + pending
     length = x.shape[1]
     q = project(x, w, kv, 0, cos, sin, nh)
     return finish(x, expert_attention(q, kv[0, :, :length], kv[1, :, :length], bias), w)
 
 
-def expert_layer(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos: torch.Tensor,
-                 sin: torch.Tensor, bias: torch.Tensor, nh: int) -> torch.Tensor:
-    """A Gemma-300M layer over the suffix [B, S, W]: K/V to ``kv[:, :, start:start+S]``; attends all of kv."""
+def expert_layer(x: torch.Tensor, pending: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int,
+                 cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
+                 nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Gemma-300M layer over the suffix ``x + pending`` [B, S, W]: K/V to ``kv[:, :, start:start+S]``;
+    attends all of kv -> (residual, MLP output), as ``finish``."""
+    x = x + pending
     q = project(x, w, kv, start, cos, sin, nh)
     return finish(x, expert_attention(q, kv[0], kv[1], bias), w)
 
@@ -120,16 +132,28 @@ class VisionWeights(NamedTuple):
     fc2_b: torch.Tensor
 
 
-def vision_layer(x: torch.Tensor, w: VisionWeights, nh: int) -> torch.Tensor:
-    """transformers' ``SiglipEncoderLayer`` over x [N, T, W] (N images): the same maths,
-    one q|k|v matmul where it runs three."""
+def vision_layer(x: torch.Tensor, pending: torch.Tensor, w: VisionWeights,
+                 nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``SiglipEncoderLayer`` over ``x + pending`` [N, T, W] (N images): the same
+    maths, one q|k|v matmul where it runs three -> (residual, MLP output), as ``finish``."""
+    x = x + pending
     n, t, width = x.shape
     h = F.layer_norm(x, (width,), w.ln1, w.ln1_b, LAYER_NORM_EPS)
     q, k, v = F.linear(h, w.qkv, w.qkv_b).view(n, t, 3, nh, width // nh).permute(2, 0, 3, 1, 4).unbind(0)
     att = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(n, t, width)
     x = x + F.linear(att, w.o, w.o_b)
     h = F.layer_norm(x, (width,), w.ln2, w.ln2_b, LAYER_NORM_EPS)
-    return x + F.linear(F.gelu(F.linear(h, w.fc1, w.fc1_b), approximate="tanh"), w.fc2, w.fc2_b)
+    return x, F.linear(F.gelu(F.linear(h, w.fc1, w.fc1_b), approximate="tanh"), w.fc2, w.fc2_b)
+
+
+def run_stack(layer: Callable[..., tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
+              per_layer: list[tuple]) -> torch.Tensor:
+    """``layer(x, pending, *args)`` over each layer's ``args`` in ``per_layer`` -> the residual
+    stream after the last one (its MLP output added)."""
+    pending = torch.zeros_like(x)
+    for args in per_layer:
+        x, pending = layer(x, pending, *args)
+    return x + pending
 
 
 class LayerFns(NamedTuple):

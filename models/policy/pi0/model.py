@@ -38,7 +38,7 @@ from transformers import SiglipVisionConfig, SiglipVisionModel
 
 from models.policy.pi0.config import LAYER_NORM_EPS, Pi0Config
 from models.policy.pi0.gemma import GemmaLayer, GemmaStack, rope, stack_and_view
-from models.policy.pi0.layers import EAGER, LayerFns, LayerWeights, VisionWeights, project
+from models.policy.pi0.layers import EAGER, LayerFns, LayerWeights, VisionWeights, project, run_stack
 
 
 def make_att_2d_masks(pad: torch.Tensor, ar: torch.Tensor) -> torch.Tensor:
@@ -103,9 +103,7 @@ class _VisionTower(nn.Module):
         if self._weights is None:
             self.fuse()
         vm = self.vision_model
-        x = vm.embeddings(pixels)
-        for w in self._weights:
-            x = fns.vision(x, w, self.heads)
+        x = run_stack(fns.vision, vm.embeddings(pixels), [(w, self.heads) for w in self._weights])
         return vm.post_layernorm(x)
 
 
@@ -218,9 +216,8 @@ class Pi0Model(nn.Module):
         # the real keys (at least <bos>), so no row is empty and no NaN is made.
         bias = _bias(pad[:, None, None, :], self.dtype)
         cos, sin = rope(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim, self.dtype)
-        x = embs
-        for i, w in enumerate(weights[:-1]):
-            x = fns.prefix(x, w, kv[i], cos, sin, bias, spec.num_heads)
+        x = run_stack(fns.prefix, embs, [(w, kv[i], cos, sin, bias, spec.num_heads)
+                                         for i, w in enumerate(weights[:-1])])
         # The last layer's output feeds nothing the actions use: its K/V are all that is needed.
         project(x, weights[-1], kv[len(weights) - 1], 0, cos, sin, spec.num_heads)
 
@@ -237,9 +234,8 @@ class Pi0Model(nn.Module):
         a = self.action_in_proj(x_t.to(self.dtype))
         # action_time_mlp_in(cat[a, time]) = W_a a + (W_t time + b); the bracket is per step only.
         at = self.action_time_mlp_out(F.silu(F.linear(a, self._time_in_a, step_bias)))
-        x = torch.cat([state_emb, at], dim=1)
-        for i, w in enumerate(weights):
-            x = fns.expert(x, w, kv[i], cfg.prefix_len, cos, sin, bias, spec.num_heads)
+        x = run_stack(fns.expert, torch.cat([state_emb, at], dim=1),
+                      [(w, kv[i], cfg.prefix_len, cos, sin, bias, spec.num_heads) for i, w in enumerate(weights)])
         out = self.expert.norm(x[:, -cfg.chunk_size:])
         return self.action_out_proj(out).float()
 
