@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -36,27 +37,21 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- worker (in the checkout's code)
 def worker(repo: str, max_batch: int, device: str, tiny: bool) -> None:
-    sys.path.insert(0, repo)
-    import tempfile
-
+    sys.path.insert(0, repo)  # models/ and protocols/ from the checkout under test
+    if REPO not in sys.path:  # bench_pi0's helpers from this one when the checkout has no bench/
+        sys.path.append(REPO)
     import numpy as np
     import torch
 
-    from models.policy.base import PolicyWork
-    from models.policy.pi0.config import GemmaSpec, VisionSpec, full_size
+    from bench.pi0.bench_pi0 import tiny_config, works_for
+    from models.policy.pi0.config import full_size
     from models.policy.pi0.inputs import PromptTokenizer, Stats
     from models.policy.pi0.layout import write_tokenizer
     from models.policy.pi0.policy import Pi0Policy
     from models.policy.pi0.weights import build_random
-    from protocols import openpi as wire
 
     dev = torch.device(device)
-    cfg = full_size()
-    if tiny:  # the smoke test's geometry (bench_pi0's --tiny), built from the checkout's own config
-        cfg = full_size(image_resolution=(28, 28), tokenizer_max_length=16, vocab_size=128,
-                        vlm=GemmaSpec(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=32),
-                        expert=GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=32),
-                        vision=VisionSpec(hidden=32, intermediate=64, layers=2, heads=2, patch=14))
+    cfg = tiny_config() if tiny else full_size()
     tok_dir = tempfile.mkdtemp(prefix="pi0_tok_")
     write_tokenizer(tok_dir, ["pick up the red block", "warm up", "stack the blocks"], vocab_size=64)
     model = build_random(cfg, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32).eval()
@@ -65,16 +60,9 @@ def worker(repo: str, max_batch: int, device: str, tiny: bool) -> None:
     t0 = time.perf_counter()
     policy.warmup()
     warm_s = time.perf_counter() - t0
-    size = cfg.image_resolution[0]
 
-    def works(n: int) -> list[PolicyWork]:
-        out = []
-        for i in range(n):
-            rng = np.random.default_rng(i)
-            obs = {k: rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for k in policy.client_keys}
-            obs.update(state=rng.standard_normal(cfg.state_dim).astype(np.float32), prompt="pick up the red block")
-            out.append(PolicyWork(f"ab/{i}", f"ab/{i}:0", wire.validate_observation(obs, policy.metadata)))
-        return out
+    def works(n: int) -> list:
+        return works_for(policy, n, cfg.image_resolution[0], "ab")
 
     first = policy.infer_batch(works(1))[0]["actions"]
     print(json.dumps({"ready": True, "warm_s": round(warm_s, 1), "compiled": policy.runner.fns.compiled,
@@ -159,6 +147,8 @@ def main() -> None:
             w.stop()
     import torch
 
+    from bench.report import emit
+
     res = {
         "benchmark": "pi0_ab_checkouts",
         "command": " ".join(["python3", "-m", "bench.pi0.ab_checkouts", *sys.argv[1:]]),
@@ -169,11 +159,7 @@ def main() -> None:
     }
     res["ratio_this_over_baseline"] = {str(n): round(res["p50_ms"]["this"][str(n)] / res["p50_ms"]["baseline"][str(n)], 4)
                                        for n in args.robots}
-    text = json.dumps(res, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit(res, args.out)
 
 
 if __name__ == "__main__":
