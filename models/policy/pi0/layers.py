@@ -67,10 +67,10 @@ def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos:
     d = kv.shape[-1]
     h = F.rms_norm(x, (width,), w.in_scale, RMS_EPS)
     qkv = linear(h, w.qkv).view(b, t, nh + 2, d)
-    qk = apply_rope(qkv[:, :, :nh + 1], cos, sin)
-    kv[0, :, start:start + t] = qk[:, :, nh]
-    kv[1, :, start:start + t] = qkv[:, :, nh + 1]
-    return qk[:, :, :nh]
+    # The rotated key and the value in one store (one kernel; the key rotated there again
+    # rather than read back from the queries' rotation).
+    kv[:, :, start:start + t] = torch.stack((apply_rope(qkv[:, :, nh:nh + 1], cos, sin)[:, :, 0], qkv[:, :, nh + 1]))
+    return apply_rope(qkv[:, :, :nh], cos, sin)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
