@@ -67,8 +67,8 @@ def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos:
     d = kv.shape[-1]
     h = F.rms_norm(x, (width,), w.in_scale, RMS_EPS)
     qkv = linear(h, w.qkv).view(b, t, nh + 2, d)
-    # The rotated key and the value in one store (one kernel; the key rotated there again
-    # rather than read back from the queries' rotation).
+    # The rotated key and the value in one store, the key rotated there again rather than read
+    # back from the queries' rotation (0.96x the call at 8 robots: MODEL_CARD.md).
     kv[:, :, start:start + t] = torch.stack((apply_rope(qkv[:, :, nh:nh + 1], cos, sin)[:, :, 0], qkv[:, :, nh + 1]))
     return apply_rope(qkv[:, :, :nh], cos, sin)
 
