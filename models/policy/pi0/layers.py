@@ -146,8 +146,11 @@ def vision_layer(x: torch.Tensor, pending: torch.Tensor, w: VisionWeights,
     return x, F.linear(F.gelu(F.linear(h, w.fc1, w.fc1_b), approximate="tanh"), w.fc2, w.fc2_b)
 
 
-def run_stack(layer: Callable[..., tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor,
-              per_layer: list[tuple]) -> torch.Tensor:
+# A layer function: (x, pending, *args) -> (residual, MLP output) (see "Residuals").
+Layer = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def run_stack(layer: Layer, x: torch.Tensor, per_layer: list[tuple]) -> torch.Tensor:
     """``layer(x, pending, *args)`` over each layer's ``args`` in ``per_layer`` -> the residual
     stream after the last one (its MLP output added)."""
     pending = torch.zeros_like(x)
@@ -157,9 +160,9 @@ def run_stack(layer: Callable[..., tuple[torch.Tensor, torch.Tensor]], x: torch.
 
 
 class LayerFns(NamedTuple):
-    prefix: Callable[..., torch.Tensor]
-    expert: Callable[..., torch.Tensor]
-    vision: Callable[..., torch.Tensor]
+    prefix: Layer
+    expert: Layer
+    vision: Layer
     compiled: bool
 
 

@@ -100,8 +100,7 @@ class _VisionTower(nn.Module):
     def forward(self, pixels: torch.Tensor, fns: LayerFns = EAGER) -> torch.Tensor:
         """pixels [N, 3, H, W] -> [N, patches, hidden]: transformers' embeddings and final
         norm around ``fns.vision`` (layers.py), the encoder's layers."""
-        if self._weights is None:
-            self.fuse()
+        self.fuse()
         vm = self.vision_model
         x = run_stack(fns.vision, vm.embeddings(pixels), [(w, self.heads) for w in self._weights])
         return vm.post_layernorm(x)
