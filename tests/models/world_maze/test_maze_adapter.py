@@ -275,8 +275,8 @@ def test_default_lanes_follow_the_free_cores(monkeypatch):
 
 
 
-def test_the_exact_gelu_serves_only_in_bf16_on_cpu(weights):
-    assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.float32).describe()["gelu"] == "tanh"
+def test_the_exact_gelu_serves_on_cpu_in_both_formats(weights):
+    assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.float32).describe()["gelu"] == "erf"
     assert MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16).describe()["gelu"] == "erf"
     pinned = MazeWorld(weights=weights, max_sessions=1, max_batch=1, dtype=torch.bfloat16, gelu="tanh")
     assert pinned.describe()["gelu"] == "tanh"
