@@ -41,6 +41,7 @@ import msgpack
 import numpy as np
 
 from protocols import close_codes
+from protocols.echo import shown, shown_all
 
 # A request body above this is refused with an error frame (close 1011). Three
 # 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
@@ -67,6 +68,14 @@ MAX_INFERENCE_STEPS = 1000
 MAX_REQUEST_STEPS = 1000
 # numpy's own limit (NPY_MAXDIMS of numpy 1.x); numpy raises beyond it, so check first.
 MAX_ARRAY_DIMS = 32
+# An array's dtype string: "<f4", "|u1", "<U12"... are a few characters; a longer one is
+# refused before numpy parses it (a comma string is a record format to numpy).
+MAX_DTYPE_CHARS = 16
+# Items of one msgpack array or map in a body. Arrays travel as pack_array's bytes, so
+# only a plain list (a state of floats) or the batch form is long; 60 million nils in a
+# 57 MiB body took 1.4 s and 530 MB to decode on the event loop.
+MAX_LIST_ITEMS = 65536
+MAX_MAP_ITEMS = 65536
 
 RESET_ENDPOINT = "reset"
 RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"})
@@ -113,12 +122,16 @@ def _dtype(spec: Any) -> np.dtype:
         return dtype
     if not isinstance(spec, str):
         raise WireError(f"array dtype must be a string, got {type(spec).__name__}")
+    if len(spec) > MAX_DTYPE_CHARS:
+        raise WireError(f"unknown array dtype {shown(spec)}")
     try:
+        # numpy parses a comma string as a record format: it raises SyntaxError, ValueError,
+        # TypeError... for a malformed one; each is the client's bad dtype, not a bug here.
         dtype = np.dtype(spec)
-    except TypeError as exc:
-        raise WireError(f"unknown array dtype {spec!r}") from exc
+    except Exception as exc:  # noqa: BLE001
+        raise WireError(f"unknown array dtype {shown(spec)}") from exc
     if dtype.kind in _REFUSED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
-        raise WireError(f"unsupported array dtype {spec!r}")
+        raise WireError(f"unsupported array dtype {shown(spec)}")
     if len(_DTYPES) < 256:
         _DTYPES[spec] = dtype
     return dtype
@@ -210,11 +223,12 @@ def unpack(data: bytes) -> Any:
 def _unpack_msgpack(data: bytes) -> Any:
     """Any message, by msgpack with ``_decode`` as its hook (the one source of errors)."""
     try:
-        return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False)
+        return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False,
+                               max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_MAP_ITEMS)
     except WireError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
-        raise WireError(f"body is not valid msgpack ({str(exc) or type(exc).__name__})") from None
+        raise WireError(f"body is not valid msgpack ({(str(exc) or type(exc).__name__)[:200]})") from None
 
 
 # How openpi-client's pack_array writes every array: a map of 4 entries, in this order,
@@ -499,16 +513,19 @@ def parse_request(msg: Any, metadata: PolicyMetadata) -> Request:
         raise WireError(f"request must be a msgpack map, got {_type_name(msg)}")
     _check_keys(msg, "request")
     if "endpoint" in msg:
-        if msg["endpoint"] != RESET_ENDPOINT:
-            raise WireError(f"unknown endpoint {msg['endpoint']!r} (known: {RESET_ENDPOINT!r})")
+        endpoint = msg["endpoint"]
+        if not isinstance(endpoint, str):
+            raise WireError(f"endpoint must be a string, got {_describe(endpoint)}")
+        if endpoint != RESET_ENDPOINT:
+            raise WireError(f"unknown endpoint {shown(endpoint)} (known: {RESET_ENDPOINT!r})")
         extra = set(msg) - {"endpoint", "session_id"}
         if extra:
-            raise WireError(f"reset takes only 'session_id', got {sorted(extra)}")
+            raise WireError(f"reset takes only 'session_id', got {shown_all(sorted(extra))}")
         return ResetRequest(_session_id(msg.get("session_id"), "session_id"))
     if "batch" in msg:
         items = msg["batch"]
         if set(msg) != {"batch"}:
-            raise WireError(f"a batch request takes only 'batch', got {sorted(set(msg) - {'batch'})}")
+            raise WireError(f"a batch request takes only 'batch', got {shown_all(sorted(set(msg) - {'batch'}))}")
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
             raise WireError(f"'batch' must be a list of 1 to {MAX_BATCH_ITEMS} observations")
         parsed = []
@@ -570,7 +587,8 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
             if key in named:
                 continue
             if _looks_like_image(value):
-                raise WireError(f"unknown camera key {where}{key!r} (this policy's cameras: {list(metadata.image_keys)})")
+                raise WireError(f"unknown camera key {where}{shown(key)} (this policy's cameras: "
+                                f"{list(metadata.image_keys)})")
             extras[key] = value
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
 
@@ -612,7 +630,7 @@ def _sampling(value: Any, name: str) -> SamplingParams:
         raise WireError(f"{name} must be a map, got {_type_name(value)}")
     unknown = set(value) - {"num_inference_steps", "seed"}
     if unknown:
-        raise WireError(f"unknown {name} {sorted(map(str, unknown))} (known: num_inference_steps, seed)")
+        raise WireError(f"unknown {name} {shown_all(sorted(map(str, unknown)))} (known: num_inference_steps, seed)")
     steps, seed = value.get("num_inference_steps"), value.get("seed")
     if steps is not None and (not _is_int(steps) or not 1 <= steps <= MAX_INFERENCE_STEPS):
         raise WireError(f"{name}.num_inference_steps must be an int in [1, {MAX_INFERENCE_STEPS}]")
@@ -635,7 +653,7 @@ def _session_id(value: Any, name: str) -> str | None:
 def _check_keys(msg: dict, name: str) -> None:
     for key in msg:
         if not isinstance(key, str):
-            raise WireError(f"{name} keys must be strings, got {_type_name(key)} key {key!r:.40}")
+            raise WireError(f"{name} keys must be strings, got {_type_name(key)} key {shown(key)}")
 
 
 def _looks_like_image(value: Any) -> bool:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Collection, Mapping, Union
 
 from protocols import close_codes, jsonsafe
+from protocols.echo import shown
 
 PROTOCOL = "tts.v1"
 FORMATS = ("pcm16",)
@@ -295,13 +296,13 @@ def _session_update(obj: Mapping[str, Any], voices: Collection[str] | None) -> S
     fmt = _field(obj, "format", (str,), False)
     speed = _field(obj, "speed", (int, float), False)
     if voice is not None and voices is not None and voice not in voices:
-        raise ProtocolError(UNKNOWN_VOICE, "unknown voice %r; available: %s" % (voice, ", ".join(voices)))
+        raise ProtocolError(UNKNOWN_VOICE, "unknown voice %s; available: %s" % (shown(voice), ", ".join(voices)))
     if rate is not None and rate not in SAMPLE_RATES:
         raise ProtocolError(
             UNSUPPORTED_RATE, "sample_rate %d is not supported; use one of %s" % (rate, ", ".join(map(str, SAMPLE_RATES)))
         )
     if fmt is not None and fmt not in FORMATS:
-        raise ProtocolError(UNSUPPORTED_FORMAT, "format %r is not supported; use %s" % (fmt, ", ".join(FORMATS)))
+        raise ProtocolError(UNSUPPORTED_FORMAT, "format %s is not supported; use %s" % (shown(fmt), ", ".join(FORMATS)))
     if speed is not None:
         # Compared as is: Python compares int with float exactly (no float(), which
         # overflows for a huge int), and NaN fails both comparisons.
@@ -339,7 +340,7 @@ def parse_client(raw: str | bytes, voices: Collection[str] | None = None) -> Cli
         return _input_text(obj)
     if kind in _CLIENT_TYPES:
         return _CLIENT_TYPES[kind]()
-    raise ProtocolError(UNKNOWN_TYPE, "unknown message type %r" % kind)
+    raise ProtocolError(UNKNOWN_TYPE, "unknown message type %s" % shown(kind))
 
 
 def parse_server(raw: str) -> ServerMessage:

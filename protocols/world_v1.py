@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from protocols import close_codes, jsonsafe
+from protocols.echo import shown
 
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
@@ -218,7 +219,7 @@ def parse(text: str) -> dict[str, Any]:
     if not isinstance(kind, str):
         raise ProtocolError(BAD_REQUEST, "a message needs a string 'type'")
     if kind not in CLIENT_TYPES:
-        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {kind!r}")
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {shown(kind)}")
     return msg
 
 
@@ -258,7 +259,7 @@ def parse_image(spec: Any) -> ImageSpec:
         raise ProtocolError(BAD_REQUEST, 'image must be an object {"format": ..., "bytes": N}')
     fmt, size = spec["format"], spec["bytes"]
     if fmt not in IMAGE_FORMATS:
-        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {fmt!r}")
+        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {shown(fmt)}")
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_BYTES:
         raise ProtocolError(BAD_REQUEST, f"image bytes must be an integer in [1, {MAX_IMAGE_BYTES}]")
     return ImageSpec(fmt, size)
@@ -287,7 +288,7 @@ def parse_event(msg: Mapping[str, Any]) -> Event:
         raise ProtocolError(BAD_REQUEST, "event_id is required")
     eid = msg["event_id"]
     if type(eid) is not int or not 0 <= eid <= MAX_EVENT_ID:
-        raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {eid!r}")
+        raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {shown(eid)}")
     unknown = sorted(str(k) for k in msg if k not in _EVENT_FIELDS)
     if unknown:
         raise ProtocolError(BAD_REQUEST, f"unknown event fields: {', '.join(unknown)}", event_id=eid)

@@ -69,6 +69,11 @@ log = logging.getLogger(__name__)
 
 # Close reason after the error text frame (the reference says "Traceback included ...").
 _CLOSE_REASON = "error: see the previous text frame"
+# Characters of an error text frame at most.
+MAX_ERROR_CHARS = 1000
+# Session ids one connection may hold (its own, a batch's <conn>/<i>, explicit ones); the
+# next new one ends the connection with too_many_sessions. Each is live until it closes.
+MAX_SESSIONS_PER_CONNECTION = 256
 
 
 class _Refused(Exception):
@@ -164,7 +169,7 @@ class OpenPIConnection:
                         self.busy = False
                     # A robot that does not take its reply within the idle timeout is dropped.
                     # A reply taken is activity, whether the policy ran inline or in the engine.
-                    if await self.conn.send(reply, timeout=self.idle.timeout_s if self.idle.enabled else None):
+                    if await self.conn.send(reply, timeout=self.idle.reply_timeout_s):
                         self.idle.touch()
                 finally:
                     self.quiet.set()
@@ -241,8 +246,12 @@ class OpenPIConnection:
             task.cancel()
 
     async def _refuse(self, text: str, code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
+        """The error text, then the close; a robot that does not read is dropped after
+        GOODBYE_TIMEOUT_S (it may have stopped reading on purpose, to keep its slot)."""
+        if len(text) > MAX_ERROR_CHARS:  # the protocol's texts echo only clipped values; an exception's may not
+            text = text[:MAX_ERROR_CHARS] + "..."
         log.info("session %s: closing with error: %s", self.conn_id, text)
-        await self.conn.send(text)
+        await self.conn.send(text, timeout=GOODBYE_TIMEOUT_S)
         await self.conn.close(code, reason)
 
     async def drain(self) -> None:
@@ -260,7 +269,7 @@ class OpenPIConnection:
         ends with a text frame (the real client raises it) and close CLOSE_ADMIN."""
         text = f"closed_by_admin: session {session_id} was closed by the server's operator"
         log.info("session %s: closing: %s", self.conn_id, text)
-        await self.conn.send(text)
+        await self.conn.send(text, timeout=GOODBYE_TIMEOUT_S)
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def engine_dead(self, reason: str) -> None:
@@ -299,6 +308,10 @@ class OpenPIConnection:
             sid = explicit
         if sid not in self.used:
             assert self.model is not None
+            if len(self.used) >= MAX_SESSIONS_PER_CONNECTION:
+                raise _Refused(f"{wire.TOO_MANY_SESSIONS}: this connection holds {len(self.used)} session ids, "
+                               f"the most one connection may (reconnect to start over)",
+                               CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
             held = self.live.find(KIND, sid)
             if held is not None:
                 raise _Refused(f"session_id {sid!r} is in use by another connection")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from protocols.echo import shown
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
 
@@ -212,10 +213,11 @@ def _keyset(keys: Any, where: str) -> frozenset[str]:
         raise _bad(f"{where} must be a list of key names")
     out = set()
     for i, key in enumerate(keys):
-        name = key.lower() if type(key) is str else None
+        # ASCII only: str.lower() maps other letters onto these too (the Kelvin sign onto "k").
+        name = key.lower() if type(key) is str and key.isascii() else None
         if name not in _KEY_SET:
             raise _bad(
-                f"unknown key {key!r} at {where}[{i}]; keys are {', '.join(KEY_NAMES)}"
+                f"unknown key {shown(key)} at {where}[{i}]; keys are {', '.join(KEY_NAMES)}"
             )
         out.add(name)
     return frozenset(out)

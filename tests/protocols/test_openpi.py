@@ -141,6 +141,14 @@ def _raw_array(over):
         (_raw_array({b"dtype": "i4,i4"}), "unsupported array dtype 'i4,i4'"),
         (_raw_array({b"dtype": "(2,)f4"}), "unsupported array dtype '(2,)f4'"),
         (_raw_array({b"dtype": "nonsense"}), "unknown array dtype 'nonsense'"),
+        # numpy reads a comma string as a record format and raises SyntaxError, ValueError...
+        (_raw_array({b"dtype": "f4,("}), "unknown array dtype 'f4,('"),
+        (_raw_array({b"dtype": "f4,(1,)("}), "unknown array dtype 'f4,(1,)('"),
+        (_raw_array({b"dtype": "f4,(2**70)i4"}), "unknown array dtype 'f4,(2**70)i4'"),
+        (_raw_array({b"dtype": "f4," + "9" * 5000 + "i4"}),
+         "unknown array dtype 'f4," + "9" * 61 + "'... (5005 characters)"),
+        (msgpack.packb({"x": [None] * (op.MAX_LIST_ITEMS + 1)}),
+         f"body is not valid msgpack ({op.MAX_LIST_ITEMS + 1} exceeds max_array_len({op.MAX_LIST_ITEMS}))"),
         (_raw_array({b"dtype": 5}), "array dtype must be a string, got int"),
         (_raw_array({b"shape": [3]}), "array data has 8 bytes, shape [3] of <f4 needs 12"),
         (_raw_array({b"shape": [-2]}), "array shape must be a list of non-negative ints"),
@@ -360,3 +368,33 @@ def test_infer_reply_as_the_client_sees_it():
     assert got["actions"].dtype == np.float32 and got["actions"].tolist() == actions.tolist()
     assert got["server_timing"] == {"infer_ms": 2.0, "prev_total_ms": 3.0}
     assert ref.unpackb(op.pack(op.batch_reply([first, first])))["batch"][1]["policy_timing"] == {"infer_ms": 1.25}
+
+
+@pytest.mark.parametrize("spec", ["f4,(", "f4,(1,)(", "f4,(2**70)i4", "x" * 5000])
+def test_a_malformed_dtype_in_the_usual_request_is_a_wire_error(spec):
+    """An array in pack_array's own layout goes to the copy-free decoder (``_unpack_flat``)
+    first: a dtype numpy cannot parse is a WireError there too (it once escaped as a
+    SyntaxError, an internal error with a traceback), and its text is short."""
+    arr = {b"__ndarray__": True, b"data": b"", b"dtype": spec, b"shape": [0]}  # the client's key order
+    data = msgpack.packb({"prompt": "go", "extra": arr})
+    assert data.startswith(b"\x82") and op._ND_HEAD in data  # the layout _unpack_flat reads
+    with pytest.raises(op.WireError, match="^unknown array dtype") as info:
+        op.decode_request(data, META)
+    assert len(str(info.value)) < 120
+
+
+@pytest.mark.parametrize("endpoint,text", [
+    (np.zeros(3, np.uint8), "endpoint must be a string, got uint8 [3]"),
+    (np.zeros(0, np.uint8), "endpoint must be a string, got uint8 [0]"),  # once answered as a reset
+    (["reset"], "endpoint must be a string, got array"),
+    ("r" * 100_000, "unknown endpoint '" + "r" * 64 + "'... (100000 characters) (known: 'reset')"),
+])
+def test_only_the_string_reset_is_a_reset_and_echoes_are_short(endpoint, text):
+    assert _error({"endpoint": endpoint}) == text
+
+
+def test_every_echo_of_client_text_is_clipped():
+    big = "x" * (1 << 20)
+    for msg in ({"endpoint": "reset", big: 1}, {"batch": [_obs()], big: 1}, _obs(sampling_params={big: 1}),
+                _obs(**{big: np.zeros((8, 6, 3), np.uint8)}), {1: 2, big: 3}):
+        assert len(_error(msg)) < 300

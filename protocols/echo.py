@@ -1,0 +1,34 @@
+"""How a client's own values appear in error texts: quoted and clipped.
+
+An error names what the client sent (``unknown endpoint 'rset'``), but the client
+chooses its size: one key or one dtype string of an OpenPI body can be 64 MiB. Every
+echo goes through ``shown`` (one value) or ``shown_all`` (a list of them), so an error
+text, and the log line that records it, stays short whatever came in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+# Characters of one echoed value; a longer one is cut and says how long it was.
+MAX_SHOWN_CHARS = 64
+# Values of a list echoed before "and N more".
+MAX_SHOWN_ITEMS = 8
+
+
+def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``repr(value)``, at most about ``limit`` characters (a str or bytes is cut before
+    ``repr``, so a huge one is never copied whole)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def shown_all(values: Iterable[Any], limit: int = MAX_SHOWN_ITEMS) -> str:
+    """``[v1, v2, ...]`` of ``shown`` values, the first ``limit`` of them and a count of the rest."""
+    items = list(values)
+    head = ", ".join(shown(v) for v in items[:limit])
+    rest = f", and {len(items) - limit} more" if len(items) > limit else ""
+    return f"[{head}{rest}]"
