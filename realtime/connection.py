@@ -101,9 +101,9 @@ class Received:
 class TooLarge(Exception):
     """A client frame over the endpoint's limit (the frame is dropped)."""
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"frame of {size} bytes over the limit of {limit}")
-        self.size, self.limit = size, limit
+    def __init__(self, size: int, limit: int, binary: bool) -> None:
+        super().__init__(f"{'binary' if binary else 'text'} frame of {size} bytes over the limit of {limit}")
+        self.size, self.limit, self.binary = size, limit, binary
 
 
 class Connection:
@@ -120,6 +120,12 @@ class Connection:
     def open(self) -> bool:
         """False once the peer is gone or the server closed the socket."""
         return self._open
+
+    @property
+    def stalled(self) -> bool:
+        """A send is under way and the transport takes no more writes: the peer has stopped
+        reading (False where the transport does not tell)."""
+        return self._lock.locked() and self._writable is not None and not self._writable()
 
     async def accept(self) -> bool:
         """Complete the handshake; False (the upgrade answered 503, nothing to do) while
@@ -148,13 +154,13 @@ class Connection:
         data = msg.get("bytes")
         if data is not None:
             if max_binary is not None and len(data) > max_binary:
-                raise TooLarge(len(data), max_binary)
+                raise TooLarge(len(data), max_binary, binary=True)
             return Received(data=data)
         text = msg.get("text") or ""
         # UTF-8 never has fewer bytes than characters: encode only when it might not fit.
         if max_text is not None and (len(text) > max_text or
                                      (4 * len(text) > max_text and len(text.encode("utf-8")) > max_text)):
-            raise TooLarge(len(text.encode("utf-8")), max_text)
+            raise TooLarge(len(text.encode("utf-8")), max_text, binary=False)
         return Received(text=text)
 
     async def send(self, *frames: str | bytes, timeout: float | None = None) -> bool:
@@ -192,10 +198,11 @@ class Connection:
             else:
                 await self.ws.send_bytes(frame)
 
-    async def close(self, code: int = CLOSE_NORMAL, reason: str = "", timeout: float | None = None) -> None:
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "", timeout: float = GOODBYE_TIMEOUT_S) -> None:
         """Close from the server side, unless the peer closed first (then: nothing).
         ``timeout``: a client that does not read cannot take the close frame; it is
-        dropped (``abort``) after that long."""
+        dropped (``abort``) after that long. Every close is bounded: a later close (an
+        operator's, the drain's) finds this one under way and returns at once."""
         was_open, self._open = self._open, False
         if not was_open or self.ws.application_state is not WebSocketState.CONNECTED:
             return

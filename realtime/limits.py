@@ -115,6 +115,13 @@ class IdleClock:
     def enabled(self) -> bool:
         return self.timeout_s > 0
 
+    @property
+    def reply_timeout_s(self) -> float | None:
+        """How long a reply may wait for the client to take it before the client is dropped:
+        the idle timeout (None while it is off). A client that stops reading would otherwise
+        hold the task sending it, and no idle close could run there."""
+        return self.timeout_s if self.enabled else None
+
     def touch(self) -> None:
         """The client sent something, or took output."""
         self._last = time.monotonic()

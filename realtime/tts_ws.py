@@ -92,6 +92,7 @@ class TTSConnection:
         self.cancelled: set[int] = set()
         self.samples: dict[int, int] = {}  # utterance -> samples sent, for response.done
         self.current: int | None = None  # the utterance the speaker is speaking
+        self.holding: int | None = None  # the utterance of the item the speaker took from the queue
         # (utterance, perf_counter time of its first audio, seconds of audio sent since):
         # when the listener runs out, each window's engine deadline (``_needed_by``).
         self.playback: tuple[int, float, float] | None = None
@@ -109,13 +110,14 @@ class TTSConnection:
         self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self.ended = asyncio.Event()  # the reader has finished (the socket is gone)
 
-    async def send(self, text: str) -> None:
-        if await self.conn.send(text):
+    async def send(self, text: str, timeout: float | None = None) -> None:
+        """One message (``timeout``: dropped if not taken by then; the idle timeout by default)."""
+        if await self.conn.send(text, timeout=timeout or self.idle.reply_timeout_s):
             self.idle.touch()
 
-    async def error(self, code: str, message: str) -> None:
+    async def error(self, code: str, message: str, timeout: float | None = None) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
-        await self.send(wire.error(code, message))
+        await self.send(wire.error(code, message), timeout=timeout)
 
     def dropped(self, reason: str) -> None:
         """A voice keeps nothing across sentences worth reporting; the next window is stale."""
@@ -124,7 +126,8 @@ class TTSConnection:
     async def admin_close(self, session_id: str) -> None:
         """An operator closed the session: ``closed_by_admin``, then the socket closes
         with CLOSE_ADMIN (the reader then ends the session as on a disconnect)."""
-        await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
+        await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator",
+                         timeout=GOODBYE_TIMEOUT_S)
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def engine_dead(self, reason: str) -> None:
@@ -246,20 +249,34 @@ class TTSConnection:
                 await self.error(wire.BUFFER_FULL, f"{pending} characters would wait to be spoken; the limit is "
                                                    f"{wire.MAX_PENDING_TEXT_CHARS}: send more once audio has come")
                 return
-            self._enqueue(self.segmenter.push(msg.text))
+            before = self.segmenter.buffered
+            if not await self._enqueue(self.segmenter.push(msg.text), before):
+                return
         elif isinstance(msg, wire.InputDone):
-            self._enqueue(self.segmenter.flush())
+            before = self.segmenter.buffered
+            if not await self._enqueue(self.segmenter.flush(), before, end=True):
+                return
             self.queue.put_nowait(_UtteranceEnd(self.utterance, self.sentence))
             self.utterance += 1
             self.sentence = 0
         elif isinstance(msg, wire.ResponseCancel):
             await self._cancel(notify=True)
 
-    def _enqueue(self, sentences: list[str]) -> None:
+    async def _enqueue(self, sentences: list[str], before: str, *, end: bool = False) -> bool:
+        """Queue a message's sentences (and, with ``end``, room for its utterance end); False,
+        with ``buffer_full`` told and the segmenter as it was ``before``, if they would take
+        the queue past MAX_PENDING_ITEMS: the message is refused whole."""
+        items = self.queue.qsize() + len(sentences) + end
+        if items > wire.MAX_PENDING_ITEMS:
+            self.segmenter.restore(before)
+            await self.error(wire.BUFFER_FULL, f"this message would make {items} sentences and utterance ends wait "
+                                               f"to be spoken; the limit is {wire.MAX_PENDING_ITEMS}")
+            return False
         for text in sentences:
             self.queued_chars += len(text)
             self.queue.put_nowait(_Sentence(self.utterance, self.sentence, text))
             self.sentence += 1
+        return True
 
     async def _cancel(self, *, notify: bool) -> None:
         """Barge-in: stop the utterance being spoken and everything queued or buffered."""
@@ -285,6 +302,16 @@ class TTSConnection:
             # Text after a barge-in starts a new utterance.
             self.utterance += 1
             self.sentence = 0
+        if self.holding is None:  # the queue was drained and the speaker holds nothing
+            self._forget_before(self.utterance)
+
+    def _forget_before(self, utterance: int) -> None:
+        """No item of an utterance before ``utterance`` is queued or held any more: what
+        ``cancelled`` and ``samples`` keep of them is never read again (else each cancel
+        would grow them for the connection's life)."""
+        self.cancelled = {u for u in self.cancelled if u >= utterance}
+        for u in [u for u in self.samples if u < utterance]:
+            del self.samples[u]
 
     async def _speak(self) -> None:
         while True:
@@ -294,26 +321,36 @@ class TTSConnection:
                     await self.send(wire.encode(wire.ResponseCancelled(index)))
                 item.reached.set()
                 continue
-            if isinstance(item, _Sentence):
-                self.queued_chars -= len(item.text)
-            async with self.speaking:
-                if item.utterance_index in self.cancelled:
-                    continue
-                if isinstance(item, _UtteranceEnd):
-                    samples = self.samples.pop(item.utterance_index, 0)
-                    await self.send(wire.encode(wire.ResponseDone(item.utterance_index, item.sentences, samples)))
-                    continue
-                self.current = item.utterance_index
-                try:
-                    await self._speak_sentence(item)
-                except Exception as exc:  # noqa: BLE001 - a bug: input is validated on arrival
-                    # The speaker must outlive it: the client hears of this sentence and
-                    # every later one is still spoken.
-                    log.exception("session %s: sentence %d.%d failed", self.session_id, item.utterance_index,
-                                  item.sentence_index)
-                    await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {type(exc).__name__}")
-                finally:
-                    self.current = None
+            # Items come in utterance order: nothing before this one's is asked about again.
+            self.holding = item.utterance_index
+            self._forget_before(item.utterance_index)
+            try:
+                await self._say(item)
+            finally:
+                self.holding = None
+
+    async def _say(self, item: "_Sentence | _UtteranceEnd") -> None:
+        """One item the speaker took: a sentence spoken, or an utterance's ``response.done``."""
+        if isinstance(item, _Sentence):
+            self.queued_chars -= len(item.text)
+        async with self.speaking:
+            if item.utterance_index in self.cancelled:
+                return
+            if isinstance(item, _UtteranceEnd):
+                samples = self.samples.pop(item.utterance_index, 0)
+                await self.send(wire.encode(wire.ResponseDone(item.utterance_index, item.sentences, samples)))
+                return
+            self.current = item.utterance_index
+            try:
+                await self._speak_sentence(item)
+            except Exception as exc:  # noqa: BLE001 - a bug: input is validated on arrival
+                # The speaker must outlive it: the client hears of this sentence and
+                # every later one is still spoken.
+                log.exception("session %s: sentence %d.%d failed", self.session_id, item.utterance_index,
+                              item.sentence_index)
+                await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {type(exc).__name__}")
+            finally:
+                self.current = None
 
     async def _speak_sentence(self, item: _Sentence) -> None:
         config = self.config
@@ -394,12 +431,13 @@ async def tts_endpoint(ws: WebSocket) -> None:
     names = state.inventory.names(KIND)
     if not names:
         reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
-        await conn.send(wire.error(wire.TTS_UNAVAILABLE, "TTS is unavailable: " + ("; ".join(reasons) or
-                                   "no voice loaded") + ". Install it with pip install 'realtime-sessions[tts]'"))
+        why = "; ".join(reasons) or "no voice loaded"
+        await conn.send(wire.error(wire.TTS_UNAVAILABLE, f"TTS is unavailable: {why}. Install it with pip install "
+                                   "'realtime-sessions[tts]'"), timeout=GOODBYE_TIMEOUT_S)
         await conn.close(CLOSE_INTERNAL)
         return
     if not state.engine.healthy:
-        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"))
+        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"), timeout=GOODBYE_TIMEOUT_S)
         await conn.close(CLOSE_INTERNAL)
         return
     client = client_address(ws)
@@ -407,7 +445,7 @@ async def tts_endpoint(ws: WebSocket) -> None:
     if slot is None:
         refusal = state.client_slots.refusal(client)
         log.info("%s: tts session refused: %s", conn.peer, refusal)
-        await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal))
+        await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal), timeout=GOODBYE_TIMEOUT_S)
         await conn.close(CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
         return
     idle: IdleClock | None = None

@@ -48,6 +48,7 @@ from starlette.websockets import WebSocket
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON
+from protocols.echo import shown
 from realtime.connection import (
     CLOSE_ADMIN,
     ENGINE_ERRORS,
@@ -120,13 +121,15 @@ class WorldConnection:
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
-    async def send(self, msg: dict[str, Any]) -> None:
-        await self.conn.send(wire.dumps(msg))
+    async def send(self, msg: dict[str, Any], timeout: float | None = None) -> None:
+        """One reply (``timeout``: dropped if not taken by then; the idle timeout by default)."""
+        await self.conn.send(wire.dumps(msg), timeout=timeout or self.idle.reply_timeout_s)
 
-    async def send_error(self, code: str, message: str, event_id: int | None = None, **extra: Any) -> None:
+    async def send_error(self, code: str, message: str, event_id: int | None = None,
+                         timeout: float | None = None, **extra: Any) -> None:
         sid = self.session.session_id if self.session else "-"
         log.info("session %s: error %s: %s", sid, code, message)
-        await self.send(wire.error(code, message, event_id=event_id, **extra))
+        await self.send(wire.error(code, message, event_id=event_id, **extra), timeout=timeout)
 
     # ------------------------------------------------------------------ reader
     async def run(self) -> None:
@@ -236,7 +239,7 @@ class WorldConnection:
         # refused create never leaves its binary message behind as a stray frame.
         data = await self._image_bytes(req.image) if req.image is not None else None
         if req.model not in self.world_models:
-            raise SessionError(ErrorCode.BAD_REQUEST, f"unknown world model {req.model!r}; have {self.world_models}")
+            raise SessionError(ErrorCode.BAD_REQUEST, f"unknown world model {shown(req.model)}; have {self.world_models}")
         if not self.engine.healthy:
             raise SessionError(ErrorCode.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
         adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]
@@ -299,8 +302,9 @@ class WorldConnection:
             frame = await receive_or_idle(
                 self.idle, lambda: self.conn.receive(wire.MAX_TEXT_BYTES, max_binary=spec.bytes), lambda: False)
         except TooLarge as exc:
-            raise SessionError(ErrorCode.BAD_REQUEST, f"image: a binary message of {exc.size} bytes, "
-                                                      f"announced {spec.bytes}") from None
+            got = "a binary message" if exc.binary else "a text frame (over the text limit)"
+            raise SessionError(ErrorCode.BAD_REQUEST, f"image: {got} of {exc.size} bytes where the announced "
+                                                      f"binary message of {spec.bytes} bytes was due") from None
         if frame is IDLE:  # announced, never sent
             await self.idle_close()
             raise _IdleClosed()
@@ -335,7 +339,7 @@ class WorldConnection:
 
     async def reset(self) -> None:
         session = self._need_session()
-        await self._stop_driver()
+        await self._stop_driver(stall_timeout=self.idle.reply_timeout_s)  # the client goes on: its idle bound
         if session.in_flight is not None:
             session.fail_tick("tick abandoned by reset")
         dropped = session.reset()
@@ -355,6 +359,9 @@ class WorldConnection:
             await self._retry_tombstone(session_id)
             return
         session = self._need_session()
+        if session_id is not None and session_id != session.session_id:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"session.close names {shown(session_id)}, but this "
+                                                      f"connection's session is {session.session_id!r}")
         sid = session.session_id
         dropped = await self.close_session(notify=True)
         if dropped is not None:
@@ -409,7 +416,8 @@ class WorldConnection:
     async def admin_close(self, session_id: str) -> None:
         """An operator closed the session: ``closed_by_admin``, then its running tick
         finishes, the session ends and the socket closes with CLOSE_ADMIN."""
-        await self.send_error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator")
+        await self.send_error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator",
+                              timeout=GOODBYE_TIMEOUT_S)
         await self.close_session(notify=False)
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
@@ -504,7 +512,11 @@ class WorldConnection:
         self._stopping = False
         self._driver = asyncio.create_task(self._drive())
 
-    async def _stop_driver(self) -> None:
+    async def _stop_driver(self, stall_timeout: float | None = GOODBYE_TIMEOUT_S) -> None:
+        """Stop queueing ticks and wait for the driver: its running tick is committed and
+        sent, however long the tick takes. But a chunk send that the client leaves untaken
+        (it stopped reading) for ``stall_timeout`` drops the client: it would hold the
+        close, and with it the session, for as long as the client liked."""
         task, self._driver = self._driver, None
         if task is None:
             return
@@ -514,12 +526,16 @@ class WorldConnection:
             # Drop the session's queued tick (the control lane runs ahead of it); a
             # tick already running finishes and is committed and sent as usual.
             self.engine.post_cancel(self.model, self.session.session_id)
+        watch = None if stall_timeout is None else _StallWatch(self.conn, stall_timeout, self.session)
         try:
             await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # this task is being cancelled (shutdown), not only the driver
+        finally:
+            if watch is not None:
+                watch.cancel()
 
     async def _drive(self) -> None:
         """Tick while credits last. Chunk N is sent while chunk N+1 is generated: the
@@ -715,6 +731,27 @@ class FrameStream:
     def cancel(self) -> None:
         """Stop the pump if the driver ends without finishing the tick (no-op after ``finish``)."""
         self._pump.cancel()
+
+
+class _StallWatch:
+    """While a driver stops: every ``timeout`` s, a chunk send the client is not taking
+    (``Connection.stalled``) drops the client (``abort``), which ends that send."""
+
+    def __init__(self, conn: Connection, timeout: float, session: Session | None) -> None:
+        self.conn, self.timeout = conn, timeout
+        self.sid = session.session_id if session is not None else "-"
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._check)
+
+    def _check(self) -> None:
+        if self.conn.stalled:
+            log.info("session %s: a chunk not taken within %.1f s of the session's stop: dropping the client",
+                     self.sid, self.timeout)
+            self.conn.abort()
+            return
+        self._timer = asyncio.get_running_loop().call_later(self.timeout, self._check)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 @dataclasses.dataclass
