@@ -437,7 +437,8 @@ async def tts_endpoint(ws: WebSocket) -> None:
         await conn.close(CLOSE_INTERNAL)
         return
     if not state.engine.healthy:
-        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"), timeout=GOODBYE_TIMEOUT_S)
+        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"),
+                        timeout=GOODBYE_TIMEOUT_S)
         await conn.close(CLOSE_INTERNAL)
         return
     client = client_address(ws)

@@ -239,7 +239,8 @@ class WorldConnection:
         # refused create never leaves its binary message behind as a stray frame.
         data = await self._image_bytes(req.image) if req.image is not None else None
         if req.model not in self.world_models:
-            raise SessionError(ErrorCode.BAD_REQUEST, f"unknown world model {shown(req.model)}; have {self.world_models}")
+            raise SessionError(ErrorCode.BAD_REQUEST,
+                               f"unknown world model {shown(req.model)}; have {self.world_models}")
         if not self.engine.healthy:
             raise SessionError(ErrorCode.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
         adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]

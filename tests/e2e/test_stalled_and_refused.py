@@ -95,8 +95,8 @@ def test_close_naming_another_session_kelvin_keys_and_an_oversized_image_frame_a
         await ws.send(json.dumps({"type": "session.close", "session_id": "someone-else"}))
         err = await text(ws)
         assert (err["type"], err["code"]) == ("error", "bad_request") and "someone-else" in err["message"]
-        await ws.send(json.dumps({"type": "event", "event_id": 1,
-                                  "controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": ["\u212a"]}}]}))
+        kelvin = {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": ["\u212a"]}}
+        await ws.send(json.dumps({"type": "event", "event_id": 1, "controls": [kelvin]}))
         err = await text(ws)
         assert (err["code"], err["event_id"]) == ("bad_request", 1) and "unknown key" in err["message"]
         await ws.send(json.dumps({"type": "credit", "chunks": 3}))
