@@ -26,6 +26,19 @@ def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def clipped(text: str, limit: int = 4 * MAX_SHOWN_CHARS) -> str:
+    """``text`` made of a client's values (a path of keys), unquoted, cut at ``limit``."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def listed(names: Iterable[str], limit: int = MAX_SHOWN_ITEMS) -> str:
+    """``a, b, c`` unquoted, each name cut at MAX_SHOWN_CHARS, the first ``limit`` of them
+    and a count of the rest (field names in messages that list them bare)."""
+    items = list(names)
+    head = ", ".join(clipped(n, MAX_SHOWN_CHARS) for n in items[:limit])
+    return head + (f", and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def shown_all(values: Iterable[Any], limit: int = MAX_SHOWN_ITEMS) -> str:
     """``[v1, v2, ...]`` of ``shown`` values, the first ``limit`` of them and a count of the rest."""
     items = list(values)

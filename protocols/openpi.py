@@ -132,6 +132,10 @@ def _dtype(spec: Any) -> np.dtype:
         raise WireError(f"unknown array dtype {shown(spec)}") from exc
     if dtype.kind in _REFUSED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise WireError(f"unsupported array dtype {shown(spec)}")
+    length = dtype.itemsize // 4 if dtype.kind == "U" else dtype.itemsize
+    if dtype.kind in "US" and (length == 0 or not spec.endswith(str(length))):
+        # numpy wraps a string length past its int range ("<U1073741824" is "<U0"): not what was sent
+        raise WireError(f"unsupported array dtype {shown(spec)}")
     if len(_DTYPES) < 256:
         _DTYPES[spec] = dtype
     return dtype

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from protocols import close_codes, jsonsafe
-from protocols.echo import shown
+from protocols.echo import listed, shown
 
 PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
@@ -205,6 +206,18 @@ def keys_control(data: Mapping[str, Any]) -> Control:
     return Control("keys", "keys.v1", dict(data))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _has_lone_surrogate(msg: Any) -> bool:
+    """Whether a decoded message holds a surrogate that is not half of a pair (json joins pairs)."""
+    try:
+        json.dumps(msg, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def parse(text: str) -> dict[str, Any]:
     """Decode one client text frame into a JSON object with a known ``type``."""
     if jsonsafe.over_size(text, MAX_TEXT_BYTES):
@@ -213,6 +226,12 @@ def parse(text: str) -> dict[str, Any]:
         msg = jsonsafe.loads(text)
     except jsonsafe.JSONRejected as exc:
         raise ProtocolError(BAD_REQUEST, str(exc)) from None
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(msg):
+        # JSON's \ud800 escapes decode to a lone surrogate, which no text encoder takes: a
+        # prompt of one was accepted and then failed every tick of its session.
+        eid = msg.get("event_id") if isinstance(msg, dict) and msg.get("type") == "event" else None
+        raise ProtocolError(BAD_REQUEST, "a string holds a lone surrogate (\\ud800-\\udfff without its pair): "
+                                         "not Unicode text", event_id=eid if type(eid) is int else None)
     if not isinstance(msg, dict):
         raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
     kind = msg.get("type")
@@ -291,7 +310,7 @@ def parse_event(msg: Mapping[str, Any]) -> Event:
         raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {shown(eid)}")
     unknown = sorted(str(k) for k in msg if k not in _EVENT_FIELDS)
     if unknown:
-        raise ProtocolError(BAD_REQUEST, f"unknown event fields: {', '.join(unknown)}", event_id=eid)
+        raise ProtocolError(BAD_REQUEST, f"unknown event fields: {listed(unknown)}", event_id=eid)
     prompt = msg.get("prompt")
     problem = prompt_problem(prompt)
     if problem is not None:
@@ -311,7 +330,7 @@ def parse_event(msg: Mapping[str, Any]) -> Event:
         if control.track in seen:
             raise ProtocolError(
                 BAD_REQUEST,
-                f"controls[{i}]: track {control.track!r} already updated by "
+                f"controls[{i}]: track {shown(control.track)} already updated by "
                 f"controls[{seen[control.track]}]; one update per track per event",
                 event_id=eid,
             )
@@ -328,7 +347,7 @@ def _parse_control(raw: Any, where: str, eid: int) -> Control:
         missing = sorted(_CONTROL_FIELDS - fields)
         extra = sorted(str(k) for k in fields - _CONTROL_FIELDS)
         detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                             f"unknown {', '.join(extra)}" if extra else "") if part)
+                                             f"unknown {listed(extra)}" if extra else "") if part)
         raise ProtocolError(BAD_REQUEST, f"{where} needs exactly track, schema, data ({detail})", event_id=eid)
     track, schema, data = raw["track"], raw["schema"], raw["data"]
     if type(track) is not str or not track:

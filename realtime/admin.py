@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from protocols.echo import shown
 from realtime.connection import LiveSessions
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ async def close_session(request: Request) -> Response:
     entry = live.find(kind, sid)
     closer = getattr(entry.owner, "admin_close", None) if entry is not None else None
     if entry is None or closer is None:
-        return JSONResponse({"error": {"code": "no_session", "message": f"no live {kind} session {sid!r}"}},
+        return JSONResponse({"error": {"code": "no_session", "message": f"no live {kind} session {shown(sid)}"}},
                             status_code=404)
     log.info("session %s: closed by admin (%s)", sid, request.client.host if request.client else "?")
     await closer(sid)

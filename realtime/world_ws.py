@@ -416,17 +416,21 @@ class WorldConnection:
 
     async def admin_close(self, session_id: str) -> None:
         """An operator closed the session: ``closed_by_admin``, then its running tick
-        finishes, the session ends and the socket closes with CLOSE_ADMIN."""
+        finishes, the session ends (``session.closed`` lists the accepted events no chunk
+        applied) and the socket closes with CLOSE_ADMIN."""
         await self.send_error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator",
                               timeout=GOODBYE_TIMEOUT_S)
-        await self.close_session(notify=False)
+        session = self.session
+        dropped = await self.close_session(notify=False)
+        if session is not None and dropped is not None:  # the accepted events no chunk applied, as on any close
+            await self.send(wire.closed(session.session_id, dropped), timeout=GOODBYE_TIMEOUT_S)
         await self.conn.close(CLOSE_ADMIN, "closed by admin")
 
     async def _retry_tombstone(self, session_id: str) -> None:
         entry = self.live.find(KIND, session_id)
         tomb = self.manager.get(session_id) if session_id in self.manager else None
         if entry is None or tomb is None or tomb.state is not SessionState.CLEANUP_FAILED or entry.owner is not None:
-            raise SessionError(ErrorCode.NO_SESSION, f"no closable session {session_id!r}: a close by id retries "
+            raise SessionError(ErrorCode.NO_SESSION, f"no closable session {shown(session_id)}: a close by id retries "
                                                      "only a session whose cleanup failed")
         dropped = list(tomb.pending_event_ids)
         if await self._cleanup(session_id, entry.model):

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
+from protocols.echo import clipped, shown
 from sessions.errors import ErrorCode, SessionError
 
 # Deeper nesting than any control schema needs; also stops self-referencing lists.
@@ -79,24 +80,24 @@ def _freeze(value: Any, path: str, depth: int) -> Frozen:
         return value
     if kind is float:
         if not math.isfinite(value):
-            raise SessionError(ErrorCode.BAD_REQUEST, f"{path}: {value!r} is not a finite number")
+            raise SessionError(ErrorCode.BAD_REQUEST, f"{clipped(path)}: {value!r} is not a finite number")
         return value
     if depth >= MAX_DEPTH:
-        raise SessionError(ErrorCode.BAD_REQUEST, f"{path}: nested deeper than {MAX_DEPTH} levels")
+        raise SessionError(ErrorCode.BAD_REQUEST, f"{clipped(path)}: nested deeper than {MAX_DEPTH} levels")
     if kind is dict or kind is FrozenDict:
         items = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise SessionError(
                     ErrorCode.BAD_REQUEST,
-                    f"{path}: object key {key!r} is a {type(key).__name__}, not a string",
+                    f"{clipped(path)}: object key {shown(key)} is a {type(key).__name__}, not a string",
                 )
             items[key] = _freeze(item, f"{path}.{key}", depth + 1)
         return FrozenDict(items)
     if kind is list or kind is tuple:
         return tuple(_freeze(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
     raise SessionError(
-        ErrorCode.BAD_REQUEST, f"{path}: a {kind.__name__} is not a plain JSON value"
+        ErrorCode.BAD_REQUEST, f"{clipped(path)}: a {kind.__name__} is not a plain JSON value"
     )
 
 

@@ -6,6 +6,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 
+from protocols.echo import shown
 from sessions.errors import ErrorCode, SessionError
 from sessions.reducers import ControlReducer
 from sessions.session import Session, SessionState
@@ -43,7 +44,7 @@ class SessionManager:
         if type(session_id) is not str or SESSION_ID_RE.fullmatch(session_id) is None:
             raise SessionError(
                 ErrorCode.BAD_REQUEST,
-                f"session_id {session_id!r} must match [A-Za-z0-9._:-]{{1,128}}",
+                f"session_id {shown(session_id)} must match [A-Za-z0-9._:-]{{1,128}}",
             )
         existing = self._sessions.get(session_id)
         if existing is not None:
@@ -67,7 +68,7 @@ class SessionManager:
         """The session registered under ``session_id`` (NO_SESSION if none)."""
         session = self._sessions.get(session_id)
         if session is None:
-            raise SessionError(ErrorCode.NO_SESSION, f"no session {session_id!r}")
+            raise SessionError(ErrorCode.NO_SESSION, f"no session {shown(session_id)}")
         return session
 
     def __contains__(self, session_id: object) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from protocols.echo import shown
+from protocols.echo import listed, shown
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
 
@@ -151,7 +151,7 @@ class KeysReducer(ControlReducer):
             for i, frame in enumerate(frames):
                 _keyset(frame, f"frames[{i}]")
         else:
-            raise _bad(f"mode must be 'state' or 'script', got {mode!r}")
+            raise _bad(f"mode must be 'state' or 'script', got {shown(mode)}")
 
     def admit(self, updates: Sequence[FrozenDict]) -> None:
         # Conservative: counts frames an in-flight tick may be about to consume.
@@ -203,8 +203,8 @@ def _check_fields(data: Mapping[str, Any], field: str) -> None:
     if set(data) != {"mode", field}:
         extra = sorted(set(data) - {"mode", field})
         if field not in data:
-            raise _bad(f"mode {data['mode']!r} needs {field!r}")
-        raise _bad(f"unknown fields for mode {data['mode']!r}: {', '.join(extra)}")
+            raise _bad(f"mode {shown(data['mode'])} needs {field!r}")
+        raise _bad(f"unknown fields for mode {shown(data['mode'])}: {listed(extra)}")
 
 
 def _keyset(keys: Any, where: str) -> frozenset[str]:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from sessions.applied import AppliedIds
+from protocols.echo import shown
 from sessions.errors import ErrorCode, SessionError
 from sessions.events import SessionEvent, check_prompt
 from sessions.frozen import FrozenDict
@@ -243,7 +244,7 @@ class Session:
             if reducer is None:
                 raise SessionError(
                     ErrorCode.BAD_REQUEST,
-                    f"controls[{i}]: unknown track {control.track!r}; "
+                    f"controls[{i}]: unknown track {shown(control.track)}; "
                     f"tracks are {', '.join(sorted(self._reducers)) or '(none)'}",
                     event_id=eid,
                 )
@@ -251,7 +252,7 @@ class Session:
                 raise SessionError(
                     ErrorCode.BAD_REQUEST,
                     f"controls[{i}]: track {control.track!r} takes schema "
-                    f"{reducer.schema!r}, got {control.schema!r}",
+                    f"{reducer.schema!r}, got {shown(control.schema)}",
                     event_id=eid,
                 )
             try:

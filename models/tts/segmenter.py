@@ -41,6 +41,7 @@ _ABBREVIATION_CHARS = max(map(len, ABBREVIATIONS))
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.")
 _CLAUSE = re.compile(r"[,;:\u2014\u2013](?=\s)")
 _SPACE = re.compile(r"\s+")
+_LEADING_SPACE = re.compile(r"\s*")
 
 
 def _normalise(text: str) -> str:
@@ -106,21 +107,23 @@ class SentenceSegmenter:
     def _next_cut(self) -> int | None:
         """Where the next piece ends: the first sentence end if it fits the budget,
         else a budget cut once the buffer outgrows ``max_chars``."""
-        offset = len(self._buffer) - len(self._buffer.lstrip())
-        end = self._sentence_end(offset + self.max_chars + 1)
+        offset = _LEADING_SPACE.match(self._buffer).end()
+        end = self._sentence_end(offset, offset + self.max_chars + 1)
         if end is not None and end - offset <= self.max_chars:
             return end
         if len(self._buffer) - offset > self.max_chars:
-            return offset + _cut_point(self._buffer[offset:], self.max_chars, self.min_chars)
+            head = self._buffer[offset:offset + self.max_chars + 1]  # all that _cut_point reads
+            return offset + _cut_point(head, self.max_chars, self.min_chars)
         return None
 
-    def _sentence_end(self, within: int) -> int | None:
-        """Index just past the first complete sentence in the buffer's first ``within``
-        characters (the character after a stop must be among them)."""
-        wordy = _WORDY.search(self._buffer, 0, within)
+    def _sentence_end(self, start: int, within: int) -> int | None:
+        """Index just past the first complete sentence in the buffer's characters from
+        ``start`` (after its leading whitespace) up to ``within`` (the character after a
+        stop must be among them)."""
+        wordy = _WORDY.search(self._buffer, start, within)
         if wordy is None:
             return None  # punctuation alone ("..." between sentences) joins the next one
-        for match in _END.finditer(self._buffer, 0, within):
+        for match in _END.finditer(self._buffer, start, within):
             if match.end() <= wordy.start():
                 continue  # punctuation alone, as above
             if match.group() != "\n" and _is_abbreviation(self._buffer, match.start()):

@@ -67,7 +67,11 @@ def test_world_deep_nesting_and_huge_numbers_are_bad_request_and_the_session_sta
             assert (await recv_json(ws))["code"] == "bad_request"
             await ws.send('{"type":"event","event_id":NaN}')
             assert (await recv_json(ws))["code"] == "bad_request"
+            # A lone surrogate is no text (a model that encodes its prompt failed every tick on one).
             await ws.send(json.dumps({"type": "event", "event_id": 1, "prompt": "\ud800 fine"}))
+            refused = await recv_json(ws)
+            assert (refused["code"], refused["event_id"]) == ("bad_request", 1) and "surrogate" in refused["message"]
+            await ws.send(json.dumps({"type": "event", "event_id": 1, "prompt": "\ud83d\ude00 fine"}))  # a pair
             assert await recv_json(ws) == {"type": "event.accepted", "event_id": 1, "status": "accepted"}
             await ws.send(json.dumps({"type": "credit", "chunks": 1}))
             chunk = await recv_json(ws)

@@ -201,3 +201,54 @@ def test_one_openpi_connection_holds_a_bounded_number_of_session_ids(server):
             await asyncio.sleep(0.05)
 
     run(main())
+
+
+def test_world_errors_quote_client_values_short_and_lone_surrogates_are_refused(server, caplog):
+    caplog.set_level(logging.INFO, logger="realtime")  # each error is logged at INFO: short there too
+    big = "A" * 60_000
+
+    async def main():
+        async with websockets.connect(f"ws://{server}/v1/realtime/world", max_size=None) as ws:
+            for create in ({"session_id": big}, {"session_id": "s1", "model": "x" * 60_000},
+                           {"session_id": "s1", "prompt": "\ud800"}):
+                await ws.send(json.dumps({"type": "session.create", "credits": 0, **create}))
+                err = await text(ws)
+                assert err["code"] == "bad_request" and len(err["message"]) < 400, err["message"][:200]
+            await ws.send(json.dumps({"type": "session.create", "session_id": "s1", "credits": 0, "model": "tiny"}))
+            assert (await text(ws))["type"] == "session.created"
+            for event in ({big: 1}, {"controls": [{"track": big, "schema": "keys.v1", "data": {}}]},
+                          {"controls": [{"track": "keys", "schema": big, "data": {}}]},
+                          {"controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": big}}]},
+                          {"controls": [{"track": "keys", "schema": "keys.v1",
+                                         "data": {"mode": "state", "held": [], big: 1}}]},
+                          {"controls": [{"track": "keys", "schema": "keys.v1", "data": {}, big: 1}]},
+                          {"controls": [{"track": "x" * 30_000, "schema": "keys.v1", "data": {}}] * 2},
+                          {"prompt": "go \udc00"}):
+                await ws.send(json.dumps({"type": "event", "event_id": 1, **event}))
+                err = await text(ws)
+                assert (err["code"], err.get("event_id")) == ("bad_request", 1) and len(err["message"]) < 400, \
+                    err["message"][:200]
+            await ws.send(json.dumps({"type": "event", "event_id": 1, "prompt": "go \ud83d\ude00"}))
+            assert (await text(ws))["type"] == "event.accepted"
+
+    run(main())
+    no_tracebacks(caplog)
+    assert caplog.records and max(len(r.getMessage()) for r in caplog.records) < 1000
+
+
+def test_an_admin_close_reports_the_events_no_chunk_applied(server):
+    async def main():
+        ws, _ = await world(server, "adm-events", credits=0)
+        for eid in (1, 2, 3):
+            await ws.send(json.dumps({"type": "event", "event_id": eid}))
+            assert (await text(ws))["type"] == "event.accepted"
+        reply = await asyncio.to_thread(httpx.delete, f"http://{server}/v1/sessions/world/adm-events", timeout=30)
+        assert reply.status_code == 200
+        seen = []
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                seen.append(await text(ws))
+        assert [m["type"] for m in seen] == ["error", "session.closed"] and seen[0]["code"] == "closed_by_admin"
+        assert seen[1]["dropped_event_ids"] == [1, 2, 3] and ws.close_code == 1008
+
+    run(main())

@@ -145,6 +145,9 @@ def _raw_array(over):
         (_raw_array({b"dtype": "f4,("}), "unknown array dtype 'f4,('"),
         (_raw_array({b"dtype": "f4,(1,)("}), "unknown array dtype 'f4,(1,)('"),
         (_raw_array({b"dtype": "f4,(2**70)i4"}), "unknown array dtype 'f4,(2**70)i4'"),
+        # numpy wraps a string length past its range ("<U1073741824" is "<U0"): not what was sent
+        (_raw_array({b"dtype": "<U1073741824"}), "unsupported array dtype '<U1073741824'"),
+        (_raw_array({b"dtype": "U99999999999"}), "unsupported array dtype 'U99999999999'"),
         (_raw_array({b"dtype": "f4," + "9" * 5000 + "i4"}),
          "unknown array dtype 'f4," + "9" * 61 + "'... (5005 characters)"),
         (msgpack.packb({"x": [None] * (op.MAX_LIST_ITEMS + 1)}),

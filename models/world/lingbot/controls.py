@@ -42,6 +42,7 @@ import numpy as np
 from models.base import ACTION_KEYS as CAMERA_KEYS
 from models.world.lingbot.trajectory_files import (Trajectory, TrajectoryError, checked,
                                                    load_trajectory)
+from protocols.echo import shown, shown_all
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
 from sessions.reducers import ControlReducer, Prepared
@@ -62,8 +63,8 @@ def _fields(data: FrozenDict, schema: str, *names: str) -> None:
     want = {"mode", *names}
     if set(data) != want:
         missing, extra = sorted(want - set(data)), sorted(set(data) - want)
-        raise _bad(schema, f"mode {data.get('mode')!r} takes {sorted(want)}"
-                   + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else ""))
+        raise _bad(schema, f"mode {shown(data.get('mode'))} takes {sorted(want)}"
+                   + (f"; missing {missing}" if missing else "") + (f"; unknown {shown_all(extra)}" if extra else ""))
 
 
 def _keyset(keys: Any, where: str) -> frozenset[str]:
@@ -71,9 +72,10 @@ def _keyset(keys: Any, where: str) -> frozenset[str]:
         raise _bad(ACTIONS_SCHEMA, f"{where} must be a list of key names")
     out = set()
     for i, key in enumerate(keys):
-        name = key.lower() if type(key) is str else None
+        # ASCII only: str.lower() maps other letters onto these too (the Kelvin sign onto "k").
+        name = key.lower() if type(key) is str and key.isascii() else None
         if name not in _KEYS:
-            raise _bad(ACTIONS_SCHEMA, f"unknown key {key!r} at {where}[{i}]; keys are "
+            raise _bad(ACTIONS_SCHEMA, f"unknown key {shown(key)} at {where}[{i}]; keys are "
                        f"{', '.join(CAMERA_KEYS)}")
         out.add(name)
     return frozenset(out)
@@ -111,7 +113,7 @@ class CameraActionsReducer(ControlReducer):
                 raise _bad(self.schema, f"mode 'frames' takes exactly {self.frames_per_block} "
                            f"key lists (one block), got {len(frames)}")
         else:
-            raise _bad(self.schema, f"mode must be 'state', 'script' or 'frames', got {mode!r}")
+            raise _bad(self.schema, f"mode must be 'state', 'script' or 'frames', got {shown(mode)}")
 
     def admit(self, updates: Sequence[FrozenDict]) -> None:
         backlog = len(self._script) + sum(len(u["frames"]) for u in updates if u["mode"] == "script")
@@ -234,7 +236,7 @@ class CameraTrajectoryReducer(ControlReducer):
         elif mode == "stop":
             _fields(data, self.schema)
         else:
-            raise _bad(self.schema, f"mode must be 'inline', 'named' or 'stop', got {mode!r}")
+            raise _bad(self.schema, f"mode must be 'inline', 'named' or 'stop', got {shown(mode)}")
 
     def prepare(self, updates: Sequence[FrozenDict]) -> Prepared:
         playing, cursor = self._playing, self._cursor

@@ -65,6 +65,8 @@ def test_frames_mode_is_exactly_one_block():
     ({"mode": "fly"}, "mode must be"),
     ({"mode": "script", "frames": [["w"]] * 257}, "at most 256"),
     ({"mode": "state", "held": ["w"], "x": 1}, "unknown \\['x'\\]"),
+    ({"mode": "state", "held": ["\u212a"]}, "unknown key"),  # the Kelvin sign: "k" once lower-cased
+    ({"mode": "state", "held": ["q" * 60_000]}, "unknown key 'qqqq.*\\.\\.\\. \\(60000 characters\\)"),
 ])
 def test_bad_actions_are_bad_requests(data, match):
     with pytest.raises(SessionError, match=match) as e:
