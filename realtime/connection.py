@@ -263,6 +263,9 @@ class LiveSession:
     state: str = "active"
     chunk_index: int = 0
     last_tick: float | None = None  # wall-clock time (time.time()) of the last committed tick
+    # Set once the session leaves the registry (LiveSessions.remove): an endpoint waiting to
+    # reuse its id waits for this.
+    ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
 
     def ticked(self, chunk_index: int) -> None:
         self.chunk_index = chunk_index
@@ -296,6 +299,7 @@ class LiveSessions:
     def remove(self, entry: LiveSession) -> None:
         if self._by_key.get((entry.model, entry.session_id)) is entry:
             del self._by_key[(entry.model, entry.session_id)]
+        entry.ended.set()
 
     def find(self, kind: str, session_id: str) -> LiveSession | None:
         """The session of ``kind`` named ``session_id`` on any model, if live."""

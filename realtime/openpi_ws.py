@@ -74,6 +74,13 @@ MAX_ERROR_CHARS = 1000
 # Session ids one connection may hold (its own, a batch's <conn>/<i>, explicit ones); the
 # next new one ends the connection with too_many_sessions. Each is live until it closes.
 MAX_SESSIONS_PER_CONNECTION = 256
+# A closed connection's sessions while the policy releases them (GET /v1/sessions shows it).
+RELEASING = "releasing"
+# How long a request naming such a session waits for its release before it is refused.
+RELEASE_WAIT_S = 10.0
+# How long it waits for a connection holding the id to end (its robot may have just gone
+# without the server having read the close yet) before the id counts as in use.
+HOLDER_WAIT_S = 1.0
 
 
 class _Refused(Exception):
@@ -280,12 +287,46 @@ class OpenPIConnection:
     def dropped(self, reason: str) -> None:
         log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)
 
+    async def _free(self, sid: str) -> LiveSession | None:
+        """The live entry holding ``sid`` once waiting is over, None if it is free. A holder
+        whose robot has just gone (its connection not yet ended here) is given HOLDER_WAIT_S
+        to end; a released one (``releasing``) is waited for, RELEASE_WAIT_S at most."""
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        held = self.live.find(KIND, sid)
+        while held is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return held
+            try:
+                wait = left if held.state == RELEASING else min(left, HOLDER_WAIT_S)
+                await asyncio.wait_for(held.ended.wait(), wait)
+            except TimeoutError:
+                if held.state != RELEASING:
+                    return held  # another robot holds it: in use
+            held = self.live.find(KIND, sid)
+        return None
+
     def _release(self) -> None:
+        """Release every session this connection used. Each stays listed (state
+        ``releasing``, no owner) until the policy has released it: see ``_session``."""
         for sid, entry in self.used.items():
-            self.live.remove(entry)
-            if self.model is not None:
-                self.engine.post_release(self.model, sid)
+            if self.model is None:
+                self.live.remove(entry)
+                continue
+            entry.owner, entry.state = None, RELEASING
+            asyncio.ensure_future(self._released(sid, entry))
         log.info("session %s: robot disconnected (%d sessions released)", self.conn_id, len(self.used))
+
+    async def _released(self, sid: str, entry: LiveSession) -> None:
+        assert self.model is not None
+        try:
+            await self.engine.release(self.model, sid)
+        except ENGINE_ERRORS:
+            pass  # a dead or stopped engine holds no policy state
+        except Exception as exc:  # noqa: BLE001 - the policy's own release failed; the id is free anyway
+            log.warning("session %s: policy release of %s failed: %r", self.conn_id, sid, exc)
+        finally:
+            self.live.remove(entry)
 
     # ------------------------------------------------------------------ requests
     async def handle(self, message: Received) -> bytes:
@@ -293,15 +334,19 @@ class OpenPIConnection:
         frame: Any = message.data if message.data is not None else message.text
         req = wire.decode_request(frame, self.metadata)
         if isinstance(req, wire.ResetRequest):
-            await self.reset(self._session(req.session_id, None))
+            await self.reset(await self._session(req.session_id, None))
             return self.packer.pack(wire.reset_reply())
         if isinstance(req, wire.BatchRequest):
-            sids = [self._session(item.session_id, i) for i, item in enumerate(req.items)]
+            sids = [await self._session(item.session_id, i) for i, item in enumerate(req.items)]
             replies = await asyncio.gather(*(self.infer(item, sid) for item, sid in zip(req.items, sids)))
             return self.packer.pack(wire.batch_reply(replies))
-        return self.packer.pack(await self.infer(req, self._session(req.session_id, None)))
+        return self.packer.pack(await self.infer(req, await self._session(req.session_id, None)))
 
-    def _session(self, explicit: str | None, index: int | None) -> str:
+    async def _session(self, explicit: str | None, index: int | None) -> str:
+        """The session id a request uses, claimed for this connection. An id whose last
+        connection has just closed is still being released in the policy (its entry stays
+        live until then): a robot that reconnects at once waits for that, instead of
+        having its first request cancelled and its new state wiped by the release."""
         if explicit is None:
             sid = self.conn_id if index is None else f"{self.conn_id}/{index}"
         else:
@@ -312,7 +357,7 @@ class OpenPIConnection:
                 raise _Refused(f"{wire.TOO_MANY_SESSIONS}: this connection holds {len(self.used)} session ids, "
                                f"the most one connection may (reconnect to start over)",
                                CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
-            held = self.live.find(KIND, sid)
+            held = await self._free(sid)
             if held is not None:
                 raise _Refused(f"session_id {sid!r} is in use by another connection")
             self.used[sid] = self.live.add(KIND, sid, self.model, owner=self)

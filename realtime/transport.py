@@ -36,13 +36,22 @@ through, whatever its size).
    the message at once, so ``WebSocketProtocol`` skips the pause then. A client that
    sends faster than the app takes still finds reading paused after the messages of
    the read that completed them, as before.
+
+6. uvicorn closes an idle keep-alive connection after ``timeout_keep_alive``, but a
+   connection whose request head never completes (nothing sent, or a head cut short)
+   is never closed: one client held every file descriptor of the server with 20,000
+   of them, and ``/healthz`` went down with the rest. ``HTTPProtocol`` closes a
+   connection whose head is not complete within ``HEAD_TIMEOUT_S`` of its opening, or
+   of the previous response on a keep-alive connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 log = logging.getLogger(__name__)
@@ -50,6 +59,10 @@ log = logging.getLogger(__name__)
 # Total size of a request head (request line + headers). Browsers send ~1-2 KiB; the
 # usual proxy defaults are 8-16 KiB (nginx large_client_header_buffers 4 x 8k).
 MAX_HEADER_BYTES = 16 * 1024
+
+# A request head must be complete this long after the connection opened (or after the
+# previous response on a keep-alive connection); item 6.
+HEAD_TIMEOUT_S = 10.0
 
 # RFC 6455 section 7.4.1: data inconsistent with the message type (bad UTF-8 in text).
 CLOSE_INVALID_DATA = 1007
@@ -126,9 +139,48 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 self.read_paused = False
 
 
+class HTTPProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request head (item 6)."""
+
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm_head_timer()  # the next request's head, on a keep-alive connection
+
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        self._cancel_head_timer()  # the head came; the WebSocket's own limits take over
+        super().handle_websocket_upgrade(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_late)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return  # closed already, or a request is being served (its head came)
+        log.info("%s: no complete request head within %g s: closing", _peer(self.client), HEAD_TIMEOUT_S)
+        self.transport.close()
+
+
 def uvicorn_options() -> dict[str, Any]:
     """The uvicorn.Config keywords that bound request heads (see the module docstring)."""
-    return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": WebSocketProtocol}
+    return {"http": HTTPProtocol, "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": WebSocketProtocol}
 
 
 def _peer(client: tuple[str, int] | None) -> str:

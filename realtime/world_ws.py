@@ -342,7 +342,7 @@ class WorldConnection:
         session = self._need_session()
         await self._stop_driver(stall_timeout=self.idle.reply_timeout_s)  # the client goes on: its idle bound
         if session.in_flight is not None:
-            session.fail_tick("tick abandoned by reset")
+            session.fail_tick("tick abandoned by reset", asked=True)
         dropped = session.reset()
         self._evicted = None
         await self.engine.reset(self.model, session.session_id)

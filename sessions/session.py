@@ -419,10 +419,11 @@ class Session:
         )
         return request
 
-    def fail_tick(self, reason: str) -> None:
+    def fail_tick(self, reason: str, *, asked: bool = False) -> None:
         """ACTIVE -> FAILED: drop every in-flight tick uncommitted and release worker
         state; chunk index and pending queue stay as they were. Failing a session
-        that is already failed or closing changes nothing (a late engine report)."""
+        that is already failed or closing changes nothing (a late engine report).
+        ``asked``: the client's own reset abandons the tick, no fault (logged at INFO)."""
         if self._state is not SessionState.ACTIVE:
             log.info(
                 "session %s: tick failure ignored in state %s: %s",
@@ -435,7 +436,8 @@ class Session:
         abandoned = ", ".join(r.request_id for r, _ in self._flights) or None
         self._flights.clear()
         self._failure = reason
-        log.warning(
+        log.log(
+            logging.INFO if asked else logging.WARNING,
             "session %s: failed at chunk %d (request %s): %s",
             self._session_id,
             self._chunk_index,

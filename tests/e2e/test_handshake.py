@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from bench.fuzz.process import ServerProcess
-from realtime.transport import MAX_HEADER_BYTES
+from realtime.transport import HEAD_TIMEOUT_S, MAX_HEADER_BYTES
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 
@@ -95,4 +95,32 @@ def test_a_garbage_upgrade_is_answered_or_closed(server):
 def test_plain_http_with_a_huge_header_is_refused(server):
     data, _ = exchange(server.addr, [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"d" * 300_000 + b"\r\n\r\n"])
     assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert server.healthy()
+
+
+def test_a_connection_whose_request_head_never_completes_is_closed(server):
+    """Nothing sent, a head cut short, and the second head on a keep-alive connection cut
+    short: each is closed once HEAD_TIMEOUT_S has passed (one client once held every file
+    descriptor of the server with such sockets). The three wait side by side."""
+    host, port = server.addr.split(":")
+    socks = [socket.create_connection((host, int(port))) for _ in range(3)]
+    socks[1].sendall(b"GET /v1/realtime/world HTTP/1.1\r\nHost: a\r\n")
+    socks[2].sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+    first = b""
+    while not first.endswith(b"OK"):
+        first += socks[2].recv(4096)
+    socks[2].sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")  # before the 5 s keep-alive ends
+    started = time.monotonic()
+    closed_after = []
+    for s in socks:
+        s.settimeout(HEAD_TIMEOUT_S + 10 - (time.monotonic() - started))
+        try:
+            while s.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        closed_after.append(time.monotonic() - started)
+        s.close()
+    assert max(closed_after) < HEAD_TIMEOUT_S + 5, closed_after
+    assert min(closed_after) > HEAD_TIMEOUT_S - 1, closed_after  # not before the deadline
     assert server.healthy()

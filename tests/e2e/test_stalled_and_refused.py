@@ -24,6 +24,7 @@ import msgpack
 import numpy as np
 import pytest
 import websockets
+from openpi_client import msgpack_numpy
 
 from protocols import tts_v1
 from protocols.close_codes import CLOSE_TRY_AGAIN_LATER
@@ -252,3 +253,30 @@ def test_an_admin_close_reports_the_events_no_chunk_applied(server):
         assert seen[1]["dropped_event_ids"] == [1, 2, 3] and ws.close_code == 1008
 
     run(main())
+
+
+def test_a_robot_reconnecting_under_its_session_id_is_served_not_cancelled():
+    """The id of a robot that dropped mid-request (an RST) or closed is released in the policy
+    after its connection ends; a robot reconnecting under it at once waits for that release
+    (it had its first request cancelled by it, 40 times in 40)."""
+    with serve(app(idle_s=LONG_IDLE_S, infer_ms=150.0)) as addr:
+        async def one(abort: bool) -> None:
+            old = await websockets.connect(f"ws://{addr}{OPENPI}", max_size=None, compression=None)
+            await old.recv()  # metadata
+            await old.send(msgpack_numpy.packb({**OBS, "session_id": "arm-7"}))
+            if abort:
+                old.transport.abort()  # gone mid-request
+            else:
+                await old.recv()
+                await old.close()
+            async with websockets.connect(f"ws://{addr}{OPENPI}", max_size=None, compression=None) as new:
+                await new.recv()
+                await new.send(msgpack_numpy.packb({**OBS, "session_id": "arm-7"}))
+                reply = await new.recv()
+                assert isinstance(reply, bytes), reply  # actions, not "request cancelled: ..."
+
+        async def main():
+            for abort in (True, False, True, False):
+                await one(abort)
+
+        run(main())
