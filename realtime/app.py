@@ -19,7 +19,7 @@ from realtime.admin import ROUTES as ADMIN_ROUTES
 from realtime.config import ServerConfig
 from realtime.connection import LiveSessions
 from realtime.engine import Engine
-from realtime.limits import ClientSlots
+from realtime.limits import SOCKETS_PER_SESSION_SLOT, ClientSlots, SocketGuard
 from realtime.metrics import CONTENT_TYPE, ServerMetrics
 from realtime.registry import Inventory, build_inventory
 from realtime.openpi_ws import openpi_endpoint
@@ -84,6 +84,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         routes += [Route("/", index), Mount("/web", app=StaticFiles(directory=WEB_DIR), name="web")]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(OriginGuard, allowed=config.allowed_origins)
+    app.add_middleware(SocketGuard, limit=SOCKETS_PER_SESSION_SLOT * config.limits.max_sessions_per_client)
     app.state.config = config
     app.state.inventory = inventory
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)

@@ -7,6 +7,11 @@
   gives it: behind a proxy listed in ``ServerConfig.forwarded_allow_ips`` (loopback, where
   the shipped nginx runs) the X-Forwarded-For client, so clients behind nginx are counted
   apart and not as one.
+* ``SocketGuard``: an ASGI middleware that bounds the WebSocket connections a client
+  address holds open at once, sessions or not, at ``SOCKETS_PER_SESSION_SLOT`` per session
+  slot; past it an upgrade is answered 429. A world connection without a session takes
+  no session slot and is bounded by the idle timeout only, so without this one client
+  could open sockets faster than the timeout closes them until no file descriptor is left.
 * ``IdleClock`` and ``receive_or_idle``: a session whose client sends nothing and takes
   nothing for ``LimitsConfig.idle_timeout_s`` is idle; each endpoint tells it in its
   protocol (``idle_timeout``) and closes with ``CLOSE_IDLE_TIMEOUT``. Work in flight for the
@@ -18,17 +23,25 @@ Event loop only, like ``LiveSessions``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from typing import Awaitable, Callable, TypeVar
 
+from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # How long the goodbye of an idle session (its error, ``session.closed``, the close frame)
 # may take: a client that does not read cannot take it, and its socket is then dropped.
 GOODBYE_TIMEOUT_S = 2.0
+
+# Open WebSocket connections a client address may hold per session slot
+# (``--max-sessions-per-client``): 128 at the default 32; none while that limit is off.
+SOCKETS_PER_SESSION_SLOT = 4
 
 
 def client_address(ws: WebSocket) -> str:
@@ -77,6 +90,47 @@ class ClientSlots:
         self._held[client] -= 1
         if self._held[client] <= 0:
             del self._held[client]
+
+
+class SocketGuard:
+    """ASGI middleware: at most ``limit`` open WebSocket connections per client address
+    (0: no limit); one over it is answered 429 before the app sees it."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.sockets = ClientSlots(limit)
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "websocket" or not self.sockets.limit:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        slot = self.sockets.take(address)
+        if slot is None:
+            await _refuse_upgrade(scope, receive, send, address, self.sockets.limit)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            slot.release()
+
+
+async def _refuse_upgrade(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                          send: Callable[[Message], Awaitable[None]], address: str, limit: int) -> None:
+    log.info("refused a WebSocket to %s from %s: %d connections open, the limit per client address",
+             scope.get("path"), address, limit)
+    await receive()  # websocket.connect
+    if "websocket.http.response" in scope.get("extensions", {}):
+        body = (f"client {address} already holds {limit} open WebSocket connections, the limit per client "
+                f"address ({SOCKETS_PER_SESSION_SLOT} x --max-sessions-per-client); close one first\n").encode()
+        await send({"type": "websocket.http.response.start", "status": 429,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # no denial response: a close before accept (a 403, without the reason)
+        await send({"type": "websocket.close", "code": 1008})
 
 
 class IdleClock:

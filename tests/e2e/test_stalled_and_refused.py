@@ -28,7 +28,7 @@ from openpi_client import msgpack_numpy
 
 from protocols import tts_v1
 from protocols.close_codes import CLOSE_TRY_AGAIN_LATER
-from realtime.limits import GOODBYE_TIMEOUT_S
+from realtime.limits import GOODBYE_TIMEOUT_S, SOCKETS_PER_SESSION_SLOT
 from realtime.openpi_ws import MAX_SESSIONS_PER_CONNECTION
 from tests.e2e.conftest import serve
 from tests.e2e.test_client_limits import OBS, app, gone, live, run, text, world
@@ -278,5 +278,28 @@ def test_a_robot_reconnecting_under_its_session_id_is_served_not_cancelled():
         async def main():
             for abort in (True, False, True, False):
                 await one(abort)
+
+        run(main())
+
+
+def test_open_websockets_per_client_address_are_bounded_sessions_or_not():
+    """World connections without a session take no session slot; without this bound one
+    client could open them faster than the idle timeout closes them, until no file
+    descriptor was left. Past 4 per session slot, the upgrade is answered 429."""
+    per_client = 2
+    limit = SOCKETS_PER_SESSION_SLOT * per_client
+    with serve(app(idle_s=LONG_IDLE_S, per_client=per_client)) as addr:
+        async def main():
+            held = [await websockets.connect(f"ws://{addr}/v1/realtime/world") for _ in range(limit)]
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await websockets.connect(f"ws://{addr}/v1/realtime/world")
+            assert refused.value.response.status_code == 429
+            assert b"open WebSocket connections" in refused.value.response.body
+            assert httpx.get(f"http://{addr}/healthz").text == "OK"  # plain HTTP is not counted
+            await held.pop().close()
+            await asyncio.sleep(0.2)
+            again = await websockets.connect(f"ws://{addr}/v1/realtime/tts")  # a slot came free
+            for ws in [again, *held]:
+                await ws.close()
 
         run(main())
