@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from typing import Any, Awaitable, Callable, MutableMapping
 from urllib.parse import urlsplit
 
+from protocols.echo import clipped
+
 log = logging.getLogger(__name__)
 
 # The keyword (in ``--allowed-origins``) for every loopback origin on any port.
@@ -124,7 +126,7 @@ class OriginGuard:
         if origin_allowed(origin, headers.get("host"), self.allowed):
             await self.app(scope, receive, send)
             return
-        shown = origin if len(origin) <= 200 else origin[:200] + "..."  # a client's text: bounded
+        shown = clipped(origin, 200)  # a client's text: bounded
         log.warning("refused a WebSocket to %s from origin %r (not in --allowed-origins)",
                     scope.get("path"), shown)
         await receive()  # websocket.connect
