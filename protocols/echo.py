@@ -8,7 +8,7 @@ text, and the log line that records it, stays short whatever came in.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 # Characters of one echoed value; a longer one is cut and says how long it was.
 MAX_SHOWN_CHARS = 64
@@ -34,14 +34,15 @@ def clipped(text: str, limit: int = 4 * MAX_SHOWN_CHARS) -> str:
 def listed(names: Iterable[str], limit: int = MAX_SHOWN_ITEMS) -> str:
     """``a, b, c`` unquoted, each name cut at MAX_SHOWN_CHARS, the first ``limit`` of them
     and a count of the rest (field names in messages that list them bare)."""
-    items = list(names)
-    head = ", ".join(clipped(n, MAX_SHOWN_CHARS) for n in items[:limit])
-    return head + (f", and {len(items) - limit} more" if len(items) > limit else "")
+    return _series(names, limit, lambda name: clipped(name, MAX_SHOWN_CHARS))
 
 
 def shown_all(values: Iterable[Any], limit: int = MAX_SHOWN_ITEMS) -> str:
     """``[v1, v2, ...]`` of ``shown`` values, the first ``limit`` of them and a count of the rest."""
+    return f"[{_series(values, limit, shown)}]"
+
+
+def _series(values: Iterable[Any], limit: int, show: Callable[[Any], str]) -> str:
     items = list(values)
-    head = ", ".join(shown(v) for v in items[:limit])
     rest = f", and {len(items) - limit} more" if len(items) > limit else ""
-    return f"[{head}{rest}]"
+    return ", ".join(show(v) for v in items[:limit]) + rest

@@ -41,7 +41,7 @@ import msgpack
 import numpy as np
 
 from protocols import close_codes
-from protocols.echo import shown, shown_all
+from protocols.echo import clipped, shown, shown_all
 
 # A request body above this is refused with an error frame (close 1011). Three
 # 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
@@ -232,7 +232,7 @@ def _unpack_msgpack(data: bytes) -> Any:
     except WireError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
-        raise WireError(f"body is not valid msgpack ({(str(exc) or type(exc).__name__)[:200]})") from None
+        raise WireError(f"body is not valid msgpack ({clipped(str(exc) or type(exc).__name__)})") from None
 
 
 # How openpi-client's pack_array writes every array: a map of 4 entries, in this order,

@@ -31,6 +31,8 @@ from typing import Awaitable, Callable, TypeVar
 from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
 
+from realtime.transport import refuse_upgrade
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -109,28 +111,17 @@ class SocketGuard:
         address = client[0] if client else "unknown"
         slot = self.sockets.take(address)
         if slot is None:
-            await _refuse_upgrade(scope, receive, send, address, self.sockets.limit)
+            limit = self.sockets.limit
+            log.info("refused a WebSocket to %s from %s: %d connections open, the limit per client address",
+                     scope.get("path"), address, limit)
+            await refuse_upgrade(scope, receive, send, 429, f"client {address} already holds {limit} open WebSocket "
+                                 f"connections, the limit per client address ({SOCKETS_PER_SESSION_SLOT} x "
+                                 "--max-sessions-per-client); close one first\n")
             return
         try:
             await self.app(scope, receive, send)
         finally:
             slot.release()
-
-
-async def _refuse_upgrade(scope: Scope, receive: Callable[[], Awaitable[Message]],
-                          send: Callable[[Message], Awaitable[None]], address: str, limit: int) -> None:
-    log.info("refused a WebSocket to %s from %s: %d connections open, the limit per client address",
-             scope.get("path"), address, limit)
-    await receive()  # websocket.connect
-    if "websocket.http.response" in scope.get("extensions", {}):
-        body = (f"client {address} already holds {limit} open WebSocket connections, the limit per client "
-                f"address ({SOCKETS_PER_SESSION_SLOT} x --max-sessions-per-client); close one first\n").encode()
-        await send({"type": "websocket.http.response.start", "status": 429,
-                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:  # no denial response: a close before accept (a 403, without the reason)
-        await send({"type": "websocket.close", "code": 1008})
 
 
 class IdleClock:

@@ -49,6 +49,7 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
+from protocols.echo import clipped
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
 from realtime.connection import (
     CLOSE_ADMIN,
@@ -255,8 +256,7 @@ class OpenPIConnection:
     async def _refuse(self, text: str, code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
         """The error text, then the close; a robot that does not read is dropped after
         GOODBYE_TIMEOUT_S (it may have stopped reading on purpose, to keep its slot)."""
-        if len(text) > MAX_ERROR_CHARS:  # the protocol's texts echo only clipped values; an exception's may not
-            text = text[:MAX_ERROR_CHARS] + "..."
+        text = clipped(text, MAX_ERROR_CHARS)  # the protocol's echoes are clipped; an exception's may not be
         log.info("session %s: closing with error: %s", self.conn_id, text)
         await self.conn.send(text, timeout=GOODBYE_TIMEOUT_S)
         await self.conn.close(code, reason)

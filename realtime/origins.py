@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable, MutableMapping
 from urllib.parse import urlsplit
 
 from protocols.echo import clipped
+from realtime.transport import refuse_upgrade
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +130,4 @@ class OriginGuard:
         shown = clipped(origin, 200)  # a client's text: bounded
         log.warning("refused a WebSocket to %s from origin %r (not in --allowed-origins)",
                     scope.get("path"), shown)
-        await receive()  # websocket.connect
-        if "websocket.http.response" in scope.get("extensions", {}):
-            body = f"origin {shown!r} is not allowed (see --allowed-origins)\n".encode()
-            await send({"type": "websocket.http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:  # closing before accept is a 403 too, without the reason
-            await send({"type": "websocket.close", "code": 1008})
+        await refuse_upgrade(scope, receive, send, 403, f"origin {shown!r} is not allowed (see --allowed-origins)\n")

@@ -140,20 +140,19 @@ class MazeWorld(WorldAdapter):
         # The MLPs' GELU: on CPU the exact one (erf), 3-5x cheaper there than the tanh
         # approximation training used and at most 4.7e-4 from it (the model card's evaluation
         # of both, in bf16 and in float32); on CUDA the trained tanh one.
-        def gelu_for(dt: torch.dtype) -> str:
-            return gelu or ("tanh" if cuda else "erf")
+        gelu = gelu or ("tanh" if cuda else "erf")
 
         self.dtype_pick: dict[str, Any] | None = None
         if dtype is None and not cuda and native_bf16():
             both = {dt: load_model(self.weights, self.device, dt) for dt in (torch.float32, torch.bfloat16)}
-            for dt, m in both.items():
-                m.set_gelu(gelu_for(dt))  # timed as it would serve
+            for m in both.values():
+                m.set_gelu(gelu)  # timed as it would serve
             self.dtype, self.dtype_pick = pick_cpu_dtype(both, self.window)
             self.model: MazeDiT = both[self.dtype]
         else:
             self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
             self.model = load_model(self.weights, self.device, self.dtype)
-            self.model.set_gelu(gelu_for(self.dtype))
+            self.model.set_gelu(gelu)
         self.meta = read_metadata(self.weights)
         cfg = self.model.cfg
         self.sampler = SamplerConfig(steps=self.steps, shift=shift, kv_from_last=kv_from_last)
