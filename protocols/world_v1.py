@@ -50,6 +50,13 @@ MAX_CONTROLS = 16
 # Event ids are client-chosen; keep them in a range every consumer can store.
 MAX_EVENT_ID = 2**63 - 1
 _EVENT_FIELDS = frozenset({"type", "event_id", "prompt", "controls"})
+# The fields of the other client messages: one a message does not define is refused, like an
+# event's (a misspelt "credit" or "format" would otherwise be dropped without a word).
+_CREATE_FIELDS = frozenset({"type", "session_id", "model", "prompt", "seed", "format", "credits",
+                            "options", "image", "stream_frames"})
+_CREDIT_FIELDS = frozenset({"type", "chunks"})
+_RESET_FIELDS = frozenset({"type"})
+_CLOSE_FIELDS = frozenset({"type", "session_id"})
 _CONTROL_FIELDS = frozenset({"track", "schema", "data"})
 
 
@@ -242,13 +249,20 @@ def parse(text: str) -> dict[str, Any]:
     return msg
 
 
+def _refuse_unknown(msg: Mapping[str, Any], what: str, fields: frozenset[str], event_id: int | None = None) -> None:
+    unknown = sorted(str(k) for k in msg if k not in fields)
+    if unknown:
+        raise ProtocolError(BAD_REQUEST, f"unknown {what} fields: {listed(unknown)}", event_id=event_id)
+
+
 def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest:
+    _refuse_unknown(msg, "session.create", _CREATE_FIELDS)
     session_id = msg.get("session_id")
     if not isinstance(session_id, str) or not session_id:
         raise ProtocolError(BAD_REQUEST, "session.create needs a non-empty string session_id")
     model = msg.get("model", default_model)
-    if model is not None and not isinstance(model, str):
-        raise ProtocolError(BAD_REQUEST, "model must be a string")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ProtocolError(BAD_REQUEST, "model must be a non-empty string (or left out for the default)")
     prompt = msg.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise ProtocolError(BAD_REQUEST, "prompt must be a string")
@@ -269,7 +283,7 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     stream = msg.get("stream_frames", False)
     if not isinstance(stream, bool):
         raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
-    return CreateRequest(session_id, model or default_model, prompt, seed, fmt, credits, options, image, stream)
+    return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options, image, stream)
 
 
 def parse_image(spec: Any) -> ImageSpec:
@@ -287,6 +301,7 @@ def parse_image(spec: Any) -> ImageSpec:
 def parse_close(msg: Mapping[str, Any]) -> Close:
     """``session.close``: the optional ``session_id`` of a session whose cleanup failed
     on an earlier connection (a retry by id); None closes this connection's session."""
+    _refuse_unknown(msg, "session.close", _CLOSE_FIELDS)
     session_id = msg.get("session_id")
     if session_id is not None and (not isinstance(session_id, str) or not session_id):
         raise ProtocolError(BAD_REQUEST, "session.close takes an optional non-empty string session_id")
@@ -294,7 +309,13 @@ def parse_close(msg: Mapping[str, Any]) -> Close:
 
 
 def parse_credit(msg: Mapping[str, Any]) -> Credit:
+    _refuse_unknown(msg, "credit", _CREDIT_FIELDS)
     return Credit(_credits(msg.get("chunks"), "chunks", minimum=1))
+
+
+def parse_reset(msg: Mapping[str, Any]) -> Reset:
+    _refuse_unknown(msg, "session.reset", _RESET_FIELDS)
+    return Reset()
 
 
 def parse_event(msg: Mapping[str, Any]) -> Event:
@@ -308,9 +329,7 @@ def parse_event(msg: Mapping[str, Any]) -> Event:
     eid = msg["event_id"]
     if type(eid) is not int or not 0 <= eid <= MAX_EVENT_ID:
         raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {shown(eid)}")
-    unknown = sorted(str(k) for k in msg if k not in _EVENT_FIELDS)
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, f"unknown event fields: {listed(unknown)}", event_id=eid)
+    _refuse_unknown(msg, "event", _EVENT_FIELDS, eid)
     prompt = msg.get("prompt")
     problem = prompt_problem(prompt)
     if problem is not None:

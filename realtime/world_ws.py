@@ -214,6 +214,7 @@ class WorldConnection:
                 self.credits = min(self.credits + wire.parse_credit(msg).chunks, wire.MAX_CREDITS)
                 self._wake.set()
             elif kind == "session.reset":
+                wire.parse_reset(msg)
                 await self.reset()
             elif kind == "session.close":
                 await self.close(wire.parse_close(msg).session_id)

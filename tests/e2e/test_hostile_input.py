@@ -73,6 +73,12 @@ def test_world_deep_nesting_and_huge_numbers_are_bad_request_and_the_session_sta
             assert (refused["code"], refused["event_id"]) == ("bad_request", 1) and "surrogate" in refused["message"]
             await ws.send(json.dumps({"type": "event", "event_id": 1, "prompt": "\ud83d\ude00 fine"}))  # a pair
             assert await recv_json(ws) == {"type": "event.accepted", "event_id": 1, "status": "accepted"}
+            # A misspelt field does nothing: no credit given, no reset, no close.
+            for msg in ({"type": "credit", "chunk": 1}, {"type": "session.reset", "hard": 1},
+                        {"type": "session.close", "sessionid": "deep-1"}):
+                await ws.send(json.dumps(msg))
+                refused = await recv_json(ws)
+                assert refused["code"] == "bad_request" and "unknown" in refused["message"]
             await ws.send(json.dumps({"type": "credit", "chunks": 1}))
             chunk = await recv_json(ws)
             assert (chunk["type"], chunk["chunk_index"], chunk["applied_event_ids"]) == ("chunk", 0, [1])

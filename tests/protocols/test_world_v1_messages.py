@@ -73,3 +73,23 @@ def test_event_message():
     assert json.loads(wire.dumps(msg)) == {"type": "event", "event_id": 4, "prompt": "fog", "controls": [
         {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": ["w"]}}]}
     assert wire.parse_event(roundtrip(msg)) == wire.Event(4, "fog", (wire.keys_control({"mode": "state", "held": ["w"]}),))
+
+
+@pytest.mark.parametrize("msg, parse, error", [
+    ({"type": "session.create", "session_id": "w", "fromat": "png"}, lambda m: wire.parse_create(m, default_model="m"),
+     "unknown session.create fields: fromat"),
+    ({"type": "credit", "chunks": 2, "chunk": 2}, wire.parse_credit, "unknown credit fields: chunk"),
+    ({"type": "session.reset", "hard": True}, wire.parse_reset, "unknown session.reset fields: hard"),
+    ({"type": "session.close", "sessionid": "w"}, wire.parse_close, "unknown session.close fields: sessionid"),
+])
+def test_an_unknown_field_is_refused_naming_it(msg, parse, error):
+    with pytest.raises(wire.ProtocolError) as err:
+        parse(msg)
+    assert (err.value.code, err.value.message) == ("bad_request", error)
+
+
+def test_an_empty_model_is_refused_and_a_missing_one_is_the_default():
+    with pytest.raises(wire.ProtocolError, match="model must be a non-empty string"):
+        wire.parse_create({"type": "session.create", "session_id": "w", "model": ""}, default_model="m")
+    assert wire.parse_create({"type": "session.create", "session_id": "w"}, default_model="m").model == "m"
+    assert wire.parse_create({"type": "session.create", "session_id": "w", "model": None}, default_model="m").model == "m"
