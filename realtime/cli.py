@@ -94,6 +94,20 @@ def _count(text: str) -> int:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:  # the socket layer would take 99999 as 99999 % 65536
+        raise argparse.ArgumentTypeError(f"must be a TCP port in [0, 65535], got {text}")
+    return value
+
+
 def _addresses(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
 
@@ -117,24 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=_Formatter)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 (or ::) for every interface")
-    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    serve.add_argument("--port", type=_port, default=8000, help="TCP port to listen on")
     serve.add_argument("--models", default=",".join(DEFAULT_WORLDS),
                        help="models to load, comma-separated 'name' or 'name=path' entries of the factory table "
                             f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
                             "first is the default world; a policy or voice entry here takes the place of the policy "
                             "option / the default voice")
     serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
-    serve.add_argument("--max-batch", type=int, default=32, help="most world ticks batched into one forward")
+    serve.add_argument("--max-batch", type=_at_least_one, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
                        help="world ticks a session may have queued in the engine at once: 2 queues the next "
                             "tick while one runs, so the engine never waits for the event loop (throughput), "
                             "at one more chunk of input latency; 1 builds each tick after the last committed; "
                             "auto (the default) is 2 while other world sessions share the server and 1 for a "
                             "session alone")
-    serve.add_argument("--frames-per-chunk", type=int, default=None,
+    serve.add_argument("--frames-per-chunk", type=_at_least_one, default=None,
                        help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
-    serve.add_argument("--steps", type=int, default=None,
+    serve.add_argument("--steps", type=_at_least_one, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
     serve.add_argument("--cpu-format", choices=("auto",) + tuple(CPU_FORMATS), default="auto",
                        help="number format of the CPU models' products (maze, voice): auto (the default) keeps "

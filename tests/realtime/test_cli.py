@@ -163,6 +163,20 @@ def test_client_limits_reach_the_config_with_documented_defaults(capsys):
         assert f"(default: {default})" in listed.split(option, 2)[2].split(" --", 1)[0], option
 
 
+@pytest.mark.parametrize("bad, error", [
+    (["--port", "99999"], "must be a TCP port in [0, 65535], got 99999"),  # the socket took it as 34463
+    (["--port", "-1"], "must be a TCP port"),
+    (["--max-batch", "-1"], "--max-batch: must be >= 1, got -1"),
+    (["--max-batch", "0"], "--max-batch: must be >= 1"),
+    (["--frames-per-chunk", "0"], "--frames-per-chunk: must be >= 1"),
+    (["--steps", "0"], "--steps: must be >= 1"),
+])
+def test_out_of_range_numbers_are_refused_naming_the_option(bad, error, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["serve", *QUICK, *bad])
+    assert error in capsys.readouterr().err
+
+
 def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
     from realtime.cli import OPENMP_DEFAULTS, openmp_defaults
 
