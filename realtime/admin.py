@@ -32,6 +32,18 @@ LOOPBACK = "loopback"  # any 127.0.0.0/8 or ::1 client
 ANYONE = "*"
 
 
+def admin_entry_valid(entry: str) -> bool:
+    """Whether ``entry`` is something ``admin_allowed`` can match: an IP address, a network
+    (``10.0.0.0/8``), ``LOOPBACK`` or ``ANYONE``."""
+    if entry in (LOOPBACK, ANYONE):
+        return True
+    try:
+        ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
 def admin_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
     """Whether a client at ``host`` may use the admin endpoints."""
     if ANYONE in allowed:
@@ -44,7 +56,10 @@ def admin_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
         address = ipaddress.ip_address(host)
     except ValueError:
         return False
-    return LOOPBACK in allowed and address.is_loopback
+    if LOOPBACK in allowed and address.is_loopback:
+        return True
+    return any(address in ipaddress.ip_network(entry, strict=False)
+               for entry in allowed if entry not in (LOOPBACK, ANYONE) and "/" in entry)
 
 
 def _forbidden(request: Request) -> Response | None:

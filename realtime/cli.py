@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
+import re
 import sys
 from typing import MutableMapping
 
 from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from protocols.echo import shown
+from realtime.admin import ANYONE, LOOPBACK, admin_entry_valid
 from realtime.origins import parse_allowed
 
 DESCRIPTION = """\
@@ -108,6 +112,35 @@ def _port(text: str) -> int:
     return value
 
 
+def _finite_positive(text: str) -> float:
+    value = _positive(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
+    return value
+
+
+def _device(text: str) -> str:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or auto, got {shown(text)}")
+    return text
+
+
+def _directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"no such directory: {shown(text)}")
+    return text
+
+
+def _admin_addresses(text: str) -> tuple[str, ...]:
+    entries = _addresses(text)
+    for entry in entries:
+        if not admin_entry_valid(entry):
+            raise argparse.ArgumentTypeError(
+                f"not an address: {shown(entry)} (want an IP address, a network such as 10.0.0.0/8, "
+                f"{LOOPBACK!r} or {ANYONE!r})")
+    return entries
+
+
 def _addresses(text: str) -> tuple[str, ...]:
     return tuple(a.strip() for a in text.split(",") if a.strip())
 
@@ -137,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
                             "first is the default world; a policy or voice entry here takes the place of the policy "
                             "option / the default voice")
-    serve.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when available)")
+    serve.add_argument("--device", type=_device, default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=_at_least_one, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
                        help="world ticks a session may have queued in the engine at once: 2 queues the next "
@@ -164,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-host-gib", type=_non_negative, default=None,
                        help="host memory per world model for idle sessions' KV swapped out of the pool "
                             "(default: the model's own); when it is full too, new sessions get 'busy'")
-    serve.add_argument("--trajectory-root", default=None, metavar="DIR",
+    serve.add_argument("--trajectory-root", type=_directory, default=None, metavar="DIR",
                        help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
                             "intrinsics.npy) for world models that play them")
     serve.add_argument("--policy", default=None,
@@ -178,10 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "WebSockets besides the server's own page; 'loopback' allows any "
                             "localhost port, '*' any origin; clients that send no Origin "
                             "(Python, robots) are always allowed")
-    serve.add_argument("--admin-from", default="loopback", metavar="ADDRESSES",
-                       help="comma-separated client addresses that may list and close sessions "
-                            "(GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' (default) "
-                            "or '*' for anyone")
+    serve.add_argument("--admin-from", type=_admin_addresses, default=(LOOPBACK,), metavar="ADDRESSES",
+                       help="comma-separated client addresses or networks (10.0.0.0/8) that may list and "
+                            "close sessions (GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' "
+                            "(default) or '*' for anyone")
     serve.add_argument("--idle-timeout-s", type=_non_negative, default=LimitsConfig.idle_timeout_s,
                        metavar="SECONDS",
                        help="close a session whose client sent nothing and took nothing this long (world: no "
@@ -198,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client "
                             "(for the per-client limit and the admin check); the default trusts a proxy on this "
                             "host, as deploy/ runs nginx; '*' trusts any peer")
-    serve.add_argument("--drain-timeout", type=_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
+    serve.add_argument("--drain-timeout", type=_finite_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
                        help="on SIGTERM, how long in-flight work may take to finish before every socket "
                             "is closed with 1001 anyway; the process exits at most 5 s later")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -229,15 +262,19 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The config the arguments ask for; ``FactoryError`` for an entry the table does not know."""
     worlds, policy, voice = _split_models(args.models, args.policy)
     device = args.device
-    if device == "auto":
+    if device != "cpu":
         import torch
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif not torch.cuda.is_available() or torch.device(device).index not in (None, *range(torch.cuda.device_count())):
+            found = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+            raise FactoryError(f"--device {device}: torch {torch.__version__} sees {found} here")
     return ServerConfig(
         host=args.host,
         port=args.port,
         allowed_origins=args.allowed_origins,
-        admin_from=tuple(a.strip() for a in args.admin_from.split(",") if a.strip()),
+        admin_from=args.admin_from,
         forwarded_allow_ips=args.forwarded_allow_ips,
         limits=LimitsConfig(idle_timeout_s=args.idle_timeout_s, max_sessions_per_client=args.max_sessions_per_client),
         drain_timeout_s=args.drain_timeout,
@@ -256,7 +293,12 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
     worlds: list[str] = []
     policies: list[str] = []
     voices: list[str] = []
-    for entry in parse_entries(models):
+    entries = parse_entries(models)
+    names = [entry.name for entry in entries]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise FactoryError(f"--models names {', '.join(twice)} more than once")
+    for entry in entries:
         {"world": worlds, "policy": policies, "tts": voices}[kind_of(entry.name)].append(str(entry))
     if len(policies) > 1 or len(voices) > 1:
         raise FactoryError(f"--models names more than one policy or voice: {policies + voices}")

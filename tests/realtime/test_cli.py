@@ -17,6 +17,7 @@ import httpx
 import pytest
 import websockets
 
+from models.factory import FactoryError
 from realtime.cli import build_parser, parse_args
 from realtime.server import free_port
 
@@ -105,11 +106,11 @@ def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
     assert "(default: None)" not in text and "(default: False)" not in text
 
 
-def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config():
+def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config(tmp_path):
     from realtime.cli import config_from_args
 
-    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", "/srv/paths"]))
-    assert config.world.trajectory_root == "/srv/paths" and config.world.frames_per_chunk is None
+    config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", str(tmp_path)]))
+    assert config.world.trajectory_root == str(tmp_path) and config.world.frames_per_chunk is None
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world.trajectory_root is None
 
 
@@ -170,11 +171,37 @@ def test_client_limits_reach_the_config_with_documented_defaults(capsys):
     (["--max-batch", "0"], "--max-batch: must be >= 1"),
     (["--frames-per-chunk", "0"], "--frames-per-chunk: must be >= 1"),
     (["--steps", "0"], "--steps: must be >= 1"),
+    (["--device", "cudaa"], "--device: must be cpu, cuda, cuda:N or auto, got 'cudaa'"),  # was torch's traceback
+    (["--admin-from", "10.0.0.0/8,admins"], "--admin-from: not an address: 'admins'"),
+    (["--drain-timeout", "inf"], "--drain-timeout: must be a finite number of seconds"),
+    (["--trajectory-root", "/no/such/folder"], "--trajectory-root: no such directory"),
 ])
 def test_out_of_range_numbers_are_refused_naming_the_option(bad, error, capsys):
     with pytest.raises(SystemExit):
         parse_args(["serve", *QUICK, *bad])
     assert error in capsys.readouterr().err
+
+
+def test_a_model_named_twice_and_a_missing_cuda_device_are_refused_before_loading():
+    from realtime.cli import config_from_args
+
+    with pytest.raises(FactoryError, match="--models names maze more than once"):
+        config_from_args(parse_args(["serve", "--models", "maze,tiny,maze", "--device", "cpu"]))
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(FactoryError, match="--device cuda: torch .* sees no CUDA device here"):
+            config_from_args(parse_args(["serve", *QUICK, "--device", "cuda"]))
+
+
+def test_admin_networks_match_their_addresses():
+    from realtime.admin import admin_allowed
+
+    allowed = parse_args(["serve", "--admin-from", "10.0.0.0/8, 192.168.1.7"]).admin_from
+    assert allowed == ("10.0.0.0/8", "192.168.1.7")
+    assert admin_allowed("10.3.4.5", allowed) and admin_allowed("192.168.1.7", allowed)
+    assert not admin_allowed("11.0.0.1", allowed) and not admin_allowed("127.0.0.1", allowed)
+    assert not admin_allowed("not-an-ip", allowed)
 
 
 def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
