@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import io
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -214,7 +215,14 @@ async def _main(args: argparse.Namespace) -> None:
         await client.close()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clients.world",
         description="Play one world.v1 session from the terminal: hold keys for a number of "
@@ -229,12 +237,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keys", default="w",
                         help="keys to hold, one letter each: w a s d move, i j k l look; '' for none "
                              "(default: %(default)s)")
-    parser.add_argument("--chunks", type=int, default=30,
+    parser.add_argument("--chunks", type=_count, default=30,
                         help="how many chunks to play; a chunk is one tick of the server's frames_per_chunk "
                              "frames (default: %(default)s)")
     parser.add_argument("--out", default=None, help="write the last frame as PNG to this path")
-    asyncio.run(_main(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(_main(args))
+    except ServerError as exc:
+        print(f"server error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, websockets.InvalidURI, websockets.InvalidHandshake, websockets.ConnectionClosed,
+            asyncio.TimeoutError) as exc:
+        print(f"cannot talk to {args.url}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -22,10 +22,21 @@ def test_help_names_the_program_and_explains_the_options(capsys):
 
 def test_plays_a_session_on_a_real_server(tiny_server, tmp_path, capsys):
     out = tmp_path / "last.png"
-    main(["--url", f"ws://{tiny_server}/v1/realtime/world", "--keys", "wj", "--chunks", "3",
-          "--out", str(out)])
+    assert main(["--url", f"ws://{tiny_server}/v1/realtime/world", "--keys", "wj", "--chunks", "3",
+                 "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert json.loads(lines[0])["type"] == "session.created"
     assert lines[1].startswith("3 frames in ")
     assert lines[2] == f"wrote {out}"
     assert Image.open(out).size == (256, 256)
+
+
+def test_a_refusal_and_an_unreachable_server_are_one_line_and_a_status(tiny_server, capsys):
+    url = f"ws://{tiny_server}/v1/realtime/world"
+    assert main(["--url", url, "--session", "cli-bad", "--keys", "wz", "--chunks", "1"]) == 1
+    assert capsys.readouterr().err.startswith("server error: bad_request: controls[0].data: keys.v1: unknown key 'z'")
+    assert main(["--url", "ws://127.0.0.1:1/v1/realtime/world", "--chunks", "1"]) == 2
+    assert capsys.readouterr().err.startswith("cannot talk to ws://127.0.0.1:1/v1/realtime/world: ")
+    with pytest.raises(SystemExit):
+        main(["--chunks", "0"])
+    assert "--chunks: must be >= 1, got 0" in capsys.readouterr().err
