@@ -41,3 +41,11 @@ def test_robot_episodes_through_the_server_equal_the_in_process_evaluation(tmp_p
         out = tmp_path / "robot.json"
         assert robot_main(["--url", f"ws://{addr}{PATH}", "--episodes", "1", "--budget", "8", "--out", str(out)]) == 0
         assert '"episodes": 2' in out.read_text()
+
+
+def test_the_robot_cli_says_in_one_line_when_no_server_listens(capsys):
+    assert robot_main(["--url", "ws://127.0.0.1:1/v1/realtime/robot/openpi", "--episodes", "1"]) == 2
+    assert capsys.readouterr().err.startswith("cannot talk to ws://127.0.0.1:1/v1/realtime/robot/openpi: ")
+    with pytest.raises(SystemExit):
+        robot_main(["--episodes", "0"])
+    assert "--episodes: must be >= 1, got 0" in capsys.readouterr().err

@@ -123,17 +123,28 @@ def _keys_tensor(keys: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((keys > 0.5).astype(np.float32))[None]
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="ws://127.0.0.1:8000/v1/realtime/robot/openpi")
-    ap.add_argument("--episodes", type=int, default=4, help="per goal kind")
+    ap.add_argument("--episodes", type=_count, default=4, help="per goal kind")
     ap.add_argument("--kind", choices=[*GOAL_KINDS, "both"], default="both")
     ap.add_argument("--seed0", type=int, default=0)
     ap.add_argument("--budget", type=int, default=BUDGET)
     ap.add_argument("--out", default=None, help="write the reports as JSON")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    policy = WebsocketClientPolicy(host=args.url)
+    try:
+        policy = WebsocketClientPolicy(host=args.url)
+    except OSError as exc:  # openpi-client waits for a server that refuses, not for no listener
+        print(f"cannot talk to {args.url}: {exc}", file=sys.stderr)
+        return 2
     kinds = GOAL_KINDS if args.kind == "both" else (args.kind,)
     started = time.perf_counter()
     reports = [run_episode(policy, s, k, args.budget) for k in kinds for s in goal_seeds(args.seed0, args.episodes)]
