@@ -11,6 +11,10 @@ than any resident one); a session that cannot fit on the host even alone is
 dropped itself. Dropping closes the session's KV, runs ``on_drop(session_id)``
 (the adapter's release hook; the engine then sends the client an ``error`` with
 code ``SESSION_EVICTED``) and returns the id from ``ensure_resident``/``open``.
+Admission (``refusal``) counts every session at its most, so a model that asks it before
+opening a session (``WorldAdapter.admit``) never gets to a drop; a batch's swapped
+sessions are never dropped to make room, and the host bytes they leave are room for the
+sessions swapped out in exchange.
 
 A session's model-owned state (``attach_state``, see ``kv.model_state``) moves
 with its KV: evicting a session swaps all its branches' blocks, its cross caches
@@ -155,9 +159,13 @@ class Residency:
         need_blocks = sum(len(host[sid].block_ids) for sid in swapped_in_batch)
         need_blocks += cache.blocks_for(plan)
         need_slots = len(swapped_in_batch)
+        # The batch's swapped sessions leave the host as the victims arrive: their bytes are
+        # room for them (the host holds both for the moment of the exchange), and they are
+        # never dropped to make room for themselves.
+        leaving = sum(host[sid].nbytes + self._state_bytes(sid) for sid in swapped_in_batch)
         while (cache.num_free_blocks < need_blocks
                or cache.max_sessions - cache.num_resident < need_slots):
-            self._evict_one(plan.slots, dropped)
+            self._evict_one(plan.slots, dropped, leaving)
         for sid in swapped_in_batch:
             h = host.pop(sid)
             start = time.perf_counter()
@@ -190,7 +198,9 @@ class Residency:
         slot = int(np.argmin(np.where(candidate, self._stamps(), np.iinfo(np.int64).max)))
         return sessions.at(slot).session_id
 
-    def _evict_one(self, protected: np.ndarray, dropped: list[str]) -> None:
+    def _evict_one(self, protected: np.ndarray, dropped: list[str], leaving: int = 0) -> None:
+        """Swap the least recently ticked idle session outside ``protected`` to host (or drop
+        it); ``leaving``: host bytes of protected sessions about to be swapped in."""
         # Idle resident sessions only: not in the batch, no chunk in flight, not swapped.
         victim = self._oldest(SlotState.IDLE, protected)
         if victim is None:
@@ -201,9 +211,14 @@ class Residency:
         if need > self.host_budget_bytes:
             self._drop(victim, dropped)
             return
-        # Host room first: drop the oldest swapped sessions (older than any resident one).
-        while self.host_bytes + need > self.host_budget_bytes:
-            self._drop(self._oldest(SlotState.SWAPPED), dropped)
+        # Host room first: drop the oldest swapped sessions (older than any resident one);
+        # with none left to drop, the victim itself.
+        while self.host_bytes - leaving + need > self.host_budget_bytes:
+            oldest = self._oldest(SlotState.SWAPPED, protected)
+            if oldest is None:
+                self._drop(victim, dropped)
+                return
+            self._drop(oldest, dropped)
         start = time.perf_counter()
         host = self.cache.swap_out(victim)
         state = self._states.get(victim)
@@ -231,23 +246,24 @@ class Residency:
     def refusal(self, pending: int = 0) -> str | None:
         """Why one more session cannot be admitted without dropping another (None: it can).
 
-        A new session fits when a resident slot is free, or when an idle resident
-        session can be swapped to host within the host budget; ``pending`` counts
-        sessions admitted but not opened yet (each takes a slot). A new session
-        never drops an existing one: it is refused instead (``busy`` at create). The
-        check counts a session at its full footprint (``kv.capacity.session_bytes``),
-        so it may refuse slightly early, never late.
+        Every session open (resident or swapped) and ``pending`` (admitted, not opened yet)
+        is counted at its most (``kv.capacity.session_bytes``: a full window), whatever it
+        holds now: sessions grow, and which of them are resident is the LRU's choice. So
+        a new one fits while the sessions beyond the resident slots fit the host budget at
+        that size, and admitted sessions can always be swapped, never dropped. A new session
+        never drops an existing one: it is refused instead (``busy`` at create).
         """
         need = session_bytes(self.cache.geometry)
-        resident, slots = self.cache.num_resident, self.cache.max_sessions
-        free_slots = slots - resident - pending
-        host_free = max(self.host_budget_bytes - self.host_bytes, 0)
-        if free_slots > 0 or (resident > 0 and host_free // need >= 1 - free_slots):
+        slots = self.cache.max_sessions
+        held = self.cache.num_resident + len(self._host) + pending
+        free_slots = max(slots - held, 0)
+        host_free = max(self.host_budget_bytes - max(held - slots, 0) * need, 0)
+        if free_slots > 0 or host_free >= need:
             return None
         return (f"no room for a new session: it needs {format_bytes(need)} of KV memory; free: "
-                f"{format_bytes(max(free_slots, 0) * need)} on the device ({resident} of {slots} resident "
-                f"session slots in use) and {format_bytes(host_free)} of the "
-                f"{format_bytes(self.host_budget_bytes)} host swap budget")
+                f"{format_bytes(free_slots * need)} on the device ({_count(held, 'session')} held, "
+                f"{_count(slots, 'resident slot')}) and {format_bytes(host_free)} of the {format_bytes(self.host_budget_bytes)} "
+                "host swap budget (each session counted at its most)")
 
     def is_swapped(self, session_id: str) -> bool:
         return session_id in self._host
@@ -280,3 +296,7 @@ class Residency:
             # dict the engine thread is resizing.
             "model_state_bytes": sum(s.nbytes for s in list(self._states.values())),
         }
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

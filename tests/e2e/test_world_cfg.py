@@ -118,8 +118,8 @@ def test_a_session_that_cannot_fit_is_busy_and_names_need_and_free():
                 per_session = required_bytes(g, 2) - required_bytes(g, 1)
                 assert err == {"type": "error", "code": "busy", "message":
                                f"no room for a new session: it needs {per_session / 1024:.3g} KiB of KV memory; "
-                               "free: 0 B on the device (1 of 1 resident session slots in use) and 0 B of the "
-                               "0 B host swap budget"}
+                               "free: 0 B on the device (1 session held, 1 resident slot) and 0 B of the "
+                               "0 B host swap budget (each session counted at its most)"}
                 assert model.core.cache.session_ids == ["a"] and not model.core.residency.is_swapped("a")
                 await a.credit(1)
                 await frames_of(a, 1, first=1)  # the resident session is untouched
@@ -145,7 +145,7 @@ def test_cli_budget_sizes_the_pool_and_a_real_server_refuses_with_busy():
                 await b.create("b", credits=1)
                 await c.send({"type": "session.create", "session_id": "c"})
                 err = await c.expect("error")
-                assert err["code"] == "busy" and "(2 of 2 resident session slots in use)" in err["message"]
+                assert err["code"] == "busy" and "(2 sessions held, 2 resident slots)" in err["message"]
                 assert [(await x.next_chunk(credit=False)).chunk_index for x in (a, b)] == [0, 0]
 
         run(main())

@@ -70,7 +70,7 @@ def test_session_that_does_not_fit_is_refused_busy_and_the_others_keep_going():
                 err = await b.expect("error")
                 assert err["code"] == "busy"
                 assert err["message"].startswith("no room for a new session: it needs ")
-                assert "free: 0 B on the device (1 of 1 resident session slots in use) and 0 B of the 0 B host" \
+                assert "free: 0 B on the device (1 session held, 1 resident slot) and 0 B of the 0 B host" \
                     in err["message"]
                 await a.credit(1)
                 assert (await a.next_chunk(credit=False)).chunk_index == 1

@@ -159,3 +159,41 @@ def test_close_and_reset_of_a_swapped_session():
     r.close("b")
     assert r.metrics()["host_bytes"] == 0 and "b" not in c
     r.close("b")                              # idempotent
+
+
+def test_a_swapped_session_coming_back_is_never_dropped_for_the_room_it_leaves():
+    # The host holds one session. c's tick sent a there; a's tick now needs b's slot, and b
+    # needs host room that a is about to leave: the exchange drops no one (a was dropped, and
+    # its own tick failed on the id, KeyError on the wire).
+    gen = torch.Generator().manual_seed(6)
+    c, r, dropped = make("cpu", host_budget=SESSION_BYTES)
+    for sid in "ab":
+        r.open(sid)
+        populate_cross(c, sid, gen)
+        for _ in range(3):
+            tick(c, r, [sid], gen)
+    assert r.open("c") == [] and r.is_swapped("a")
+    populate_cross(c, "c", gen)
+    tick(c, r, ["c"], gen)
+    assert r.ensure_resident(["a"]) == [] and dropped == []
+    assert not r.is_swapped("a") and r.is_swapped("b") and r.host_bytes <= SESSION_BYTES
+    tick(c, r, ["a"], gen)
+    assert dropped == [] and r.metrics()["drops"] == 0
+
+
+def test_admission_counts_every_session_at_its_most_whatever_it_holds_now():
+    from kv.capacity import session_bytes
+
+    need = session_bytes(G)
+    c, r, _ = make("cpu", host_budget=need, max_sessions=2)
+    # Nothing opened yet: two pending fill the slots, the host's room takes a third.
+    assert r.refusal(pending=2) is None
+    refused = r.refusal(pending=3)
+    assert refused is not None and "(3 sessions held, 2 resident slots)" in refused
+    # Sessions that ticked once hold little, but they will grow: still three at most.
+    gen = torch.Generator().manual_seed(7)
+    for sid in "abc":
+        r.open(sid)
+        tick(c, r, [sid], gen)
+    assert r.is_swapped("a") and r.host_bytes < need
+    assert r.refusal() is not None and r.refusal(pending=0).startswith("no room for a new session")
