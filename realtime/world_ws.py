@@ -118,6 +118,7 @@ class WorldConnection:
         self._stopping = False
         self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         self._closing: asyncio.Future | None = None  # resolved when the close in progress ends
+        self._resetting: asyncio.Future | None = None  # resolved when the reset in progress ends
         self._evicted: str | None = None  # why the model dropped the session, until reset
 
     # ------------------------------------------------------------------ sending
@@ -341,6 +342,14 @@ class WorldConnection:
 
     async def reset(self) -> None:
         session = self._need_session()
+        self._resetting = asyncio.get_running_loop().create_future()
+        try:
+            await self._reset(session)
+        finally:
+            resetting, self._resetting = self._resetting, None
+            resetting.set_result(None)
+
+    async def _reset(self, session: Session) -> None:
         await self._stop_driver(stall_timeout=self.idle.reply_timeout_s)  # the client goes on: its idle bound
         if session.in_flight is not None:
             session.fail_tick("tick abandoned by reset", asked=True)
@@ -384,6 +393,14 @@ class WorldConnection:
         self._closing = asyncio.get_running_loop().create_future()
         try:
             sid = session.session_id
+            if self._resetting is not None:
+                # A reset waiting for the running tick: it ends first (that tick is committed
+                # and sent, the reset answered with its dropped events), then this close.
+                watch = _StallWatch(self.conn, GOODBYE_TIMEOUT_S, session)
+                try:
+                    await asyncio.shield(self._resetting)
+                finally:
+                    watch.cancel()
             await self._stop_driver()
             dropped = list(session.pending_event_ids)
             if not await self._cleanup(sid, self.model):

@@ -9,7 +9,8 @@ table (test models never enter it):
   forward of chunk N, ``oom-at-N-*`` a real ``torch.OutOfMemoryError``, ``die-at-N-*``
   a ``torch.AcceleratorError`` (a dead CUDA context: the engine dies). Each fires once
   per session id, after the frame's KV pages were allocated, so the abort path has
-  blocks to give back;
+  blocks to give back; ``slow-*`` takes ``SLOW_TICK_S`` longer every forward (a tick
+  that is still running when the client's next message arrives);
 * policy ``slow-policy``: the dummy policy's zeros; an observation whose prompt is
   ``sleep:S`` holds the engine for S seconds (a long inference);
 * ``--tts``: the real joe voice (the ``tts`` extra).
@@ -36,6 +37,7 @@ from realtime.registry import Inventory
 from realtime.server import bind_socket, run
 
 FAULT = re.compile(r"^(raise|oom|die)-at-(\d+)-")
+SLOW_TICK_S = 0.4
 METADATA = PolicyMetadata(action_horizon=4, action_dim=3, image_keys=("cam",), image_resolution=(16, 16), state_dim=2)
 
 
@@ -65,6 +67,8 @@ class FaultyMaze(MazeWorld):
                 if m.group(1) == "die":
                     raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered (injected)")
                 raise RuntimeError(f"injected failure in the forward of {sid}")
+        if any(sid.startswith("slow-") for sid in ids):
+            time.sleep(SLOW_TICK_S)
         return super()._generate(ids, sessions, acts)
 
 

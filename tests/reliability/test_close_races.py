@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from typing import Iterator
 
 import httpx
@@ -182,3 +183,50 @@ def test_an_admin_close_overlapping_the_clients_close(clean):
                     await ws.close()
                 await recreate(clean, sid)
     run(main())
+
+
+@pytest.mark.parametrize("closer", ["admin", "drain"])
+def test_a_close_while_a_reset_waits_for_the_running_tick_lets_that_tick_commit_first(fault_server, closer):
+    """The reset stops the driver and waits for the running tick; an operator's close or a
+    SIGTERM drain arriving then waits for the reset: the tick's chunk is committed and sent
+    with its event, the reset is answered, and the session closes after (the close used to
+    abandon the running tick: no chunk, its event dropped, two stray session_closed errors)."""
+    sid = f"slow-reset-{closer}"
+
+    async def main() -> list[dict]:
+        got: list[dict] = []
+        async with websockets.connect(f"ws://{fault_server.addr}/v1/realtime/world", max_size=None) as ws:
+            await ws.send(create(sid, credits=1))
+            assert (await recv_json(ws))["type"] == "session.created"
+            while not isinstance(await ws.recv(), bytes):  # chunk 0 (the maze's seed frame)
+                pass
+            await ws.send(json.dumps({"type": "event", "event_id": 1, "controls": [
+                {"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": ["w"]}}]}))
+            assert (await recv_json(ws))["type"] == "event.accepted"
+            await ws.send(json.dumps({"type": "credit", "chunks": 1}))  # chunk 1, with event 1, runs 0.4 s
+            await asyncio.sleep(0.15)
+            await ws.send(json.dumps({"type": "session.reset"}))
+            await asyncio.sleep(0.05)
+            if closer == "admin":
+                async with httpx.AsyncClient(base_url=f"http://{fault_server.addr}") as http:
+                    assert (await http.delete(f"/v1/sessions/world/{sid}")).status_code == 200
+            else:
+                fault_server.proc.send_signal(signal.SIGTERM)
+            try:
+                while True:
+                    msg = await asyncio.wait_for(ws.recv(), 10)
+                    if isinstance(msg, str):
+                        got.append(json.loads(msg))
+            except ConnectionClosed as exc:
+                got.append({"close": exc.rcvd.code if exc.rcvd else None})
+        return got
+
+    got = asyncio.run(main())
+    seen = [(m.get("type"), m.get("code") or m.get("chunk_index"), m.get("applied_event_ids", m.get("dropped_event_ids")))
+            for m in got if "close" not in m]
+    expected = [("chunk", 1, [1]), ("session.reset", 0, []), ("session.closed", None, [])]
+    if closer == "admin":
+        expected.insert(0, ("error", "closed_by_admin", None))
+    assert seen == expected, got
+    assert got[-1] == {"close": 1008 if closer == "admin" else 1001}
+    assert "abandons" not in fault_server.log_text()
