@@ -262,8 +262,8 @@ class Residency:
             return None
         return (f"no room for a new session: it needs {format_bytes(need)} of KV memory; free: "
                 f"{format_bytes(free_slots * need)} on the device ({_count(held, 'session')} held, "
-                f"{_count(slots, 'resident slot')}) and {format_bytes(host_free)} of the {format_bytes(self.host_budget_bytes)} "
-                "host swap budget (each session counted at its most)")
+                f"{_count(slots, 'resident slot')}) and {format_bytes(host_free)} of the "
+                f"{format_bytes(self.host_budget_bytes)} host swap budget (each session counted at its most)")
 
     def is_swapped(self, session_id: str) -> bool:
         return session_id in self._host

@@ -283,7 +283,8 @@ def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest
     stream = msg.get("stream_frames", False)
     if not isinstance(stream, bool):
         raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
-    return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options, image, stream)
+    return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options,
+                         image, stream)
 
 
 def parse_image(spec: Any) -> ImageSpec:

@@ -11,9 +11,9 @@ import sys
 from typing import MutableMapping
 
 from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
-from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from protocols.echo import shown
 from realtime.admin import ANYONE, LOOPBACK, admin_entry_valid
+from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.origins import parse_allowed
 
 DESCRIPTION = """\
@@ -267,7 +267,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif not torch.cuda.is_available() or torch.device(device).index not in (None, *range(torch.cuda.device_count())):
+        elif (not torch.cuda.is_available()
+              or torch.device(device).index not in (None, *range(torch.cuda.device_count()))):
             found = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
             raise FactoryError(f"--device {device}: torch {torch.__version__} sees {found} here")
     return ServerConfig(
