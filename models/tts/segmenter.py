@@ -10,11 +10,14 @@ A sentence ends at:
   "e.g.," and a "." at the very end of the buffered text are not ends yet: the
   next piece decides. A short list of English abbreviations ("Mr.", "Dr.",
   "e.g.") never ends a sentence.
-- a line break (lists and paragraphs often have no final punctuation).
+- a line break (lists and paragraphs often have no final punctuation): LF, CR, CRLF,
+  or U+2028 / U+2029 / NEL / VT / FF.
 
 A clause that runs past ``max_chars`` without a sentence end is cut so the
 voice is not kept waiting: at the last clause mark (``, ; : —`` followed by a
-space) within the budget, else at the last space, else hard at ``max_chars``;
+space) within the budget, else at the last space, else hard at ``max_chars`` (moved back to the start of a
+grapheme: a letter keeps its combining marks, a flag its two regional indicators, an
+emoji its ZWJ sequence, modifiers and variation selector);
 a cut never leaves a piece shorter than ``min_chars`` if a later cut point
 exists. Whitespace runs inside a sentence become single spaces.
 
@@ -27,6 +30,7 @@ at), and an abbreviation is recognised by the few letters before its dot. (A 4 K
 from __future__ import annotations
 
 import re
+import unicodedata
 
 # "etc." and "no." are left out: they end sentences as often as not.
 ABBREVIATIONS = frozenset({"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "e.g", "i.e", "fig"})
@@ -34,7 +38,9 @@ _CLOSERS = "\"')]}\u201d\u2019\u00bb"
 _STOPS = ".!?\u2026"
 # A run of stops is matched from its first stop only (the lookbehind): tried from every
 # stop of a long run, the match would backtrack over the rest of the run each time.
-_END = re.compile(r"(?<![" + _STOPS + r"])[" + _STOPS + r"]+[" + re.escape(_CLOSERS) + r"]*(?=\s)|\n")
+_LINE_BREAKS = "\n\r\u2028\u2029\x85\x0b\x0c"
+_END = re.compile(r"(?<![" + _STOPS + r"])[" + _STOPS + r"]+[" + re.escape(_CLOSERS) + r"]*(?=\s)|["
+                  + _LINE_BREAKS + "]")
 # The first character that is not whitespace, a stop or a closer (a sentence's own text).
 _WORDY = re.compile(r"[^\s" + _STOPS + re.escape(_CLOSERS) + r"]")
 _ABBREVIATION_CHARS = max(map(len, ABBREVIATIONS))
@@ -126,7 +132,7 @@ class SentenceSegmenter:
         for match in _END.finditer(self._buffer, start, within):
             if match.end() <= wordy.start():
                 continue  # punctuation alone, as above
-            if match.group() != "\n" and _is_abbreviation(self._buffer, match.start()):
+            if match.group() not in _LINE_BREAKS and _is_abbreviation(self._buffer, match.start()):
                 continue
             return match.end()
         return None
@@ -142,4 +148,35 @@ def _cut_point(text: str, max_chars: int, min_chars: int) -> int:
     spaces = [m.start() for m in re.finditer(r"\s", head) if min_chars <= m.start() <= max_chars]
     if spaces:
         return spaces[-1]
-    return max_chars
+    return _grapheme_start(text, max_chars)
+
+
+def _extends(ch: str) -> bool:
+    """Whether ``ch`` belongs to the grapheme before it: a combining mark, ZWJ, a variation
+    selector, an emoji skin-tone modifier or a tag character."""
+    code = ord(ch)
+    return (unicodedata.category(ch) in ("Mn", "Me", "Mc") or code == 0x200D or 0xFE00 <= code <= 0xFE0F
+            or 0x1F3FB <= code <= 0x1F3FF or 0xE0020 <= code <= 0xE007F)
+
+
+def _regional(ch: str) -> bool:
+    return 0x1F1E6 <= ord(ch) <= 0x1F1FF
+
+
+def _grapheme_start(text: str, cut: int) -> int:
+    """``cut``, moved back until it does not split a grapheme (``cut`` itself when the
+    grapheme reaches back to the start: a hostile run of marks is cut anyway)."""
+    at = cut
+    while at > 0:
+        if _extends(text[at]) or text[at - 1] == "\u200d":
+            at -= 1
+            continue
+        if _regional(text[at]) and _regional(text[at - 1]):
+            run = at - 1
+            while run > 0 and _regional(text[run - 1]):
+                run -= 1
+            if (at - run) % 2:  # text[at - 1] opens a pair that text[at] closes
+                at -= 1
+                continue
+        return at
+    return cut

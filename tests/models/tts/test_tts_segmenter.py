@@ -148,3 +148,35 @@ def test_a_push_after_a_long_run_of_line_breaks_costs_no_scan_of_them():
         assert s.push("y") == []
     assert time.perf_counter() - started < 1.0  # 200 pushes: ~0.1 s here, was ~6 s
     assert s.flush() == ["y" * 200]
+
+
+@pytest.mark.parametrize("brk", ["\n", "\r", "\r\n", "\u2028", "\u2029", "\x85", "\x0c"])
+def test_every_line_break_ends_a_sentence(brk):
+    seg = SentenceSegmenter()
+    assert seg.push(f"Line one{brk}Line two{brk}") == ["Line one", "Line two"]
+    assert seg.flush() == []
+
+
+@pytest.mark.parametrize("unit", [
+    "\U0001F1FA\U0001F1F8",                                       # a flag: two regional indicators
+    "a\u0300",                                                     # a letter and its combining mark
+    "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466",  # a ZWJ family
+    "\U0001F44D\U0001F3FD",                                        # an emoji and its skin tone
+    "\u2764\ufe0f",                                                # a heart and its variation selector
+])
+@pytest.mark.parametrize("lead", ["", "x"])
+def test_a_hard_cut_never_splits_a_grapheme(unit, lead):
+    text = lead + unit * (400 // len(unit))
+    seg = SentenceSegmenter(max_chars=200)
+    pieces = seg.push(text) + seg.flush()
+    assert len(pieces) >= 2 and "".join(pieces) == text
+    for piece in pieces:
+        body = piece[len(lead):] if piece.startswith(lead) and lead else piece
+        assert len(body) % len(unit) == 0 and body == unit * (len(body) // len(unit)), (unit, len(piece))
+        assert len(piece) <= 200
+
+
+def test_a_run_of_marks_longer_than_the_budget_is_still_cut():
+    seg = SentenceSegmenter(max_chars=200)
+    pieces = seg.push("a" + "\u0300" * 300) + seg.flush()
+    assert [len(p) for p in pieces] == [200, 101]
