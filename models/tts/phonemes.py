@@ -34,6 +34,7 @@ import unicodedata
 from typing import Mapping, Sequence
 
 from models.tts.availability import TTSUnavailable, has_piper_espeak, has_system_espeak
+from models.tts.graphemes import chunks
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,18 @@ PAD, BOS, EOS = "_", "^", "$"
 _LANG_FLAG = re.compile(r"\([^)]+\)")
 _ESPEAK_LOCK = threading.Lock()
 _CLAUSE_PUNCT = ".,?!:;"
+# espeak-ng drops most of a long run without spaces, and says nothing of it: 200 emoji in a
+# row come back as one "grinning face", 60 digits as about 40. Runs up to 32 characters come
+# back whole (a 32-emoji run is 447 phonemes), so a run longer than this is spoken as words
+# of at most this many characters, cut at grapheme starts. English words stay whole. (A
+# clause past about 1,540 phonemes is cut too: the segmenter's budget, which counts a
+# symbol as 8 characters, keeps a sentence far below that.)
+MAX_WORD_CHARS = 24
+_LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
+
+
+def _break_long_words(text: str) -> str:
+    return _LONG_WORD.sub(lambda m: " ".join(chunks(m.group(), MAX_WORD_CHARS)), text)
 
 
 def phonemes_to_ids(phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]]) -> list[int]:
@@ -166,7 +179,9 @@ class Phonemizer:
         self.backend = self._backend.name
 
     def sentences(self, text: str) -> list[list[str]]:
-        """Phonemes per sentence, as espeak-ng splits ``text``."""
+        """Phonemes per sentence, as espeak-ng splits ``text`` (its words longer than
+        ``MAX_WORD_CHARS`` broken up first, see there)."""
+        text = _break_long_words(text)
         with _ESPEAK_LOCK:
             clauses = self._backend.clauses(self.espeak_voice, text)
         return [s for s in clauses_to_sentences(clauses) if s]

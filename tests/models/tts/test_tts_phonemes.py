@@ -66,3 +66,22 @@ def test_system_fallback_agrees_on_plain_sentences():
     piper = EspeakPhonemizer()
     for text in ("Hello, world! Mr. Smith went to Washington.", "Is it raining; or not? Yes: it is."):
         assert system.sentences(text) == piper.phonemize("en-us", text)
+
+
+@needs_tts
+def test_a_long_run_without_spaces_is_spoken_whole(voice):
+    """espeak-ng gave 200 emoji in a row back as one "grinning face" and 60 digits as about
+    40; runs past MAX_WORD_CHARS go to it as words of that many characters. (A clause past
+    ~1,540 phonemes is cut as well; the segmenter's budget keeps sentences far below.)"""
+    from models.tts.phonemes import MAX_WORD_CHARS, Phonemizer
+    from models.tts.segmenter import SentenceSegmenter
+
+    ours = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map, backend="piper")
+    count = lambda text: sum(map(len, ours.sentences(text)))  # noqa: E731
+    one = count("\U0001F600")
+    assert count("\U0001F600" * (MAX_WORD_CHARS + 1)) >= (MAX_WORD_CHARS + 1) * (one - 1)
+    assert count("\U0001F600" * 200) > 1500  # was 13: one "grinning face"
+    assert count("7" * 60) > count("7" * 40) > 0  # 60 digits were read short of 40's
+    segmenter = SentenceSegmenter()
+    sentences = segmenter.push("\U0001F600" * 200) + segmenter.flush()
+    assert sum(count(s) for s in sentences) >= 200 * (one - 1)  # every one spoken

@@ -180,3 +180,19 @@ def test_a_run_of_marks_longer_than_the_budget_is_still_cut():
     seg = SentenceSegmenter(max_chars=200)
     pieces = seg.push("a" + "\u0300" * 300) + seg.flush()
     assert [len(p) for p in pieces] == [200, 101]
+
+
+def test_symbols_and_digits_weigh_more_against_the_budget():
+    # 200 emoji made one sentence of ~5,600 phoneme ids (its first audio took 7 s, the
+    # engine held meanwhile); each now counts as 8 characters, a digit as 4.
+    seg = SentenceSegmenter(max_chars=200)
+    pieces = seg.push("\U0001F600" * 200) + seg.flush()
+    assert [len(p) for p in pieces] == [25] * 8
+    seg = SentenceSegmenter(max_chars=200)
+    assert [len(p) for p in seg.push("7" * 120) + seg.flush()] == [50, 50, 20]
+    assert SentenceSegmenter(max_chars=200).push("a" * 300) == ["a" * 200]  # letters count 1
+
+
+def test_a_character_heavier_than_the_whole_budget_goes_alone():
+    seg = SentenceSegmenter(max_chars=4, min_chars=0)
+    assert seg.push("\U0001F600\U0001F601x") + seg.flush() == ["\U0001F600", "\U0001F601", "x"]
