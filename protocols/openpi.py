@@ -623,6 +623,8 @@ def _state_checked(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarra
         state.flags.writeable = False
     if not np.isfinite(state).all():
         bad = int(np.flatnonzero(~np.isfinite(state))[0])
+        if np.isfinite(value[bad]):  # finite as sent, past float32's range once converted
+            raise WireError(f"{name} has a value beyond float32's range (|x| > 3.4e38) at index {bad}")
         raise WireError(f"{name} has a non-finite value (NaN or inf) at index {bad}")
     return state
 

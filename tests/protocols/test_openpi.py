@@ -278,7 +278,7 @@ def test_prompt_is_optional():
         (_obs(state="1,2,3"), "'state' must be a float32 array, got string"),
         (_obs(state=np.array([0.0, np.nan, 1.0], np.float32)), "'state' has a non-finite value (NaN or inf) at index 1"),
         (_obs(state=np.array([0.0, 1.0, np.inf])), "'state' has a non-finite value (NaN or inf) at index 2"),
-        (_obs(state=np.array([1e300, 0.0, 0.0])), "'state' has a non-finite value (NaN or inf) at index 0"),
+        (_obs(state=np.array([1e300, 0.0, 0.0])), "'state' has a value beyond float32's range (|x| > 3.4e38) at index 0"),
         (_obs(prompt=b"bytes"), "'prompt' must be a string, got bytes"),
         (_obs(prompt="x" * 8193), "'prompt' is over 8192 characters"),
     ],
