@@ -179,4 +179,3 @@ def _cut_point(text: str, max_chars: int, min_chars: int) -> int:
     if spaces:
         return spaces[-1]
     return grapheme_start(text, max_chars)
-
