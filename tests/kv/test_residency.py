@@ -35,6 +35,15 @@ def populate_cross(c, sid, gen):
                       torch.randn(3, 2, 4, generator=gen).to(c.device, G.dtype))
 
 
+def fill(c, r, sids, gen):
+    """Open each session with its cross cache and tick it to a full window (3 ticks)."""
+    for sid in sids:
+        r.open(sid)
+        populate_cross(c, sid, gen)
+        for _ in range(3):
+            tick(c, r, [sid], gen)
+
+
 def snapshot(c, sid):
     """Every byte the session owns, in positional order, plus the table's null pattern."""
     s = c.session(sid)
@@ -101,11 +110,7 @@ def test_a_session_in_flight_or_in_the_batch_is_never_evicted():
 def test_host_budget_full_drops_the_oldest_swapped_session():
     gen = torch.Generator().manual_seed(2)
     c, r, dropped = make("cpu", host_budget=SESSION_BYTES)
-    for sid in "ab":
-        r.open(sid)
-        populate_cross(c, sid, gen)
-        for _ in range(3):
-            tick(c, r, [sid], gen)
+    fill(c, r, "ab", gen)
     assert r.open("c") == []                  # a -> host (fills the budget)
     tick(c, r, ["c"], gen)
     assert r.open("d") == ["a"]               # b needs host room: a, oldest, is dropped
@@ -167,11 +172,7 @@ def test_a_swapped_session_coming_back_is_never_dropped_for_the_room_it_leaves()
     # its own tick failed on the id, KeyError on the wire).
     gen = torch.Generator().manual_seed(6)
     c, r, dropped = make("cpu", host_budget=SESSION_BYTES)
-    for sid in "ab":
-        r.open(sid)
-        populate_cross(c, sid, gen)
-        for _ in range(3):
-            tick(c, r, [sid], gen)
+    fill(c, r, "ab", gen)
     assert r.open("c") == [] and r.is_swapped("a")
     populate_cross(c, "c", gen)
     tick(c, r, ["c"], gen)
