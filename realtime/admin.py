@@ -16,6 +16,7 @@ nginx config answers these paths 403 on its public side besides (deploy/nginx/).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 
@@ -32,16 +33,30 @@ LOOPBACK = "loopback"  # any 127.0.0.0/8 or ::1 client
 ANYONE = "*"
 
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _network(entry: str) -> IPNetwork | None:
+    """The network an entry names (an address is its own /32 or /128), None for a keyword
+    or anything else."""
+    if entry in (LOOPBACK, ANYONE):
+        return None
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        return None
+
+
 def admin_entry_valid(entry: str) -> bool:
     """Whether ``entry`` is something ``admin_allowed`` can match: an IP address, a network
     (``10.0.0.0/8``), ``LOOPBACK`` or ``ANYONE``."""
-    if entry in (LOOPBACK, ANYONE):
-        return True
-    try:
-        ipaddress.ip_network(entry, strict=False)
-    except ValueError:
-        return False
-    return True
+    return entry in (LOOPBACK, ANYONE) or _network(entry) is not None
+
+
+@functools.lru_cache(maxsize=8)
+def _networks(allowed: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    """The networks of an ``admin_from`` (parsed once per config, not per request)."""
+    return tuple(n for n in map(_network, allowed) if n is not None)
 
 
 def admin_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
@@ -50,7 +65,7 @@ def admin_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
         return True
     if host is None:
         return False
-    if host in allowed:
+    if host in allowed:  # also a host name, as a test client has
         return True
     try:
         address = ipaddress.ip_address(host)
@@ -58,8 +73,7 @@ def admin_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
         return False
     if LOOPBACK in allowed and address.is_loopback:
         return True
-    return any(address in ipaddress.ip_network(entry, strict=False)
-               for entry in allowed if entry not in (LOOPBACK, ANYONE) and "/" in entry)
+    return any(address in network for network in _networks(allowed))
 
 
 def _forbidden(request: Request) -> Response | None:

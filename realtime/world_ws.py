@@ -357,7 +357,7 @@ class WorldConnection:
         self._evicted = None
         await self.engine.reset(self.model, session.session_id)
         if self.session is not session or session.state is not SessionState.ACTIVE:
-            return  # a close (admin, drain) took the session meanwhile; it answers the client
+            return  # the session failed or went meanwhile (a close waits for this reset): that answers the client
         self._mark("active", 0)
         log.info("session %s: reset (dropped events %s)", session.session_id, list(dropped))
         await self.send(wire.reset_done(session.session_id, list(dropped)))
