@@ -13,7 +13,8 @@ One step of the loop::
                        (unless a deadline says otherwise, below)
                    ──> take up to adapter.max_batch ticks of that model
                        (waiting, at most batch_wait_ms after that model's last
-                       batch ended, for the sessions of that batch to return)
+                       batch ended, for the sessions of that batch that are in
+                       a loop to return)
                    ──> adapter.run_batch(works) ──> validate each result
                    ──> adapter.end_tick(session, committed) ──> resolve futures
 
@@ -118,15 +119,16 @@ DEADLINE_DEFER_MAX_S = 0.5
 # before ``submit`` runs it inline (one slow forward and it is back on the engine thread).
 INLINE_WINDOW = 8
 
+# Sessions per model whose last forward's end the engine keeps (the returner wait): a
+# session released without ``release`` reaching the engine is forgotten, oldest first.
+MAX_TRACKED_SESSIONS = 65_536
+
 try:
     import resource
 
     _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD  # type: ignore[attr-defined]
 except (ImportError, AttributeError):  # not Linux
     _RUSAGE_THREAD = None
-
-
-_NO_RETURNERS: frozenset[str] = frozenset()
 
 
 class _NotRun:
@@ -156,6 +158,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.perf_counter)
     deadline: float | None = None  # perf_counter time the result is needed by (see "Deadlines")
+    quick: bool = True  # its session came back quickly after its last forward (see _take_batch)
 
 
 @dataclass
@@ -194,6 +197,9 @@ class Engine:
         # sessions to queue their next tick (see _take_batch).
         self._wait = {n: (model_wait_ms or {}).get(n, batch_wait_ms) / 1000.0 for n in self._adapters}
         self._returners: dict[str, frozenset[str]] = {n: frozenset() for n in self._adapters}
+        # Per model and session: when its last forward ended (inf while one runs), oldest
+        # first, at most MAX_TRACKED_SESSIONS; a release forgets the session.
+        self._ended_at: dict[str, dict[str, float]] = {n: {} for n in self._adapters}
         self._free_since: dict[str, float] = {n: 0.0 for n in self._adapters}
         # While _take_batch waits for returners: the ones not queued yet. A submit
         # wakes the engine only when it completes them (one wake-up per round, not
@@ -312,6 +318,7 @@ class Engine:
         job = _Job(model, work, session_id, validate, loop.create_future(), loop, deadline=deadline)
         if self._fast[model] and self._run_inline(job):
             return job.future
+        job.quick = self._quick(model, session_id, job.enqueued)
         with self._cv:
             self._ticks[model].append(job)
             awaited = self._awaited
@@ -399,6 +406,8 @@ class Engine:
 
         def job() -> None:
             self._purge(model, session_id)
+            if what == "release":  # gone: nobody waits for it
+                self._forget(model, session_id)
             getattr(adapter, what)(session_id)
 
         return job
@@ -483,9 +492,15 @@ class Engine:
             no wait:     [== 8 ==][== 8 ==][== 8 ==]      the fleet stays split
             returners:   [== 8 ==]w[=== 16 ===]w[=== 16 ===]
 
-        A session that was not in the last batch never makes anyone wait, so a
-        lone caller is served at once; the wait ends batch_wait_ms after the last
-        batch at the latest (a returner may have stopped: out of credits, closed).
+        Only sessions in a loop are waited for: a session is a returner when it was
+        in the last batch and had queued that batch's tick within ``_quick_s`` of its
+        previous forward's end (or while that forward ran, or it was its first). A
+        robot that acts for a while between calls, or one of two robots driven in
+        turn by one client, never makes the other wait; a released session is
+        forgotten at once. A session that was not in the last batch never makes
+        anyone wait, so a lone caller is served at once; the wait ends batch_wait_ms
+        after the last batch at the latest (a returner may have stopped: out of
+        credits, closed).
         """
         with self._cv:
             self._await_deadline_returners()
@@ -566,18 +581,53 @@ class Engine:
         # Due within a forward of the slowest model: its next tick will likely be due too.
         if due is not None and due < time.perf_counter() + max(self._forward_s.values()):
             self._deadline_model = batch[0].model
+        model = batch[0].model
+        ended_at = self._ended_at[model]
+        for job in batch:
+            if job.session_id is not None:
+                ended_at[job.session_id] = math.inf  # running: its next tick is quick
         try:
             self._forward(batch)
         finally:
-            if len(batch) == 1:  # an inline forward, or a lone caller: no generator
-                self._ended(batch[0].model, _just(batch[0].session_id))
-            else:
-                self._ended(batch[0].model, frozenset(j.session_id for j in batch if j.session_id is not None))
+            self._ended(model, [(j.session_id, j.quick) for j in batch])
 
-    def _ended(self, model: str, returners: frozenset[str]) -> None:
-        """``model``'s forward ended: ``returners`` are the sessions ``_take_batch`` waits for."""
-        self._returners[model] = returners
-        self._free_since[model] = time.perf_counter()
+    def _quick_s(self, model: str) -> float:
+        """How soon after its forward a session must queue its next tick to be waited for:
+        within the batch wait and half a forward. Two robots driven in turn by one client
+        each come back a whole forward (the other's) after their own."""
+        return min(self._wait[model], self._forward_s[model] / 2)
+
+    def _quick(self, model: str, session_id: str | None, now: float) -> bool:
+        """Whether ``session_id``'s tick queued at ``now`` came back quickly (see _take_batch);
+        a first tick counts as quick, so a fleet's second round is batched too."""
+        if session_id is None:
+            return False
+        ended = self._ended_at[model].get(session_id)
+        return ended is None or now - ended < self._quick_s(model)
+
+    def _ended(self, model: str, sessions: Sequence[tuple[str | None, bool]]) -> None:
+        """``model``'s forward of ``sessions`` (id, quick) ended: the quick ones are the
+        returners ``_take_batch`` waits for."""
+        now = self._free_since[model] = time.perf_counter()
+        ended_at = self._ended_at[model]
+        returners = []
+        for session_id, quick in sessions:
+            if session_id is None:
+                continue
+            ended_at.pop(session_id, None)  # to the end: the dict stays oldest first
+            ended_at[session_id] = now
+            if quick:
+                returners.append(session_id)
+        while len(ended_at) > MAX_TRACKED_SESSIONS:
+            del ended_at[next(iter(ended_at))]
+        self._returners[model] = frozenset(returners)
+
+    def _forget(self, model: str, session_id: str) -> None:
+        """A released session: no longer a returner, its forward times dropped."""
+        self._ended_at[model].pop(session_id, None)
+        with self._cv:
+            if session_id in self._returners[model]:
+                self._returners[model] = self._returners[model] - {session_id}
 
     def _forward(self, batch: list[_Job]) -> None:
         model = batch[0].model
@@ -664,6 +714,7 @@ class Engine:
         lock is held."""
         adapter = self._adapters[model]
         enqueued = time.perf_counter()
+        quick = self._quick(model, session_id, enqueued)
         try:
             try:
                 result = self._run_model(model, adapter, [work])[0]
@@ -687,7 +738,7 @@ class Engine:
             model_stats.tick_seconds.observe(time.perf_counter() - enqueued)
             return result
         finally:
-            self._ended(model, _just(session_id))
+            self._ended(model, ((session_id, quick),))
 
     @staticmethod
     def _job_now(model: str, work: Any, session_id: str | None, enqueued: float) -> _Job:
@@ -769,11 +820,6 @@ class Engine:
         for item in controls:
             if item.future is not None:
                 _reject(item.loop, item.future, exc)
-
-
-def _just(session_id: str | None) -> frozenset[str]:
-    """The returners of a forward of one work."""
-    return _NO_RETURNERS if session_id is None else frozenset((session_id,))
 
 
 def _preemptions() -> int:

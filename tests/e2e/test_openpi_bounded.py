@@ -47,6 +47,7 @@ def _settled(app, model: str, timeout_s: float = 10.0) -> None:
     assert engine.queued(model) == 0 and not engine._controls
     assert len(engine._recent[model]) <= INLINE_WINDOW
     assert len(engine._returners[model]) <= 1  # the last batch's sessions, not every session seen
+    assert not engine._ended_at[model]  # every released session forgotten
     assert set(engine.stats.batch_sizes) <= {1}  # one robot at a time: batches of one
     assert len(wire._DTYPES) <= 256
 

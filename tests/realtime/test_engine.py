@@ -107,6 +107,49 @@ def test_a_full_queue_ends_the_wait_for_returners():
     assert model.batches == [[1], [20, 21, 22, 23]]
 
 
+def test_two_robots_driven_in_turn_never_wait_for_each_other():
+    """One client calling robot a, then robot b, then a again: neither comes back while the
+    other runs, so neither is waited for (each waited the whole batch wait before)."""
+    model = Doubler(max_batch=8, delay=0.02)
+
+    async def main(engine: Engine):
+        for k in range(2):  # first ticks count as quick: a newcomer beside them may wait once
+            for sid in ("a", "b"):
+                await engine.submit("doubler", k, session_id=sid)
+        started = time.perf_counter()
+        for k in range(10):
+            for sid in ("a", "b"):
+                await engine.submit("doubler", k, session_id=sid)
+        return (time.perf_counter() - started) / 20
+
+    # 20 ms forwards; a wait would add the whole 1 s batch wait to a call.
+    assert with_engine(model, main, batch_wait_ms=1000.0) < 0.2
+    assert all(len(b) == 1 for b in model.batches)
+
+
+def test_a_session_that_acts_between_calls_or_left_is_not_waited_for():
+    """A robot that takes longer than half a forward to call again, or that was released,
+    holds no one back: the next caller runs at once."""
+    model = Doubler(max_batch=8, delay=0.02)
+
+    async def main(engine: Engine):
+        await engine.submit("doubler", 1, session_id="slow")
+        await asyncio.sleep(0.1)  # acting: 100 ms after its forward, well past 10 ms
+        await engine.submit("doubler", 2, session_id="slow")
+        started = time.perf_counter()
+        await engine.submit("doubler", 3, session_id="other")
+        slow_gone = time.perf_counter() - started
+        await engine.submit("doubler", 4, session_id="once")  # a first tick: a returner
+        await engine.release("doubler", "once")
+        assert "once" not in engine._returners["doubler"] and "once" not in engine._ended_at["doubler"]
+        started = time.perf_counter()
+        await engine.submit("doubler", 5, session_id="other")
+        return slow_gone, time.perf_counter() - started
+
+    slow, released = with_engine(model, main, batch_wait_ms=1000.0)
+    assert slow < 0.5 and released < 0.5  # a wait is 1 s
+
+
 def test_a_batch_resolves_every_future_with_its_own_result():
     model = Doubler(max_batch=16)
 
@@ -449,7 +492,8 @@ def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
         assert model.threads[-1] == me and model.ended[-1] == ("r", True)
         assert (engine.stats.works, engine.stats.inline_works, engine.stats.models["fast"].ticks) == (
             works + 1, inline + 1, ticks + 1)
-        assert engine._returners["fast"] == frozenset({"r"})
+        # its forward's end noted, as for a submitted tick (microseconds after the last: not quick)
+        assert engine._ended_at["fast"]["r"] <= time.perf_counter() and engine._returners["fast"] == frozenset()
         # A failing forward: not committed, the error that awaiting submit would raise.
         await _measured_fast(engine)  # (again, should a loaded host have stretched a forward)
         with pytest.raises(ModelError, match="ValueError: unlucky"):
@@ -487,12 +531,14 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
 
     handed: list[str] = []
     monkeypatch.setattr(engine_module, "hand_off_gil", lambda: handed.append("x"))
-    model = Doubler(max_batch=4)
+    model = Doubler(max_batch=4, delay=0.1)
 
     async def main(engine: Engine):
         async def submit(work: int, sid: str) -> int:
             out = await engine.submit(model.name, work, session_id=sid)
-            await asyncio.sleep(0.05)  # the engine thread notes the batch's sessions after resolving it
+            # The engine thread notes the batch's sessions after resolving it; back within
+            # half a forward (50 ms), so each session stays one the engine waits for.
+            await asyncio.sleep(0.02)
             return out
 
         assert await submit(1, "a") == 2  # a new session: nothing
@@ -510,7 +556,7 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
         assert await asyncio.gather(submit(8, "b"), submit(9, "c")) == [16, 18]
         assert model.batches[-1] == [8, 9] and handed == []  # two returners: no hand-off
 
-    with_engine(model, main)
+    with_engine(model, main, batch_wait_ms=200.0)
 
 
 def _two_models(main, world_delay: float = 0.05) -> tuple[Doubler, Doubler, list[str]]:
