@@ -3,14 +3,17 @@
 Used by every world model that takes a first image (``WorldAdapter.takes_image``).
 PNG or JPEG only, at most ``MAX_IMAGE_BYTES`` (world.v1's wire bound); the declared format must match the
 bytes; the header's pixel count is checked against ``MAX_PIXELS`` before any pixel
-is decoded (a decompression bomb is refused, not expanded); then RGB, resized to
-cover the target and centre-cropped to it.
+is decoded (a decompression bomb is refused, not expanded); then RGB, and the centre
+box that covers the target's aspect resized to the target in one step, so the work
+and memory after decoding are those of the output whatever the input's shape (a
+100000x1 image resized to cover 832x480 first would have been 69 GB).
 """
 
 from __future__ import annotations
 
 import io
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -49,16 +52,24 @@ def decode_image(data: bytes, fmt: str, height: int, width: int) -> np.ndarray:
         raise ImageError("image refused as a decompression bomb") from None
     except Exception as e:  # PIL raises many types for bad data
         raise ImageError(f"image is not a valid {fmt}: {type(e).__name__}") from None
-    return cover_crop(np.asarray(im.convert("RGB")), height, width)
+    return _cover(im.convert("RGB"), height, width)
 
 
 def cover_crop(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
     """Resize (bicubic) so the image covers ``height`` x ``width``, then crop the centre."""
     from PIL import Image
 
-    h, w = rgb.shape[:2]
+    return _cover(Image.fromarray(rgb), height, width)
+
+
+def _cover(im: Any, height: int, width: int) -> np.ndarray:
+    """``cover_crop`` of a PIL image: the centre box of the target's aspect, in the source's
+    coordinates (fractional), resized straight to ``width`` x ``height``."""
+    from PIL import Image
+
+    w, h = im.size
     scale = max(height / h, width / w)
-    nh, nw = max(height, round(h * scale)), max(width, round(w * scale))
-    im = Image.fromarray(rgb).resize((nw, nh), Image.BICUBIC)
-    top, left = (nh - height) // 2, (nw - width) // 2
-    return np.asarray(im.crop((left, top, left + width, top + height)), dtype=np.uint8).copy()
+    box_w, box_h = width / scale, height / scale
+    left, top = (w - box_w) / 2, (h - box_h) / 2
+    out = im.resize((width, height), Image.BICUBIC, box=(left, top, left + box_w, top + box_h))
+    return np.asarray(out, dtype=np.uint8).copy()

@@ -51,3 +51,33 @@ def test_a_decompression_bomb_is_refused_before_decoding():
     assert len(buf.getvalue()) < MAX_IMAGE_BYTES
     with pytest.raises(ImageError, match="pixels|bomb"):
         decode_image(buf.getvalue(), "png", 16, 16)
+
+
+@pytest.mark.parametrize("w,h", [(2000, 1), (1, 2000), (100_000, 1), (1, 1)])
+def test_the_work_is_bounded_by_the_output_whatever_the_shape(w, h):
+    """A few bytes of PNG 100000x1: resized to cover 832x480 before the crop, it asked ~69 GB
+    (2000x1 took 1.9 GB, 20000x1 a MemoryError). Run under a 2 GiB address-space limit."""
+    import subprocess
+    import sys
+
+    data = _png(w, h, (7, 8, 9))
+    assert len(data) < 1000
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            "from models.world.image import decode_image\n"
+            "out = decode_image(sys.stdin.buffer.read(), 'png', 480, 832)\n"
+            "assert out.shape == (480, 832, 3) and (out == [7, 8, 9]).all(), out.shape\n")
+    done = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_the_centre_box_matches_resize_then_crop():
+    """The one-step resize of the centre box gives what resizing whole and cropping gave,
+    within interpolation rounding."""
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (90, 160, 3), dtype=np.uint8)
+    rgb = np.asarray(Image.fromarray(rgb).resize((160, 90), Image.BILINEAR))  # smooth enough to compare
+    whole = np.asarray(Image.fromarray(rgb).resize((320, 180), Image.BICUBIC))[10:170, :]
+    ours = cover_crop(rgb, 160, 320)
+    assert ours.shape == (160, 320, 3)
+    assert np.abs(ours.astype(int) - whole.astype(int)).mean() < 2.0
