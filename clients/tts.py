@@ -11,7 +11,7 @@ From code::
         result = await client.speak("Hello there.")     # streams, returns the audio
         write_wav("speech.wav", result.pcm, result.sample_rate)
 
-Every socket's URL carries a ``?session_id=`` (given, or a random ``tts-...``), so a proxy
+Every socket's URL carries a ``?session_id=`` (given, or a random ``tts-XXXXXXXX``), so a proxy
 in front of several replicas (deploy/) can route on it; the server ignores the query.
 
 ``speak`` sends the text (in pieces when ``piece_chars`` is set, the way a
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import sys
 import time
 import wave
@@ -33,10 +32,12 @@ from typing import Sequence
 
 import websockets
 
+from clients.cli_args import DEFAULT_HOST, DEFAULT_PORT, add_server_options, count, fresh_id, server_url
 from protocols import tts_v1
 from protocols.routing import with_session_id
 
-DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/tts"
+PATH = "/v1/realtime/tts"
+DEFAULT_URL = f"ws://{DEFAULT_HOST}:{DEFAULT_PORT}{PATH}"
 
 
 class ServerError(Exception):
@@ -76,7 +77,7 @@ class SpeechResult:
 
 def new_session_id() -> str:
     """A random routing id for one TTS socket (tts.v1 itself has no session id)."""
-    return "tts-" + secrets.token_hex(6)
+    return fresh_id("tts")
 
 
 class TTSClient:
@@ -198,17 +199,27 @@ async def synthesize(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m clients.tts", description="Stream text to a tts.v1 server; write a WAV.")
-    p.add_argument("text")
-    p.add_argument("--url", default=DEFAULT_URL)
-    p.add_argument("--out", default="speech.wav")
-    p.add_argument("--rate", type=int, default=None, choices=tts_v1.SAMPLE_RATES, help="sample rate (default: voice's)")
-    p.add_argument("--voice", default=None)
-    p.add_argument("--speed", type=float, default=None)
-    p.add_argument("--piece-chars", type=int, default=None, help="send the text in pieces of this many characters")
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--session", default=None, help="routing id for ?session_id= (default: a random tts-...)")
+    p = argparse.ArgumentParser(
+        prog="python -m clients.tts",
+        description="Speak TEXT on a tts.v1 server: stream it, print the time to first audio, write a WAV.",
+        epilog='example: python -m clients.tts "Hello there. How are you?" --out speech.wav')
+    p.add_argument("text", help="what to say: any length, split into sentences by the server")
+    add_server_options(p, PATH)
+    p.add_argument("--out", default="speech.wav", help="the WAV file to write (default: %(default)s)")
+    p.add_argument("--rate", type=int, default=None, choices=tts_v1.SAMPLE_RATES,
+                   help="sample rate in Hz (default: the voice's own)")
+    p.add_argument("--voice", default=None, help="voice name, as GET /v1/models lists (default: the server's)")
+    p.add_argument("--speed", type=float, default=None,
+                   help="speaking rate, 1.0 the voice's own (the server's bounds apply; default: 1.0)")
+    p.add_argument("--piece-chars", type=count, default=None,
+                   help="send the text in pieces of this many characters, as a language model streams it "
+                        "(default: all at once)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds to wait for the server at each step (default: %(default)s)")
+    p.add_argument("--session", default=None,
+                   help="routing id sent as ?session_id= for a proxy in front of replicas (default: a fresh tts-XXXXXXXX)")
     args = p.parse_args(argv)
+    args.url = server_url(args, PATH)
     try:
         result = asyncio.run(
             synthesize(

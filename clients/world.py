@@ -29,10 +29,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import websockets
 
+from clients.cli_args import DEFAULT_HOST, DEFAULT_PORT, add_server_options, count, fresh_id, server_url
 from protocols import world_v1 as wire
 from protocols.routing import with_session_id
 
-DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime/world"
+PATH = "/v1/realtime/world"
+DEFAULT_URL = f"ws://{DEFAULT_HOST}:{DEFAULT_PORT}{PATH}"
 
 
 class ServerError(Exception):
@@ -215,33 +217,27 @@ async def _main(args: argparse.Namespace) -> None:
         await client.close()
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clients.world",
         description="Play one world.v1 session from the terminal: hold keys for a number of "
                     "chunks, print the frame rate and optionally save the last frame.",
         epilog="example: python -m clients.world --keys wj --chunks 60 --out last.png")
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help="the server's world.v1 WebSocket (default: %(default)s)")
-    parser.add_argument("--session", default="cli",
-                        help="session id to create; must not be in use on the server (default: %(default)s)")
+    add_server_options(parser, PATH)
+    parser.add_argument("--session", default=None,
+                        help="session id to create; must not be in use on the server (default: a fresh cli-XXXXXXXX)")
     parser.add_argument("--model", default=None,
                         help="world model to run (see GET /v1/models); default: the server's first")
     parser.add_argument("--keys", default="w",
                         help="keys to hold, one letter each: w a s d move, i j k l look; '' for none "
                              "(default: %(default)s)")
-    parser.add_argument("--chunks", type=_count, default=30,
+    parser.add_argument("--chunks", type=count, default=30,
                         help="how many chunks to play; a chunk is one tick of the server's frames_per_chunk "
                              "frames (default: %(default)s)")
     parser.add_argument("--out", default=None, help="write the last frame as PNG to this path")
     args = parser.parse_args(argv)
+    args.url = server_url(args, PATH)
+    args.session = args.session or fresh_id("cli")
     try:
         asyncio.run(_main(args))
     except ServerError as exc:
