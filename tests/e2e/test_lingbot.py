@@ -51,6 +51,13 @@ def _slide(frames: int, step: float) -> tuple[np.ndarray, np.ndarray]:
     return poses, np.tile(INTRINSICS, (frames, 1))
 
 
+def _flat(poses: np.ndarray) -> np.ndarray:
+    """``poses`` with a singular first pose (its rotation part all zeros)."""
+    out = poses.copy()
+    out[0, :3, :3] = 0.0
+    return out
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[tuple[str, object]]:
     from models.world.lingbot.tiny_checkpoint import write_tiny_checkpoint
@@ -62,6 +69,9 @@ def server(tmp_path_factory) -> Iterator[tuple[str, object]]:
     poses, intr = _slide(5, 0.3)
     np.save(root / "slide" / "poses.npy", poses)
     np.save(root / "slide" / "intrinsics.npy", intr)
+    (root / "flat").mkdir()
+    np.save(root / "flat" / "poses.npy", _flat(poses))
+    np.save(root / "flat" / "intrinsics.npy", intr)
     options = BuildOptions(device="cpu", max_batch=2, height=SIZE, width=SIZE, trajectory_root=str(root))
     lingbot = factory.build(ModelEntry("lingbot", str(ckpt)), options, kind="world")
     inventory = Inventory()
@@ -229,5 +239,31 @@ def test_streamed_frames_come_one_by_one_as_decoded_and_equal_the_plain_chunks(s
         assert isinstance(streamed[-1], dict) and streamed[-1]["type"] == "chunk"
         assert [m for m in streamed if isinstance(m, bytes)] == [m for m in plain if isinstance(m, bytes)]
         assert len([m for m in plain if isinstance(m, bytes)]) == 24
+
+    run(main())
+
+
+def test_a_first_pose_that_cannot_be_inverted_is_refused_and_the_session_goes_on(server):
+    """It used to be accepted and fail the next tick silently (``LinAlgError`` in the
+    reducer's prepare), leaving the session behind its client."""
+    addr, lingbot, _ = server
+
+    async def main():
+        async with WorldClient.connect(url(addr), session_id="lb-flat") as c:
+            await c.create(model="lingbot", prompt="a cave", image=_png(16, 16), format="rgb8", credits=0)
+            poses, intr = _slide(3, 0.1)
+            inline = {"mode": "inline", "poses": _flat(poses).tolist(), "intrinsics": intr.tolist()}
+            for i, data in enumerate([inline, {"mode": "named", "name": "flat"}]):
+                with pytest.raises(ServerError) as info:
+                    await c.event(event_id=1 + i, controls=[{**TRAJECTORY, "data": data}])
+                assert (info.value.code, info.value.event_id) == ("bad_request", 1 + i)
+                assert "the first pose cannot be inverted" in info.value.message
+            await c.event(event_id=3, controls=[{**TRAJECTORY, "data": {"mode": "named", "name": "slide"}}])
+            await c.credit(1)
+            chunk = await c.next_chunk(credit=False)
+            assert (chunk.chunk_index, chunk.applied_event_ids) == (0, [3])
+            listed = httpx.get(f"http://{addr}/v1/sessions", timeout=5).json()["data"]
+            assert [s["state"] for s in listed if s["session_id"] == "lb-flat"] == ["active"]
+            await c.close()
 
     run(main())

@@ -215,6 +215,7 @@ class CameraTrajectoryReducer(ControlReducer):
         if self.root is None:
             raise _bad(self.schema, "named trajectories need the server's --trajectory-root")
         if isinstance(name, str) and name in self._loaded:
+            self._loaded.move_to_end(name)
             return self._loaded[name]
         try:
             t = load_trajectory(self.root, name)
@@ -240,7 +241,9 @@ class CameraTrajectoryReducer(ControlReducer):
 
     def prepare(self, updates: Sequence[FrozenDict]) -> Prepared:
         playing, cursor = self._playing, self._cursor
-        for data in updates:
+        if updates:
+            # Each update replaces the trajectory before it: only the tick's last one plays.
+            data = updates[-1]
             mode = data["mode"]
             playing = None if mode == "stop" else _inline(data) if mode == "inline" else self._named(data["name"])
             cursor = 0
@@ -248,7 +251,7 @@ class CameraTrajectoryReducer(ControlReducer):
             return Prepared(value=None, next_state=(None, 0))
         n = self.frames_per_block
         idx = np.minimum(np.arange(cursor, cursor + n), playing.frames - 1)
-        rel = np.linalg.inv(playing.poses[0]) @ playing.poses[idx]
+        rel = playing.relative[idx]  # checked when the trajectory was accepted (trajectory_files)
         value = TrajectoryBlock(tuple(tuple(r.reshape(-1).tolist()) for r in rel),
                                 tuple(tuple(k.tolist()) for k in playing.intrinsics[idx]),
                                 starts=cursor == 0)

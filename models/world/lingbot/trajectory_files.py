@@ -22,7 +22,11 @@ names clients send are not. A name ``NAME`` means ``DIR/NAME/poses.npy``
 * the bytes are read once into memory and the file's ``fstat`` (size, mtime, ctime,
   inode) must be the same after the read as before it: a file changed meanwhile is
   refused, never half-read;
-* every value finite; fx and fy positive.
+* every value finite; fx and fy positive;
+* the first pose invertible, its rotation part's condition number at most
+  ``MAX_CONDITION``, and every pose relative to it (``inv(P0) @ P``, what a block
+  plays) finite: the relative poses are computed here, once, so that playing a
+  trajectory never meets a matrix it cannot invert.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ import numpy as np
 MAX_FRAMES = 4096
 MAX_HEADER = 4096
 MAX_NAME = 255
+# A first pose's rotation part may stretch space at most this much more in one direction
+# than another (a rotation: 1). Beyond it ``inv(P0)`` loses half of float64's digits.
+MAX_CONDITION = 1e8
 POSES_FILE = "poses.npy"
 INTRINSICS_FILE = "intrinsics.npy"
 _MAGIC = b"\x93NUMPY"
@@ -53,6 +60,7 @@ class TrajectoryError(ValueError):
 class Trajectory:
     poses: np.ndarray       # [frames, 4, 4] float64
     intrinsics: np.ndarray  # [frames, 4] float64
+    relative: np.ndarray    # [frames, 4, 4] float64: inv(poses[0]) @ poses, all finite
 
     @property
     def frames(self) -> int:
@@ -211,4 +219,25 @@ def checked(poses: np.ndarray, intrinsics: np.ndarray, where: str) -> Trajectory
         raise TrajectoryError(f"{where}: each pose's last row must be 0 0 0 1")
     if (intrinsics[:, :2] <= 0).any():
         raise TrajectoryError(f"{where}: fx and fy must be positive")
-    return Trajectory(poses.astype(np.float64), intrinsics.astype(np.float64))
+    poses, intrinsics = poses.astype(np.float64), intrinsics.astype(np.float64)
+    return Trajectory(poses, intrinsics, _relative(poses, where))
+
+
+def _relative(poses: np.ndarray, where: str) -> np.ndarray:
+    """``inv(poses[0]) @ poses``, or TrajectoryError if the first pose cannot be inverted
+    well (see ``MAX_CONDITION``) or a relative pose is not finite."""
+    s = np.linalg.svd(poses[0, :3, :3], compute_uv=False)  # descending
+    condition = s[0] / s[-1] if s[-1] > 0 else np.inf
+    if not condition <= MAX_CONDITION:
+        raise TrajectoryError(f"{where}: the first pose cannot be inverted (the condition number of its "
+                              f"rotation part is {condition:.3g}, at most {MAX_CONDITION:g}); the trajectory "
+                              "plays relative to its first pose")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        try:
+            relative = np.linalg.inv(poses[0]) @ poses
+        except np.linalg.LinAlgError:
+            relative = np.full_like(poses, np.nan)
+    if not np.isfinite(relative).all():
+        raise TrajectoryError(f"{where}: the poses relative to the first pose are not all finite "
+                              "(the first pose is too small or the others too large)")
+    return relative
