@@ -517,7 +517,8 @@ class WorldConnection:
         """Fail the session's ticks (``reason`` for the log), let the chunk being sent go
         out, then tell the client, with the accepted events no chunk applied."""
         pending = list(session.pending_event_ids)
-        session.fail_tick(reason)
+        if session.state is SessionState.ACTIVE:  # a reducer's prepare failed it already (begin_tick)
+            session.fail_tick(reason)
         self._mark("failed")
         await _finish(sending)
         await self._report_failure(pending, failure, detail)
@@ -556,6 +557,9 @@ class WorldConnection:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # this task is being cancelled (shutdown), not only the driver
+        except Exception:  # noqa: BLE001 - a bug (the driver fails its session itself): the stop goes on
+            log.exception("session %s: the tick driver ended with an error",
+                          self.session.session_id if self.session is not None else "-")
         finally:
             if watch is not None:
                 watch.cancel()
@@ -575,8 +579,8 @@ class WorldConnection:
         ahead = self._ahead = collections.deque()  # submitted ticks, oldest first
         try:
             while True:
-                if (unbuilt := self._fill(session, adapter, sending)) is not None:
-                    await self._fail_unbuilt(session, unbuilt, sending)
+                if (unstarted := self._fill(session, adapter, sending)) is not None:
+                    await self._fail_unstarted(session, unstarted, sending)
                     return
                 if not ahead:
                     if self._stopping:
@@ -610,7 +614,7 @@ class WorldConnection:
                 # The next tick goes to the engine before this chunk's bookkeeping and send,
                 # which then run while it computes (see "Next tick first"). A streamed tick's
                 # next one needs this chunk's send task: it waits for the top of the loop.
-                unbuilt = self._fill(session, adapter, sending) if NEXT_TICK_FIRST and queued.stream is None else None
+                unstarted = self._fill(session, adapter, sending) if NEXT_TICK_FIRST and queued.stream is None else None
                 if self.entry is not None:
                     self.entry.ticked(committed.chunk_index)
                 self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)
@@ -618,9 +622,14 @@ class WorldConnection:
                 # The commit goes out after the streamed frames (_send_chunk finishes the stream).
                 sending = self._sending = asyncio.create_task(
                     self._send_chunk(committed, chunk, tick_ms, queued.stream))
-                if unbuilt is not None:  # told after the chunk committed before it
-                    await self._fail_unbuilt(session, unbuilt, sending)
+                if unstarted is not None:  # told after the chunk committed before it
+                    await self._fail_unstarted(session, unstarted, sending)
                     return
+        except Exception as exc:  # noqa: BLE001 - a bug here must not leave the session behind its client
+            log.error("session %s: the tick driver failed: %r", session.session_id, exc, exc_info=True)
+            if sending is not None:
+                await asyncio.wait({sending})  # the chunk being sent goes first, whatever became of it
+            await self._fail(session, f"tick driver failed: {exc!r}", Failure.MODEL, f"{type(exc).__name__}: {exc}")
         finally:
             await _finish(sending)
             for queued in ahead:  # ticks this driver leaves unfinished (cancelled, failed)
@@ -628,25 +637,28 @@ class WorldConnection:
                     queued.stream.cancel()
                 _drop(queued.future)
 
-    def _fill(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_NotBuilt | None":
+    def _fill(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_NotStarted | None":
         """Queue the session's next ticks while it may have more in the engine (state,
-        ``_depth``, a credit for each); the model's failure to build one is returned, for
-        the driver to report after what it has to send first."""
+        ``_depth``, a credit for each); a tick that could not start is returned, for the
+        driver to report after what it has to send first."""
         ahead = self._ahead
         while (not self._stopping and session.state is SessionState.ACTIVE
                and len(ahead) < self._depth(session) and self.credits > len(ahead)):
             try:
                 ahead.append(self._queue_tick(session, adapter, sending))
-            except _NotBuilt as exc:
+            except _NotStarted as exc:
                 return exc
         return None
 
-    async def _fail_unbuilt(self, session: Session, exc: "_NotBuilt", sending: asyncio.Task | None) -> None:
-        """The model's own bug in ``tick`` fails its session, told (uncaught, it would end
-        the driver silently and the client would wait forever)."""
-        log.warning("session %s: %s.tick failed: %r", session.session_id, self.model, exc.error)
-        await self._fail(session, f"tick could not be built: {exc.error!r}", Failure.MODEL,
-                         f"{type(exc.error).__name__}: {exc.error}", sending)
+    async def _fail_unstarted(self, session: Session, exc: "_NotStarted", sending: asyncio.Task | None) -> None:
+        """A tick that failed before the engine took it fails its session like any failed
+        tick, told (uncaught, it would end the driver silently: the client would wait
+        forever and the session outlive its socket). A value the session's reducers
+        accepted and then could not prepare is a validation gap, the model's ``tick``
+        raising its own bug: either way one warning (``Session.fail_tick``'s), no traceback."""
+        error = exc.error
+        detail = error.message if isinstance(error, SessionError) else f"{type(error).__name__}: {error}"
+        await self._fail(session, f"tick could not start: {detail}", Failure.MODEL, detail, sending)
 
     def _depth(self, session: Session) -> int:
         """Ticks to keep queued now: the session's most, or ``ticks_in_flight_alone`` while it is
@@ -656,27 +668,31 @@ class WorldConnection:
         return session.max_in_flight
 
     def _queue_tick(self, session: Session, adapter: WorldAdapter, sending: asyncio.Task | None) -> "_Queued":
-        """Begin the session's next tick and hand it to the engine; ``_NotBuilt`` if the
-        model could not build it (the session's tick is begun: the caller fails it)."""
-        request = session.begin_tick()
-        started = time.perf_counter()
+        """Begin the session's next tick and hand it to the engine; ``_NotStarted`` if anything
+        failed on the way (a reducer's ``prepare``, which fails the session in ``begin_tick``;
+        the model's ``tick``; the hand-over itself): the caller fails the session."""
+        stream: FrameStream | None = None
         try:
+            request = session.begin_tick()
+            started = time.perf_counter()
             # The format travels on the tick: the model may encode jpeg on its device.
             work = adapter.tick(request, self.seed, self.options, format=self.format)
+            if self.image is not None and request.chunk_index == 0:
+                work = dataclasses.replace(work, image=self.image)
+            # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
+            if self.stream_frames:
+                stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
+                                     taken=self.idle.touch)
+                work = dataclasses.replace(work, frame_sink=stream.sink)
+            try:
+                future = self.engine.submit_future(self.model, work, session_id=session.session_id)
+            except ENGINE_ERRORS as exc:  # a dead or stopped engine: the driver reports it in order
+                future = asyncio.get_running_loop().create_future()
+                future.set_exception(exc)
         except Exception as exc:  # noqa: BLE001 - reported by the driver
-            raise _NotBuilt(exc) from exc
-        if self.image is not None and request.chunk_index == 0:
-            work = dataclasses.replace(work, image=self.image)
-        # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
-        stream = FrameStream(self.conn, request, self.format, adapter.geometry, after=sending,
-                             taken=self.idle.touch) if self.stream_frames else None
-        if stream is not None:
-            work = dataclasses.replace(work, frame_sink=stream.sink)
-        try:
-            future = self.engine.submit_future(self.model, work, session_id=session.session_id)
-        except ENGINE_ERRORS as exc:  # a dead or stopped engine: the driver reports it in order
-            future = asyncio.get_running_loop().create_future()
-            future.set_exception(exc)
+            if stream is not None:
+                stream.cancel()
+            raise _NotStarted(exc) from exc
         return _Queued(future, started, stream)
 
     async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float,
@@ -786,8 +802,9 @@ class _Queued:
     stream: "FrameStream | None"
 
 
-class _NotBuilt(Exception):
-    """``adapter.tick`` raised ``error`` (the model's own bug)."""
+class _NotStarted(Exception):
+    """A tick failed before the engine took it: ``error`` is what was raised (by
+    ``Session.begin_tick``, the model's ``tick``, or the hand-over to the engine)."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(repr(error))
