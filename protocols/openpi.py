@@ -76,6 +76,12 @@ MAX_DTYPE_CHARS = 16
 # 57 MiB body took 1.4 s and 530 MB to decode on the event loop.
 MAX_LIST_ITEMS = 65536
 MAX_MAP_ITEMS = 65536
+# Objects of a whole body: every value, key, array and map counts one (an array's bytes are
+# one bin). The per-list limit alone let 1,000 lists of 65,535 empty lists through: a 63 MiB
+# body that decoded to 4.7 GB of Python objects in 37 s on the event loop. Requests are a
+# few dozen objects an observation (a batch of 64 with plain-list states: ~5,000); a state
+# of 65,536 floats still fits.
+MAX_OBJECTS = 2 * MAX_LIST_ITEMS
 
 RESET_ENDPOINT = "reset"
 RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"})
@@ -226,6 +232,10 @@ def unpack(data: bytes) -> Any:
 
 def _unpack_msgpack(data: bytes) -> Any:
     """Any message, by msgpack with ``_decode`` as its hook (the one source of errors)."""
+    # Every object takes a byte at least: a shorter body cannot hold too many.
+    if len(data) > MAX_OBJECTS and _object_count(data, MAX_OBJECTS) > MAX_OBJECTS:
+        raise WireError(f"body holds more than {MAX_OBJECTS} msgpack objects (values, keys, arrays and maps; "
+                        "an array's data is one)")
     try:
         return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False,
                                max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_MAP_ITEMS)
@@ -233,6 +243,50 @@ def _unpack_msgpack(data: bytes) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
         raise WireError(f"body is not valid msgpack ({clipped(str(exc) or type(exc).__name__)})") from None
+
+
+def _object_steps() -> list[int]:
+    """Bytes of each msgpack object by its first byte, headers included; 0 for the types whose
+    size follows the type byte (``_SIZED``) and for 0xC1, which msgpack never writes."""
+    steps = [1] * 256  # fixints, fixmaps, fixarrays (their items are objects of their own), nil, bools
+    for t in range(0xA0, 0xC0):  # fixstr: its length is in the type byte
+        steps[t] = 1 + (t & 0x1F)
+    steps[0xC1] = 0
+    for t in _SIZED:
+        steps[t] = 0
+    for t, size in ((0xCA, 5), (0xCB, 9), (0xCC, 2), (0xCD, 3), (0xCE, 5), (0xCF, 9), (0xD0, 2), (0xD1, 3),
+                    (0xD2, 5), (0xD3, 9), (0xD4, 3), (0xD5, 4), (0xD6, 6), (0xD7, 10), (0xD8, 18),
+                    (0xDC, 3), (0xDD, 5), (0xDE, 3), (0xDF, 5)):
+        steps[t] = size
+    return steps
+
+
+# bin, str and ext with a length field: (bytes of the length, bytes between it and the payload).
+_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),
+          0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1)}
+_STEPS = _object_steps()
+
+
+def _object_count(data: bytes, limit: int) -> int:
+    """The msgpack objects in ``data``, counted up to ``limit`` + 1 at most, from the type
+    bytes alone (nothing is decoded; a bin or str payload is stepped over in one go).
+
+    ``{"a": [1, 2]}`` is 5: the map, its key, the array and its two items. Counting
+    stops at a byte msgpack never writes or at the end; malformed bodies are msgpack's
+    to name."""
+    n, p, count, steps = len(data), 0, 0, _STEPS
+    while p < n and count <= limit:
+        t = data[p]
+        step = steps[t]
+        count += 1
+        if step:
+            p += step
+        elif t == 0xC1:
+            break
+        else:
+            width, gap = _SIZED[t]
+            p += 1 + width + gap + int.from_bytes(data[p + 1:p + 1 + width], "big")
+    return count
 
 
 # How openpi-client's pack_array writes every array: a map of 4 entries, in this order,
@@ -274,6 +328,7 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
     else:
         return None
     out: dict[str, Any] = {}
+    objects = 1 + 2 * count  # as _object_count counts: the map, then a key and a value each
     for _ in range(count):
         key, p = _flat_str(b, mv, p, n)
         if key is None:
@@ -286,6 +341,7 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
             value, p = _flat_array(b, mv, p + len(_ND_HEAD), n)
             if value is None:
                 return None
+            objects += 8 + value.ndim  # the array's map: 4 keys, 4 values, the shape's items
         elif t == 0xC0:
             value, p = None, p + 1
         elif t == 0xC2 or t == 0xC3:
@@ -295,7 +351,8 @@ def _flat_map(b: bytes) -> dict[str, Any] | None:
             if value is None:
                 return None
         out[key] = value
-    return out if p == n else None
+    # Over MAX_OBJECTS: msgpack's path names the error.
+    return out if p == n and objects <= MAX_OBJECTS else None
 
 
 def _flat_str(b: bytes, mv: memoryview, p: int, n: int) -> tuple[str | None, int]:
