@@ -115,6 +115,16 @@ class Page:
         })()""")
         return got["chunk"], np.array(got["px"], np.uint8).reshape(got["h"], got["w"], 4)
 
+    def shown(self, selector: str) -> bool:
+        """Whether Chromium renders ``selector`` (a box on the page), whatever its attributes say."""
+        return self.page.locator(selector).is_visible()
+
+    def hidden_but_rendered(self) -> list[str]:
+        """Elements with the ``hidden`` attribute that Chromium still lays out (a stylesheet's
+        ``display`` overriding it): the page means none."""
+        return self.js("""[...document.querySelectorAll("[hidden]")]
+            .filter((el) => el.getClientRects().length > 0).map((el) => el.id || el.tagName)""")
+
     def focus_page(self) -> None:
         # Keys only drive the world when the page (not a text box) has focus.
         self.page.focus("#world-canvas")
@@ -174,8 +184,15 @@ def test_page_loads_and_plays_without_console_errors(tiny_page: Page):
     assert p.js("document.getElementById('speech-text').disabled") is True
     assert (p.js("demo.tts.available"), p.js("demo.tts.reason")) == (False, "missing onnx")
     assert p.js("[demo.robot.policies, demo.robot.placeholder, demo.robot.canDrive]") == [[], True, False]
-    assert p.js("document.getElementById('robot-placeholder').hidden") is False
-    assert p.js("document.getElementById('robot-drive').hidden") is True
+    # What is on screen, as Chromium lays it out (not the attributes the page sets).
+    shown = {sel: p.shown(sel) for sel in (
+        "#speech-unavailable", "#robot-placeholder", "#robot-drive", "#world-image-row", "#world-trajectory-form",
+        "#world-reconnect", "#speech-reconnect", "#world-error", "#speech-error", "#robot-error", "#boot-error")}
+    assert shown == {"#speech-unavailable": True, "#robot-placeholder": True, "#robot-drive": False,
+                     "#world-image-row": False, "#world-trajectory-form": False, "#world-reconnect": False,
+                     "#speech-reconnect": False, "#world-error": False, "#speech-error": False,
+                     "#robot-error": False, "#boot-error": False}
+    assert p.hidden_but_rendered() == []
     p.screenshot("#world-panel", "world.png")
     p.screenshot("#speech-panel", "speech-unavailable.png")
     p.screenshot("#robot-panel", "robot-placeholder.png")
@@ -382,6 +399,7 @@ def test_dropped_connection_offers_reconnect(tiny_page: Page):
     assert [e["code"] for e in world["errors"]] == ["message_too_large", "connection"]
     assert p.page.locator("#world-error").text_content() == "connection: connection lost (close code 1009)"
     assert reconnect.is_visible()
+    assert p.hidden_but_rendered() == []
     p.screenshot("#world-panel", "world-disconnected.png")
     p.page.fill("#world-prompt", "")
     reconnect.click()
@@ -449,7 +467,8 @@ def test_robot_panel_shows_policy_metadata(browser, full_server):
         # The dummy policy's actions are not the maze's keys: the panel says so, drives nothing.
         assert p.js("document.getElementById('robot-placeholder').textContent").startswith(
             "Policy dummy-policy is served at /v1/realtime/robot/openpi (OpenPI), but its actions are not")
-        assert p.js("document.getElementById('robot-drive').hidden") is True
+        assert (p.shown("#robot-placeholder"), p.shown("#robot-drive")) == (True, False)
+        assert p.hidden_but_rendered() == []
         p.page.click("#robot-metadata summary")
         facts = p.js("""Object.fromEntries([...document.querySelectorAll('#robot-policies dt')]
                                 .map(dt => [dt.textContent, dt.nextElementSibling.textContent]))""")
@@ -541,9 +560,42 @@ def test_full_page_screenshot(browser, full_server):
         p.close()
 
 
-def test_image_upload_and_named_trajectories_show_only_for_models_that_take_them(tiny_page: Page):
-    # tiny takes no first image and plays no trajectories (its /v1/models entry says so).
-    p = tiny_page
-    assert p.js("demo.models.find((m) => m.name === 'tiny').takes_image") is False
-    assert p.js("document.getElementById('world-image-row').hidden") is True
-    assert p.js("document.getElementById('world-trajectory-form').hidden") is True
+class LingBotLikeTiny(TinyWorld):
+    """The tiny world listed as taking a first image and named trajectories. The page reads
+    only ``takes_image`` and ``control_schemas`` of a model's /v1/models entry, and LingBot's
+    entry says both (tests/e2e/test_lingbot.py); a LingBot, even a tiny one, takes seconds
+    to build and its ticks seconds of this machine's two cores."""
+
+    def describe(self):
+        return {**super().describe(), "takes_image": True,
+                "control_schemas": ["keys.v1", "lingbot.camera_trajectory.v1"]}
+
+
+def test_image_upload_and_named_trajectories_show_only_for_models_that_take_them(browser):
+    inventory = Inventory()
+    for model in (TinyWorld(), LingBotLikeTiny(name="lingbot-like")):
+        inventory.adapters[model.name] = model
+    app = build_app(ServerConfig(world=WorldConfig(models=("tiny", "lingbot-like"))), inventory)
+    rows = ("#world-image-row", "#world-trajectory-form")
+    with serve(app) as addr:
+        p = Page(browser, addr)
+        try:
+            p.wait("demo.world.chunkIndex >= 0")
+            models = p.js("Object.fromEntries(demo.models.map((m) => [m.name, [m.takes_image, m.control_schemas]]))")
+            assert models == {"tiny": [False, ["keys.v1"]],
+                              "lingbot-like": [True, ["keys.v1", "lingbot.camera_trajectory.v1"]]}
+            # tiny takes neither: both rows take no room on the page.
+            assert [p.shown(r) for r in rows] == [False, False]
+            assert [p.page.locator(r).bounding_box() for r in rows] == [None, None]
+            p.page.select_option("#world-model", "lingbot-like")
+            p.wait("demo.world.model === 'lingbot-like' && demo.world.chunkIndex >= 0")
+            assert [p.shown(r) for r in rows] == [True, True]
+            assert p.shown("#world-image") and p.shown("#world-trajectory-form button")
+            p.screenshot("#world-panel", "world-image-and-trajectory.png")
+            p.page.select_option("#world-model", "tiny")
+            p.wait("demo.world.model === 'tiny' && demo.world.chunkIndex >= 0")
+            assert [p.shown(r) for r in rows] == [False, False]
+            assert p.hidden_but_rendered() == []
+            assert p.console_errors == []
+        finally:
+            p.close()

@@ -255,7 +255,8 @@ def test_the_policy_drives_the_simulator_and_its_chunks_are_drawn(page: Page):
     assert int(strip[..., :3].max()) > 200
     # The map the policy read at its last call, drawn ahead up: the Python episode's after the
     # keys executed before that call.
-    assert s["mapsDrawn"] == r["calls"] and page.js("document.getElementById('robot-map-figure').hidden") is False
+    assert s["mapsDrawn"] == r["calls"]
+    assert (page.shown("#robot-map-figure"), page.shown("#robot-truth-figure")) == (True, False)
     ep = Episodes([SEED], "marker", layout="map", goals=[goal_for(SEED, "find the yellow marker")])
     for held in s["executed"][:budget - s["chunks"][-1]["executed"]]:
         ep.step(torch.tensor([[1.0 if k in held else 0.0 for k in KEY_NAMES]]))
@@ -297,7 +298,7 @@ def test_the_policy_dreams_in_the_world_model_judged_by_the_simulator(page: Page
     r = s["result"]
     assert (r["reason"], r["frames"], r["calls"], r["world"]) == ("budget", 6, 2, "maze"), r
     assert s["framesDrawn"] == {"camera": 7, "truth": 7}
-    assert page.js("document.getElementById('robot-truth-figure').hidden") is False
+    assert page.shown("#robot-truth-figure")
     sim, _ = resimulate("go to the red wall", s["executed"])
     assert np.array_equal(canvas(page, "robot-truth")[..., :3], sim.render()[0].numpy())
     # The random-weight world model draws something else than the simulator.
@@ -336,3 +337,14 @@ def test_a_bad_budget_is_refused_on_the_page(page: Page):
     page.page.click("#robot-start")
     assert page.js("demo.robot.lastError") == "budget must be 1..10000 frames and the maze a whole number from 0"
     assert page.js("demo.robot.running") is False and page.js("demo.robot.result") is None
+    assert page.shown("#robot-error")
+
+
+def test_the_maze_world_shows_no_first_image_or_trajectory_row(page: Page):
+    # maze, the page's first world here as by default, takes neither: the rows take no room.
+    assert page.js("[demo.panels.world.el.model.value, demo.models.find((m) => m.name === 'maze').takes_image]") == [
+        "maze", False]
+    assert page.js("demo.models.find((m) => m.name === 'maze').control_schemas") == ["keys.v1"]
+    assert (page.shown("#world-image-row"), page.shown("#world-trajectory-form")) == (False, False)
+    assert (page.shown("#robot-drive"), page.shown("#robot-placeholder")) == (True, False)
+    assert page.hidden_but_rendered() == []
