@@ -3,8 +3,10 @@
 // window.demo (read by tests/e2e/test_web.py):
 //   ready           true once every panel has started (bootError set instead on failure)
 //   models          GET /v1/models data
-//   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts, ...)
-//   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, ...)
+//   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts,
+//                                       retries, retryStopped, ...)
+//   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, retries,
+//                                       retryStopped, ...)
 //   robot           RobotPanel.state   (policies, placeholder, canDrive, running, frame, calls, chunks, result, ...)
 //   panels          the panel objects themselves
 

@@ -4,7 +4,10 @@
 // drives the maze when its metadata says so (robot_episode.js mazeProblem). It drives
 // the simulator world (a world whose /v1/models entry says `simulator`, maze-sim) or a
 // world model of the same 64x64 keys world (maze), judged by the simulator in lockstep.
-// One episode at a time; its result stays on the panel until the next one.
+// One episode at a time; its result stays on the panel until the next one. Its sockets
+// (openpi.js, world_link.js) live for one episode and are not opened again by themselves,
+// as the world and speech panels' are: a drop ends the episode with its error, since the
+// worlds it drove are gone with their sessions and a resumed episode would be another run.
 //
 // state (window.demo.robot; read by tests/e2e/test_web_robot.py):
 //   policies, placeholder, canDrive, modes, running, sessionId, frame, calls, framesDrawn

@@ -5,11 +5,16 @@
 // stop. In: session.updated, audio.start, binary PCM16 frames, audio.done,
 // response.done, response.cancelled, session.closed, error.
 //
+// A dropped socket is opened again by itself (reconnect.js: backoff, and the closes not
+// worth a retry); the reconnect button opens one at once. Text sent on the old socket
+// and not yet spoken is lost with it (tts.v1 keeps nothing across connections).
+//
 // Everything the tests look at lives in `state` (window.demo.tts).
 
 import { $, describeError, showError } from "./dom.js";
 import { randomId, wsUrl } from "./net.js";
 import { PcmPlayer } from "./pcm_player.js";
+import { Reconnector, noRetryReason } from "./reconnect.js";
 import { TextStreamer } from "./sentences.js";
 
 const PATH = "/v1/realtime/tts";
@@ -30,6 +35,14 @@ export class SpeechPanel {
     this.ttfaPending = false;
     this.sentenceChunks = 0; // chunks of the sentence now arriving
     this.lines = new Map(); // "utterance:sentence" -> <li>
+    this.socketError = null; // the last server error code on this socket (noRetryReason reads it)
+    this.greeted = false; // the socket's first session.updated has come
+    this.retry = new Reconnector(() => {
+      this.state.retries += 1;
+      this.#open();
+    }, (text) => {
+      this.el.status.textContent = text;
+    });
     this.state = {
       available: false,
       reason: null, // why the panel is off
@@ -54,6 +67,8 @@ export class SpeechPanel {
       lastError: null,
       errors: [],
       closeCode: null,
+      retries: 0, // connections opened again by the page itself
+      retryStopped: null, // why the last drop is not retried (noRetryReason), or null
     };
     this.el = {
       unavailable: $("speech-unavailable"),
@@ -152,7 +167,11 @@ export class SpeechPanel {
 
   // ------------------------------------------------------------------ socket
   #open() {
-    this.el.reconnect.hidden = true;
+    this.retry.cancel(); // this is the retry (or a click came first)
+    this.socketError = null;
+    this.greeted = false;
+    this.state.retryStopped = null;
+    // The reconnect button stays until a socket opens: no flicker while retries fail.
     this.el.status.textContent = "connecting";
     this.cancelling = false;
     // tts.v1 has no session id; a fresh routing id per socket keeps it on one replica.
@@ -162,6 +181,7 @@ export class SpeechPanel {
     ws.onopen = () => {
       if (ws !== this.ws) return;
       this.state.connected = true;
+      this.el.reconnect.hidden = true;
       this.state.closeCode = null;
       const update = { type: "session.update", format: "pcm16", sample_rate: preferredRate(this.model) };
       const speed = Number.parseFloat(this.el.speed.value);
@@ -179,9 +199,19 @@ export class SpeechPanel {
       this.state.connected = false;
       this.state.closeCode = e.code;
       this.player.stop();
+      // The utterance under way ended with its socket: the next text starts a new one.
+      this.utteranceOpen = false;
+      this.ttfaPending = false;
       this.#fail({ code: "connection", message: `speech connection lost (close code ${e.code})` });
+      // The button stays: during the wait it reconnects at once.
       this.el.reconnect.hidden = false;
-      this.el.status.textContent = "disconnected";
+      const why = noRetryReason(e.code, this.socketError);
+      if (why) {
+        this.state.retryStopped = why;
+        this.el.status.textContent = `disconnected: ${why}`;
+      } else {
+        this.retry.schedule();
+      }
     };
   }
 
@@ -189,6 +219,13 @@ export class SpeechPanel {
     const s = this.state;
     switch (msg.type) {
       case "session.updated":
+        if (!this.greeted) {
+          // The first on this socket: it works, so the error of the one before is over.
+          this.greeted = true;
+          this.retry.succeeded();
+          s.lastError = null;
+          showError(this.el.error, "");
+        }
         Object.assign(s, { voice: msg.voice, voices: msg.voices, sampleRate: msg.sample_rate });
         this.#fillVoices(msg.voices, msg.voice);
         this.el.status.textContent = `ready: ${msg.voice} @ ${msg.sample_rate} Hz`;
@@ -217,6 +254,7 @@ export class SpeechPanel {
         this.el.status.textContent = "closed";
         return;
       case "error":
+        this.socketError = msg.code;
         this.#fail(msg);
         return;
       default:

@@ -4,6 +4,10 @@
 // binary frames), session.reset, session.closed, error. Out: session.create,
 // event (keys.v1 state, prompt), credit, session.reset, session.close.
 //
+// A dropped socket is opened again by itself (reconnect.js: backoff, and the closes
+// not worth a retry) with a new session under a fresh id, as the reconnect button does;
+// not after the person closed the session, and the close button stops a retry under way.
+//
 // Everything the tests look at lives in `state` (window.demo.world).
 
 import { CreditWindow, INITIAL as INITIAL_CREDITS } from "./credits.js";
@@ -11,6 +15,7 @@ import { $, describeError, showError } from "./dom.js";
 import { FramePlayer } from "./frames.js";
 import { HeldKeys } from "./keys.js";
 import { randomId, wsUrl } from "./net.js";
+import { Reconnector, noRetryReason } from "./reconnect.js";
 
 const PATH = "/v1/realtime/world";
 const TRAJECTORY_SCHEMA = "lingbot.camera_trajectory.v1";
@@ -26,6 +31,12 @@ export class WorldPanel {
     this.socketSessionId = null; // the session id in the socket's URL (its routing key)
     this.closing = false; // session.close sent: no more events or credits for this session
     this.nextEventId = 1; // strictly increasing for every session this page makes
+    this.wanted = false; // the person wants a session: a drop is retried (not after they closed it)
+    this.socketError = null; // the last server error code on this socket (noRetryReason reads it)
+    this.retry = new Reconnector(() => {
+      this.state.retries += 1;
+      this.reconnect();
+    }, (text) => this.#setStatus(text));
     this.sentAt = new Map(); // event_id -> performance.now() when sent
     this.state = {
       connected: false, // the socket is open
@@ -51,6 +62,8 @@ export class WorldPanel {
       lastError: null, // the last server `error` message, or {code: "connection", ...}
       errors: [],
       closeCode: null, // of the last unexpected socket close
+      retries: 0, // connections opened again by the page itself
+      retryStopped: null, // why the last drop is not retried (noRetryReason), or null
       usesPrompts: true, // the selected model's `uses_prompts` (GET /v1/models); unknown: true
     };
     this.el = {
@@ -103,13 +116,14 @@ export class WorldPanel {
       this.newSession();
     });
     this.el.reset.addEventListener("click", () => this.send({ type: "session.reset" }));
-    this.el.close.addEventListener("click", () => this.closeSession());
-    this.el.reconnect.addEventListener("click", () => {
-      // The old session is cleaned up server-side when its socket drops; a fresh
-      // id avoids racing that cleanup.
-      this.el.session.value = randomId("web");
-      this.newSession();
+    this.el.close.addEventListener("click", () => {
+      // Closed on purpose: a drop from now on is not retried.
+      this.wanted = false;
+      if (this.state.sessionId) this.closeSession();
+      else this.#stopReconnecting();
+      this.#renderButtons();
     });
+    this.el.reconnect.addEventListener("click", () => this.reconnect());
     this.el.promptForm.addEventListener("submit", (e) => {
       e.preventDefault();
       this.sendEvent({ prompt: this.el.prompt.value });
@@ -134,8 +148,17 @@ export class WorldPanel {
     else this.#fail({ code: "no_model", message: "the server lists no available world model" });
   }
 
+  /** A new socket and session at once (the reconnect button, and a retry when its wait is up). */
+  reconnect() {
+    // The old session is cleaned up server-side when its socket drops; a fresh
+    // id avoids racing that cleanup.
+    this.el.session.value = randomId("web");
+    this.newSession();
+  }
+
   /** Start a session with the toolbar's settings (closing this socket's session first). */
   newSession() {
+    this.wanted = true;
     const options = {
       type: "session.create",
       session_id: this.el.session.value.trim(),
@@ -204,8 +227,11 @@ export class WorldPanel {
 
   // ------------------------------------------------------------------ socket
   #open(createOptions) {
+    this.retry.cancel(); // this is the retry (or a click came first)
     this.state.closeCode = null;
-    this.el.reconnect.hidden = true;
+    this.state.retryStopped = null;
+    this.socketError = null;
+    // The reconnect button stays until a socket opens: no flicker while retries fail.
     this.#setStatus("connecting");
     const ws = new WebSocket(wsUrl(PATH, createOptions.session_id));
     this.socketSessionId = createOptions.session_id;
@@ -225,6 +251,7 @@ export class WorldPanel {
     ws.onopen = () => {
       if (ws !== this.ws) return;
       this.state.connected = true;
+      this.el.reconnect.hidden = true;
       this.#create(createOptions);
     };
     ws.onmessage = (e) => {
@@ -238,6 +265,19 @@ export class WorldPanel {
     };
   }
 
+  /** The close button while the page reconnects: no retry waits, and a socket still
+   *  connecting is dropped before it can create a session. */
+  #stopReconnecting() {
+    this.retry.cancel();
+    if (this.ws && this.ws.readyState === WebSocket.CONNECTING) {
+      const ws = this.ws;
+      this.ws = null; // its onclose sees it is stale
+      ws.close();
+    }
+    this.el.reconnect.hidden = false;
+    this.#setStatus("disconnected");
+  }
+
   #dropped(code, reason) {
     this.state.connected = false;
     this.closing = false;
@@ -249,8 +289,15 @@ export class WorldPanel {
     this.player.stop();
     this.player.clear();
     this.#fail({ code: "connection", message: `connection lost (close code ${code}${reason ? `: ${reason}` : ""})` });
+    // The button stays: during the wait it reconnects at once.
     this.el.reconnect.hidden = false;
-    this.#setStatus("disconnected");
+    const why = noRetryReason(code, this.socketError);
+    if (this.wanted && !why) {
+      this.retry.schedule();
+    } else {
+      this.state.retryStopped = why;
+      this.#setStatus(why ? `disconnected: ${why}` : "disconnected");
+    }
     this.#renderButtons();
   }
 
@@ -288,6 +335,7 @@ export class WorldPanel {
 
   #created(msg) {
     this.creating = false;
+    this.retry.succeeded();
     const s = this.state;
     Object.assign(s, {
       sessionId: msg.session_id,
@@ -390,6 +438,7 @@ export class WorldPanel {
   }
 
   #fail(msg) {
+    if (msg.type === "error") this.socketError = msg.code;
     // A close whose cleanup failed may be retried.
     if (this.closing && msg.code === "internal") this.closing = false;
     this.state.lastError = msg;
@@ -426,7 +475,8 @@ export class WorldPanel {
   #renderButtons() {
     const live = this.state.sessionId !== null && !this.closing;
     this.el.reset.disabled = !live;
-    this.el.close.disabled = !live;
+    const reconnecting = this.retry.pending || (this.wanted && this.ws?.readyState === WebSocket.CONNECTING);
+    this.el.close.disabled = !live && !reconnecting;
     this.el.promptForm.querySelector("button").disabled = !live;
   }
 

@@ -399,6 +399,10 @@ def test_dropped_connection_offers_reconnect(tiny_page: Page):
     assert [e["code"] for e in world["errors"]] == ["message_too_large", "connection"]
     assert p.page.locator("#world-error").text_content() == "connection: connection lost (close code 1009)"
     assert reconnect.is_visible()
+    # The page sent what the server refuses: it would send it again, so it does not retry.
+    assert world["retryStopped"] == "the server refused what the page sent (1009)"
+    assert p.js("document.getElementById('hud-status').textContent") == (
+        "disconnected: the server refused what the page sent (1009)")
     assert p.hidden_but_rendered() == []
     p.screenshot("#world-panel", "world-disconnected.png")
     p.page.fill("#world-prompt", "")
