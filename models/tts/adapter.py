@@ -55,6 +55,7 @@ from models.tts.base import (  # the work and chunk types, re-exported for older
     TTSWork,
 )
 from models.factory import BuildOptions, ModelUnavailable
+from models.tts.espeak_process import EspeakFailed
 from models.tts.phonemes import PhonemeTable, Phonemizer
 from models.tts.prior import PREFIX_IDS
 from models.tts.resample import PolyphaseResampler
@@ -232,7 +233,13 @@ class PiperTTS(TTSAdapter):
     def _start_sentences(self, starts: Sequence[SynthesizeSentence]) -> None:
         if not starts:
             return
-        ids = [self.phonemize(w.text) for w in starts]
+        ids = []
+        for w in starts:
+            try:
+                ids.append(self.phonemize(w.text))
+            except EspeakFailed as exc:  # its child is gone, the engine and the voice are fine
+                raise ModelError("session %s: sentence %d was not spoken: %s"
+                                 % (w.session_id, w.sentence_index, exc)) from None
         spoken = [(w, i) for w, i in zip(starts, ids) if i]
         priors = self.voice.prior_prefix(
             [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken],

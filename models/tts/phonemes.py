@@ -20,7 +20,9 @@ Two espeak-ng back ends, in order of preference:
   12) differs from Piper's in a few phonemes (e.g. no ``ʲ`` glides), so speech
   is close but not identical; it is a fallback, not a substitute.
 
-espeak-ng keeps global state, so every call holds one module lock.
+Either back end runs in a child process (``espeak_process.py``): some short texts
+crash espeak-ng, which must not take the server with it. espeak-ng keeps global
+state, so every call holds one module lock.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import unicodedata
 from typing import Mapping, Sequence
 
 from models.tts.availability import TTSUnavailable, has_piper_espeak, has_system_espeak
+from models.tts.espeak_process import EspeakProcess
 from models.tts.graphemes import chunks
 
 logger = logging.getLogger(__name__)
@@ -155,16 +158,23 @@ def _clause_terminator(consumed: str, at_end: bool) -> str:
     return stripped[-1] if stripped and stripped[-1] in _CLAUSE_PUNCT else ""
 
 
-_BACKENDS: dict[str, object] = {}
+_BACKENDS: dict[str, EspeakProcess] = {}
 
 
-def _backend(name: str | None):
+def in_process_backend(name: str) -> _PiperBridge | _SystemEspeak:
+    """The back end ``name`` in this process: what ``espeak_process``'s child runs."""
+    return _PiperBridge() if name == "piper" else _SystemEspeak()
+
+
+def _backend(name: str | None) -> EspeakProcess:
+    """The back end ``name`` (None: piper's if installed, else the system's), in a child
+    process shared by every ``Phonemizer`` (espeak_process.py says why)."""
     if name is None:
         name = "piper" if has_piper_espeak() else "system" if has_system_espeak() else None
         if name is None:
             raise TTSUnavailable(["piper-tts (espeak-ng)"])
     if name not in _BACKENDS:
-        _BACKENDS[name] = _PiperBridge() if name == "piper" else _SystemEspeak()
+        _BACKENDS[name] = EspeakProcess(name)
     return _BACKENDS[name]
 
 
