@@ -108,9 +108,9 @@ class Replica:
         log.info("replica %d: pid %d on %s (gpu %s), log %s", self.spec.index, self.proc.pid, self.addr,
                  self.spec.gpu, self.log_path)
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout_s: float = 1.0) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.addr}/healthz", timeout=1.0) as response:
+            with urllib.request.urlopen(f"http://{self.addr}/healthz", timeout=timeout_s) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from bench.fuzz import cases
 from bench.fuzz.decoders import Crash, decode_openpi, decode_tts, decode_world
 from bench.fuzz.live import OpenPIProbe, TTSProbe, WorldProbe
-from bench.fuzz.process import ServerProcess
+from deploy.server_process import ServerProcess
 from protocols import openpi
 
 REPO = Path(__file__).resolve().parents[2]

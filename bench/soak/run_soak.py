@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import websockets
 
-from bench.fuzz.process import ServerProcess
 from clients.world import WorldClient
+from deploy.server_process import ServerProcess
 
 SENTENCE = "The robot walked to the end of the hall and turned left."
 

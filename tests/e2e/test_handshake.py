@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from bench.fuzz.process import ServerProcess
+from deploy.server_process import ServerProcess
 from realtime.transport import HEAD_TIMEOUT_S, MAX_HEADER_BYTES
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="

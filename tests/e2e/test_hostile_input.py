@@ -18,7 +18,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from bench.fuzz.process import ServerProcess
+from deploy.server_process import ServerProcess
 
 DEEP = "[" * 1000 + "]" * 1000
 

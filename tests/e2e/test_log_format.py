@@ -11,7 +11,7 @@ import re
 import httpx
 import websockets
 
-from bench.fuzz.process import ServerProcess
+from deploy.server_process import ServerProcess
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 

@@ -19,7 +19,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from bench.fuzz.process import ServerProcess
+from deploy.server_process import ServerProcess
 from protocols import world_v1 as wire
 
 

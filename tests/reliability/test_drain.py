@@ -27,7 +27,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from bench.fuzz.process import PROBLEM
+from deploy.server_process import PROBLEM
 from protocols.close_codes import CLOSE_GOING_AWAY
 from realtime.server import SHUTDOWN_GRACE_S
 from tests.reliability.conftest import FaultServer

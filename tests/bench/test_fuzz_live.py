@@ -1,6 +1,6 @@
-"""Property-based fuzzing on live sockets (a CI-sized sample; ``bench/fuzz/run_fuzz.py``
-runs 10,000+ cases each): a real server process, one probe per protocol, every answer a
-documented message, error code or close code, and no traceback in the server's log."""
+"""The fuzz benchmark's live half at CI size (``bench/fuzz/run_fuzz.py`` runs 10,000+ cases each):
+a real server process, one probe per protocol, every answer a documented message, error code or
+close code, and no traceback in the server's log."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 
 from bench.fuzz import cases  # noqa: E402
 from bench.fuzz.live import OpenPIProbe, TTSProbe, WorldProbe  # noqa: E402
-from bench.fuzz.process import ServerProcess  # noqa: E402
+from deploy.server_process import ServerProcess  # noqa: E402
 
 # No shrinking against a live server: the failing frame is in the assertion message.
 CI = settings(max_examples=150, deadline=None, database=None, derandomize=True, phases=[Phase.explicit, Phase.generate],

@@ -1,6 +1,6 @@
-"""Property-based fuzzing of each protocol's decoder (a CI-sized sample; the benchmark
-``bench/fuzz/run_fuzz.py`` runs 10,000+ cases each): every case gets a documented error
-or a valid message, never another exception."""
+"""The fuzz benchmark's decoder half at CI size (``bench/fuzz/run_fuzz.py`` runs 10,000+ cases
+each): every case through each protocol's decoder gets a documented error or a valid message,
+never another exception."""
 
 from __future__ import annotations
 
