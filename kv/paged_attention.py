@@ -46,7 +46,7 @@ Backends:
     registers one and returns its name. At head_dim 64 the default tile
     (128 x 128) leaves a batch of 32 sessions at 1.5 waves on an H200
     (2 q-tiles x 3 heads x 32 rows = 192 programs on 132 SMs); smaller tiles
-    fill the machine. ``bench/kv/bench_attention_tune.py`` measures them.
+    fill the machine.
 
 ``auto`` times every applicable backend (``CUDA_CANDIDATES`` plus a flex
 backend for each entry of ``FLEX_CONFIGS``) on the first batch of each shape
@@ -77,8 +77,9 @@ log = logging.getLogger(__name__)
 FLEX_TILE = 128
 BACKENDS = ("gather_sdpa", "flex", "gather_flash", "gather_cudnn", "triton")
 # Flex kernel options ``auto`` tries on CUDA besides torch's defaults, best first.
-# Each costs one compile (a few seconds) on the first batch; keep the list short
-# and set it from bench/kv/bench_attention_tune.py's ``recommended_flex_configs``.
+# Each costs one compile (a few seconds) on the first batch; keep the list short.
+# Picked by a tile sweep on an H200 (bench/results/kv_attention_tune.json); bench/kv/bench_kv.py
+# times each entry beside the other backends.
 FLEX_CONFIGS: tuple[Mapping[str, Any], ...] = (
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
 )

@@ -450,7 +450,7 @@ def main():
         backends = ["gather_sdpa", "flex"]
         if device.type == "cuda":
             backends += ["gather_flash", "gather_cudnn"]
-        # The tuned flex configs auto also tries (bench_attention_tune.py picks them).
+        # The tuned flex configs auto also tries (kv/paged_attention.py's FLEX_CONFIGS).
         backends += [flex_backend(o) for o in FLEX_CONFIGS]
         if args.quick:
             maze = dataclasses.replace(MAZE, window_frames=3, tokens_per_frame=128, block_size=128)
