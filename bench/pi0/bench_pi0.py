@@ -242,9 +242,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = tiny_config() if args.tiny else full_size()
     size = cfg.image_resolution[0]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    tok_dir = tempfile.mkdtemp(prefix="pi0_tok_")
-    write_tokenizer(tok_dir, ["pick up the red block", "warm up", "stack the blocks"], vocab_size=64)
-    tok = PromptTokenizer(tok_dir, cfg.tokenizer_max_length)
+    with tempfile.TemporaryDirectory(prefix="pi0_tok_") as tok_dir:  # the tokenizer is read into memory
+        write_tokenizer(tok_dir, ["pick up the red block", "warm up", "stack the blocks"], vocab_size=64)
+        tok = PromptTokenizer(tok_dir, cfg.tokenizer_max_length)
     log(f"building pi0 ({'tiny' if args.tiny else 'full size'}) on {dev} in {dtype}")
     t = time.perf_counter()
     model = build_random(cfg, device=dev, dtype=dtype).eval()
