@@ -83,35 +83,6 @@ def test_a_jpeg_session_s_ticks_carry_its_format() -> None:
     assert model.formats and set(model.formats) == {"jpeg"}  # the model may encode on its device
 
 
-def test_the_summary_sets_each_goal_beside_its_figure() -> None:
-    from bench.world.serving_summary import curve, goals
-
-    def row(variant: str, n: int, total: float, bare: float, busy: float, p50: float) -> dict:
-        return {"variant": variant, "format": variant.split("/")[0], "sessions": n, "frames_per_s_total": total,
-                "frames_per_s_per_session_mean": total / n, "frames_per_s_per_session_min": total / n,
-                "bare_frames_per_s_total": bare, "served_over_bare_throughput": total / bare, "tick_ms_p50": p50,
-                "tick_ms_p99": 2 * p50, "engine_busy_share": busy, "gpu_memory": None,
-                "cuda_frames_jpeg_path": "nvjpeg" if variant == "jpeg" else None}
-
-    served = {"rows": [row("rgb8", 1, 96.0, 100.0, 0.97, 6.5), row("rgb8", 32, 900.0, 1000.0, 0.9, 20.0),
-                       row("jpeg", 32, 880.0, 1000.0, 0.9, 21.0), row("rgb8/gil0.1", 32, 960.0, 1000.0, 0.96, 19.0),
-                       {"variant": "rgb8", "format": "rgb8", "sessions": 128, "error": "boom"}]}
-    by_name = {g["goal"]: g for g in goals(served)}
-    assert by_name["served/bare throughput @1"]["met"] is True
-    assert by_name["served/bare throughput @32"]["met"] is False
-    assert by_name["served/bare throughput @128"]["met"] is None  # the row failed: missing, not met
-    assert by_name["single-session tick p50 ms"]["met"] is True
-    jpeg = by_name["jpeg/rgb8 @32 (cuda path nvjpeg)"]
-    assert jpeg["value"] == pytest.approx(880 / 900) and jpeg["met"] is True
-    assert by_name["row rgb8@128"]["met"] is False and by_name["row rgb8@128"]["value"] == "boom"
-    assert [p["sessions"] for p in curve(served)] == [1, 32]  # the default rgb8 rows only
-    assert [p["sessions"] for p in curve(served, "rgb8/gil0.1")] == [32]
-    assert goals(served, "rgb8/gil0.1")[2]["goal"] == "served/bare throughput @32"
-    gil = by_name["rgb8/gil0.1 served/bare throughput @32"]
-    assert gil["value"] == pytest.approx(0.96) and gil["met"] is True
-    assert by_name["rgb8/gil0.1 engine busy share @32"]["met"] is True
-
-
 def test_variants_name_a_switch_interval() -> None:
     from bench.world.bench_served import _plan
 
@@ -159,15 +130,3 @@ def test_variants_pin_and_auto() -> None:
     assert (auto.ticks_in_flight, auto.ticks_in_flight_alone, auto.pin) == (2, 1, False)
     assert (pinned.ticks_in_flight, pinned.ticks_in_flight_alone, pinned.pin) == (2, None, True)
     assert _cpu_list("0-3,8") == [0, 1, 2, 3, 8]
-
-
-def test_the_curve_goes_into_the_readme_once_and_is_replaced_after() -> None:
-    from bench.world.serving_summary import END, START, update_readme
-
-    text = "# x\n\n## Measured\n\nfigures\n\n## More than one GPU\n\nreplicas\n"
-    once = update_readme(text, "| a |\n", "r1.json")
-    assert once.index(START) < once.index("| a |") < once.index(END) < once.index("## More than one GPU")
-    assert once.count("### Scaling on one GPU") == 1
-    twice = update_readme(once, "| b |\n", "r2.json")
-    assert "| a |" not in twice and "| b |" in twice and "r2.json" in twice
-    assert twice.count(START) == 1 and twice.count("### Scaling on one GPU") == 1
