@@ -4,7 +4,7 @@
 # maze_policy_eval_h200_$NAME.json (new weights: policy vs planner vs random, 200 unseen mazes per goal kind),
 # maze_policy_eval_h200_${NAME}_before.json (the shipped weights on the same mazes, same machine), gpu.txt.
 # Needs torch, numpy, safetensors, msgpack (all in the GPU image); no server packages.
-# Run from the repo root: device tool command `bash bench/h200_maze_policy.sh` (no wheels needed).
+# Run from the repository root on the GPU machine: `bash bench/h200_maze_policy.sh` (no wheels needed).
 # Knobs (environment): DEVICE (cuda), MINUTES (training wall clock, 7.7: the shipped run 8's), NAME (the
 # run's name in the result files, "new"), MAZES (200), TRAIN_ARGS (extra train flags; the shipped run 8:
 # "--workers 12"), SWEEP (validation mazes for an execute-horizon sweep before the evaluation, 0 = none),
