@@ -28,7 +28,7 @@ TORCH_PIP = "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 install: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIP)
-	$(BIN)/pip install -q -e '.[tts]'
+	$(BIN)/pip install -q -e '.[tts,robot]'
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIP)

@@ -16,7 +16,7 @@ from models.policy.base import PolicyAdapter, PolicyWork
 from models.factory import BuildOptions, FactoryError
 from protocols.openpi import PolicyMetadata
 
-# The observation of the reference baseline (shared/probes/openpi/bench_client.py).
+# The observation of the OpenPI benchmarks (DROID-style: three 224x224 cameras, a 32-float state).
 PROBE_METADATA = PolicyMetadata(
     action_horizon=50,
     action_dim=32,
