@@ -17,13 +17,13 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from bench.maze.page_pace import CHROMIUM, CHROMIUM_ARGS  # one definition, shared with the page bench
 from models.policy import DummyPolicy
 from models.world.tiny import TinyWorld
 from realtime.app import build_app
 from realtime.config import ServerConfig, WorldConfig
 from realtime.registry import Inventory
 from tests.e2e.conftest import serve, tiny_app
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "web"
 

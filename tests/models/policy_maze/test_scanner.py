@@ -1,15 +1,15 @@
 """The scanner teacher (models/world/maze/scanner.py) against the per-maze Python reference in
-bench/maze/teacher_ceiling.py: the same cells seen, the same distances over the map as seen."""
+tests/support/known_map.py: the same cells seen, the same distances over the map as seen."""
 
 from __future__ import annotations
 
 import torch
 
-from bench.maze.teacher_ceiling import KnownMap
 from models.policy.maze.episodes import Episodes
 from models.world.maze.planner import Planner, goal_seeds
 from models.world.maze.scanner import Scanner, beacon_in_view, corridor_view, known_distances
 from models.world.maze.sim import KL
+from tests.support.known_map import KnownMap
 
 
 def test_corridor_view_stops_at_the_first_wall_each_way():

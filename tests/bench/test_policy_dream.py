@@ -1,4 +1,5 @@
-"""Dreaming through a real server: the maze policy drives a (tiny, random-weight) maze world over world.v1."""
+"""bench/maze/policy_dream.py through a real server: the maze policy drives a (tiny, random-weight) maze
+world over world.v1, and the episode is judged in the simulator."""
 
 from __future__ import annotations
 

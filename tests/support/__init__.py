@@ -1,0 +1,1 @@
+"""Code the tests share that is not a test: reference implementations, browsers, clients."""
