@@ -1,22 +1,33 @@
-"""What uvicorn does with bytes before an endpoint sees them: bounded request heads and two fixes.
+"""What uvicorn does with bytes before an endpoint sees them: bounded request heads, bounded
+replies to a client that does not read, and fixes.
 
-How uvicorn reads a request head here (uvicorn 0.54, websockets 17):
+How uvicorn reads a request here (uvicorn 0.55, h11 0.16, websockets 17):
 
-1. The HTTP protocol parses it. ``http="h11"``: h11 refuses a head that is still
-   incomplete after ``h11_max_incomplete_event_size`` bytes with 400 and closes, so a
-   client trickling an endless header holds at most that much. (httptools, uvicorn's
-   default when installed, has no such limit.)
+1. The HTTP protocol parses each head with h11. h11 refuses a head that is still
+   incomplete after ``max_incomplete_event_size`` bytes, but lets one that arrived
+   complete in one read through whatever its size (a 100 KB header line was answered
+   200), and waits for the rest of a first line that can never be HTTP (an SSH banner,
+   binary junk) until the head timeout (item 6). ``HTTPProtocol`` holds every head,
+   plain request or upgrade, complete or not, to ``MAX_HEADER_BYTES`` (431), answers
+   400 as soon as the bytes received cannot start a request line
+   (``could_start_request``), and refuses a request with both Content-Length and
+   Transfer-Encoding (a smuggling shape, RFC 9112 section 6.1); each then closes.
+
+   When h11 refuses a request's body (a bad chunk size, a chunk cut short, a bad
+   trailer), uvicorn answers 400, but the app is already running for that request: its
+   response then raised in h11 (a traceback per 80-byte request, on any path), or
+   uvicorn's 400 raised after the app had answered. ``HTTPProtocol`` drops that request's sends (the app's
+   ``receive`` sees ``http.disconnect``), answers only while no response has started,
+   and closes.
+
 2. An upgrade is re-serialised and handed, in one piece, to the WebSocket protocol
    (websockets' sans-I/O ``ServerProtocol``), which parses it again with its own limits:
    8 KiB per line (``MAX_LINE_LENGTH``) and 128 headers. When one is exceeded it queues
-   a 431 response and sets ``handshake_exc``, but uvicorn's ``data_received`` only looks
-   for frame-parser errors, so that 431 was never written and the socket never closed
-   (one fd held per such client, for as long as the client liked).
-
-``WebSocketProtocol`` writes out what websockets queued and closes whenever the
-handshake failed to parse, and refuses a head over ``MAX_HEADER_BYTES`` in total with
-431 before parsing it at all (h11 lets a head that arrived complete in one read
-through, whatever its size).
+   a 431 response and sets ``handshake_exc``, but uvicorn 0.54's ``data_received`` only
+   looked for frame-parser errors, so that 431 was never written and the socket never
+   closed (one fd held per such client, for as long as the client liked). 0.55 answers
+   it itself; for the older releases pyproject allows, ``WebSocketProtocol`` writes out
+   what websockets queued and closes whenever the handshake failed to parse.
 
 3. An endpoint can drop a connection whose client stopped reading: a send or close
    then waits for the client forever (uvicorn's ``send`` awaits a writable transport).
@@ -43,26 +54,45 @@ through, whatever its size).
    of them, and ``/healthz`` went down with the rest. ``HTTPProtocol`` closes a
    connection whose head is not complete within ``HEAD_TIMEOUT_S`` of its opening, or
    of the previous response on a keep-alive connection.
+
+7. websockets queues a pong for every ping and uvicorn writes it whether or not the
+   client reads: a client that sent 750 MiB of pings and read nothing added 720 MB to
+   the server's memory in 26 s, held until the idle timeout. Once the write buffer is
+   over its high-water mark and pongs past ``MAX_UNSENT_PONG_BYTES`` went into it,
+   ``WebSocketProtocol`` stops reading until the buffer drains (``resume_writing``), so
+   the pongs a connection holds are bounded by the high-water mark, that allowance and
+   one read of pings. The allowance keeps a client's keepalive pings from pausing its
+   reads while the app's output waits for it; a ping is the only frame answered without
+   the app (a close is answered once, and the socket closes). On HTTP, uvicorn answers
+   one pipelined request at a time and awaits a writable transport before each response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from http import HTTPStatus
 from typing import Any
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 log = logging.getLogger(__name__)
 
-# Total size of a request head (request line + headers). Browsers send ~1-2 KiB; the
-# usual proxy defaults are 8-16 KiB (nginx large_client_header_buffers 4 x 8k).
+# Total size of a request head (request line + headers), plain or upgrade, as received.
+# Browsers send ~1-2 KiB; the usual proxy defaults are 8-16 KiB (nginx
+# large_client_header_buffers 4 x 8k). Item 1.
 MAX_HEADER_BYTES = 16 * 1024
 
 # A request head must be complete this long after the connection opened (or after the
 # previous response on a keep-alive connection); item 6.
 HEAD_TIMEOUT_S = 10.0
+
+# Pong bytes that may go into a write buffer already over its high-water mark before
+# reading stops (item 7): ~2,700 keepalive pongs of a 4-byte payload, 129 of the largest.
+MAX_UNSENT_PONG_BYTES = 16 * 1024
 
 # RFC 6455 section 7.4.1: data inconsistent with the message type (bad UTF-8 in text).
 CLOSE_INVALID_DATA = 1007
@@ -70,18 +100,73 @@ CLOSE_INVALID_DATA = 1007
 # scope["extensions"][ABORT_EXTENSION]["abort"](): drop the TCP connection at once.
 ABORT_EXTENSION = "realtime.abort"
 
-_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
-              b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
-_TOO_LARGE_TEXT = b"request head over %d bytes\n" % MAX_HEADER_BYTES
+_HEAD_TOO_LARGE = "request head over %d bytes" % MAX_HEADER_BYTES
+
+# A request line as h11 parses it (h11/_abnf.py, RFC 9112 section 3): a method token, one
+# space, a target of visible characters, one space, HTTP/d.d; then CRLF (or a bare LF).
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]"
+_REQUEST_LINE = re.compile(_TOKEN + rb"+ [\x21-\x7e]+ HTTP/[0-9]\.[0-9]\r?")
+# Every prefix of one: "", "G", "GET /", "GET / HT", "GET / HTTP/1.1\r", ...
+_REQUEST_LINE_START = re.compile(
+    _TOKEN + rb"*|" + _TOKEN + rb"+ [\x21-\x7e]*|" + _TOKEN + rb"+ [\x21-\x7e]+ "
+    rb"(?:H(?:T(?:T(?:P(?:/(?:[0-9](?:\.(?:[0-9]\r?)?)?)?)?)?)?)?)?")
+
+
+def could_start_request(received: bytes) -> bool:
+    """Whether ``received`` (the bytes of a request head so far) can still become an HTTP
+    request: its first line is a request line, or, while that line is incomplete, the
+    start of one. ``b"GET / HT"`` can; ``b"SSH-2.0-OpenSSH_9.6\r\n"`` (no target, no
+    version) and ``b"\x80\x01"`` cannot."""
+    end = received.find(b"\n")
+    if end < 0:
+        return _REQUEST_LINE_START.fullmatch(received) is not None
+    return _REQUEST_LINE.fullmatch(received, 0, end) is not None
+
+
+class _Refused(h11.RemoteProtocolError):
+    """A refusal of item 1's checks; its text holds none of the client's bytes."""
+
+
+class _BoundedHeads(h11.Connection):
+    """h11's server side with item 1's checks on every request head. A refusal is raised as
+    h11 raises its own (uvicorn answers it through ``HTTPProtocol.send_400_response``) and
+    kept in ``refusal`` with the status it asks for."""
+
+    refusal: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            if self.their_state is not h11.IDLE:
+                return super().next_event()
+            # How much of h11's receive buffer the head takes: the bytes as received, so a
+            # head padded with whitespace is counted as sent. (h11 has no public length.)
+            buffered = len(self._receive_buffer)
+            event = super().next_event()
+            if type(event) is h11.Request:
+                if buffered - len(self._receive_buffer) > MAX_HEADER_BYTES:
+                    raise _Refused(_HEAD_TOO_LARGE, error_status_hint=431)
+                names = {name for name, _ in event.headers}
+                if b"content-length" in names and b"transfer-encoding" in names:
+                    raise _Refused("both Content-Length and Transfer-Encoding")
+            elif event is h11.NEED_DATA and not could_start_request(self.trailing_data[0]):
+                # h11 keeps at most MAX_HEADER_BYTES of an incomplete head: a bounded look.
+                raise _Refused("not an HTTP request line")
+            return event
+        except h11.RemoteProtocolError as exc:
+            self.refusal = exc
+            raise
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets protocol: every failed handshake answered and closed, bad UTF-8 closed quietly,
-    no read pause for a message the app is waiting for."""
+    no read pause for a message the app is waiting for, pongs bounded for a client that does not read."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.receivers = 0  # app calls waiting in receive() (item 5)
+        self.unsent_pongs = 0  # pong bytes written while the buffer was over its high-water mark (item 7)
+        self.pongs_paused = False  # reading stopped for them
+        self.pong_pauses = 0
 
     async def receive(self) -> Any:
         self.receivers += 1
@@ -89,24 +174,17 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             return await super().receive()
         finally:
             self.receivers -= 1
+            # uvicorn resumed reading for the message taken: not while pongs wait (item 7). One
+            # attribute test per message.
+            if self.pongs_paused:
+                self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self.handshake_initiated:
-            super().data_received(data)
-            return
-        # Before the handshake, ``data`` is the head that the HTTP protocol re-serialised.
-        head = data.find(b"\r\n\r\n")
-        if (head if head >= 0 else len(data)) > MAX_HEADER_BYTES:
-            log.info("%s: WebSocket upgrade refused: head over %d bytes", _peer(self.client), MAX_HEADER_BYTES)
-            self.transport.write(_TOO_LARGE % (len(_TOO_LARGE_TEXT), _TOO_LARGE_TEXT))
-            self.transport.close()
-            return
         super().data_received(data)
         if not self.handshake_initiated and self.conn.handshake_exc is not None:
             log.info("%s: WebSocket upgrade refused: %s", _peer(self.client), self.conn.handshake_exc)
             self.transport.write(b"".join(self.conn.data_to_send()))
             self.transport.close()
-
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -115,6 +193,32 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         if scope is not None:
             scope.setdefault("extensions", {})[ABORT_EXTENSION] = {"abort": self.transport.abort,
                                                                    "writable": self.writable.is_set}
+
+    def handle_ping(self) -> None:
+        # The pongs of every ping in the last read (websockets queued them as it parsed).
+        pongs = b"".join(self.conn.data_to_send())
+        if not pongs:
+            return  # written with an earlier ping of the same read
+        self.transport.write(pongs)
+        if not self.writable.is_set():
+            self.unsent_pongs += len(pongs)
+            if self.unsent_pongs > MAX_UNSENT_PONG_BYTES:
+                # Also after uvicorn resumed reading for a close: each time, one read at most.
+                if not self.pongs_paused:
+                    self.pong_pauses += 1
+                    if self.pong_pauses == 1:
+                        log.info("%s: pings while not reading: reading paused until the client reads",
+                                 _peer(self.client))
+                self.pongs_paused = True
+                self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.unsent_pongs = 0
+        if self.pongs_paused:
+            self.pongs_paused = False
+            if not self.read_paused:  # uvicorn's own pause (item 5) resumes when the app takes
+                self.transport.resume_reading()
 
     def send_receive_event_to_app(self) -> None:
         if self.curr_msg_data_type == "text" and not self.close_sent:
@@ -140,13 +244,42 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
 
 class HTTPProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request head (item 6)."""
+    """uvicorn's h11 protocol: bounded request heads, refused requests answered without the
+    app (item 1), and a deadline for each head (item 6)."""
 
     _head_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _BoundedHeads(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm_head_timer()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer when h11 refuses the client's bytes (it logged a warning)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # The app may be running for this request (the head was fine, its body was not):
+            # what it sends now goes nowhere, and its receive sees http.disconnect.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # else a response began: it cannot be followed
+            refusal = self.conn.refusal
+            status = refusal.error_status_hint if refusal is not None else 400
+            # Written past h11 (its state is left as it was: shutdown below), which would refuse
+            # a body in the answer to a HEAD request.
+            text = (str(refusal) if isinstance(refusal, _Refused) else _HEAD_TOO_LARGE if status == 431
+                    else msg).encode() + b"\n"
+            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                                 b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+                                 % (status, HTTPStatus(status).phrase.encode(), len(text), text))
+        self.transport.close()
+
+    def shutdown(self) -> None:
+        if not self.transport.is_closing():  # else refused and answered: h11 cannot close from there
+            super().shutdown()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -195,7 +328,7 @@ async def refuse_upgrade(scope: Any, receive: Any, send: Any, status: int, text:
 
 def uvicorn_options() -> dict[str, Any]:
     """The uvicorn.Config keywords that bound request heads (see the module docstring)."""
-    return {"http": HTTPProtocol, "h11_max_incomplete_event_size": MAX_HEADER_BYTES, "ws": WebSocketProtocol}
+    return {"http": HTTPProtocol, "ws": WebSocketProtocol}
 
 
 def _peer(client: tuple[str, int] | None) -> str:

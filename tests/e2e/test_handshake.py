@@ -81,7 +81,7 @@ def test_a_trickled_endless_header_is_cut_off(server):
     head = upgrade(server.addr)[:-2] + b"X-Endless: "
     chunks = [head] + [b"c" * 1024] * (2 * MAX_HEADER_BYTES // 1024)
     data, took = exchange(server.addr, chunks, pause_s=0.01)
-    assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
     assert took < 5
 
 
@@ -94,7 +94,7 @@ def test_a_garbage_upgrade_is_answered_or_closed(server):
 
 def test_plain_http_with_a_huge_header_is_refused(server):
     data, _ = exchange(server.addr, [b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"d" * 300_000 + b"\r\n\r\n"])
-    assert data.startswith(b"HTTP/1.1 400 "), data[:80]
+    assert data.startswith(b"HTTP/1.1 431 "), data[:80]
     assert server.healthy()
 
 
