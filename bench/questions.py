@@ -212,7 +212,7 @@ def pi0(result: Result) -> list[str]:
                      fmt(dig(served, "batched", "latency_ms", "p50")), fmt(dig(served, "batched", "calls_per_s")),
                      fmt(dig(served, "one_at_a_time", "calls_per_s")), fmt(served.get("speedup"), ".2f")])
     out = [f"{fmt(model.get('config'))}, {fmt(model.get('weights'))}, {fmt(model.get('dtype'))}; one call = "
-           f"{fmt(model.get('steps'), 'd')} flow steps for a {dig(model, 'chunk') or '-'} action chunk.", ""]
+           f"{fmt(model.get('steps'), 'd')} flow steps for a {'x'.join(map(str, model.get('chunk') or ['-']))} action chunk.", ""]
     out += table(["robots", "bare p50 ms", "served p50 ms", "served calls/s", "one-at-a-time calls/s",
                   "batched / one-at-a-time"], rows)
     return out + ["", f"Goals: one robot served p50 {fmt(goals.get('one_robot_served_p50_ms'))} ms (goal <= "
@@ -234,8 +234,9 @@ def openpi_fleet(result: Result) -> list[str]:
                   "p99 latency ours / ref"], rows)
     goals = result.get("goals") or {}
     if goals:
-        out += ["", "Goal, calls/s at least the reference's: "
-                + ", ".join(f"{k.split('_')[-2]} robots {fmt(v)}" for k, v in goals.items()) + "."]
+        met = [(k.split("_")[-2], v) for k, v in goals.items()]  # calls_per_s_at_least_reference_<n>_clients
+        out += ["", "Goal, calls/s at least the reference's; met at "
+                + ", ".join(f"{n} robot{'' if n == '1' else 's'}: {fmt(v)}" for n, v in met) + "."]
     return out
 
 
@@ -346,7 +347,8 @@ def wan_vae(result: Result) -> list[str]:
 def soak(result: Result) -> list[str]:
     counts, rss = (result.get("counts") or {}), (result.get("rss_mb") or {})
     sessions = ", ".join(f"{v} {k}" for k, v in (result.get("sessions") or {}).items())
-    return [f"{fmt(result.get('seconds'), '.0f')} s, {sessions}" + (f" ({result['note']})" if result.get("note") else "")
+    return [f"{fmt(result.get('seconds'), '.0f')} s with {sessions} sessions"
+            + (f" ({result['note']})" if result.get("note") else "")
             + ": " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in counts.items() if isinstance(v, int)) + ".",
             "",
             f"- Failed requests {fmt(result.get('failed_requests'), 'd')}, chunk gaps {len(result.get('chunk_gaps', []))}, "
