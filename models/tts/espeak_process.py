@@ -82,9 +82,7 @@ class EspeakProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()  # the child ends on EOF
+        _close_pipes(proc)  # the child ends on EOF
         try:
             proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -107,9 +105,7 @@ class EspeakProcess:
         if proc is not None:
             proc.kill()
             proc.wait()
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+            _close_pipes(proc)
         self.restarts += 1
         self._start()  # it initialises while the engine goes on; the next call waits for it
 
@@ -160,6 +156,15 @@ class EspeakProcess:
             code = self._proc.wait()
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         return f"espeak-ng ({self.name}) {how}"
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:  # a request left in the buffer of a child that died: nobody reads it
+                pass
 
 
 # --- the child's side ----------------------------------------------------------------

@@ -29,46 +29,54 @@ needs_piper = pytest.mark.skipif(not has_piper_espeak(), reason="needs piper-tts
 CRASHES_ESPEAK = "b." * 100 + "b"
 
 
-@needs_piper
-def test_a_process_phonemizing_a_text_espeak_crashes_on_lives_and_goes_on():
-    # In a child Python, so that the crash, where it still happens in-process, fails this
-    # test instead of ending the test run. Up to 30 tries: the crash is likely, not certain.
-    script = textwrap.dedent(f"""
-        from models.tts.phonemes import Phonemizer
-        ph = Phonemizer("en-us", {{"_": [0], "^": [1], "$": [2], "h": [20]}}, backend="piper")
-        failures = []
-        for _ in range(30):
-            try:
-                ph.ids({CRASHES_ESPEAK!r})
-            except Exception as exc:
-                failures.append(type(exc).__name__)
-                break
-        print(failures, ph.ids("hello")[:4])
-    """)
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
-    assert run.returncode == 0, f"the process ended with {run.returncode}: {run.stderr[-500:]}"
-    assert run.stdout.strip() == "['EspeakFailed'] [1, 0, 20, 0]"
-
-
-@needs_piper
-def test_a_crash_fails_that_call_and_a_fresh_child_answers_the_next():
+def _first_call_crashes(text: str) -> bool:
+    """Whether a fresh espeak-ng child dies on ``text`` (its first call)."""
     from models.tts.espeak_process import EspeakFailed, EspeakProcess
 
     proc = EspeakProcess("piper")
     try:
-        for attempt in range(30):
-            try:
-                proc.clauses("en-us", CRASHES_ESPEAK)
-            except EspeakFailed as exc:
-                assert str(exc) == "espeak-ng (piper) was killed by SIGSEGV"
-                break
-        else:
-            pytest.fail("espeak-ng never crashed on the dotted run in 30 calls")
+        proc.clauses("en-us", text)
+        return False
+    except EspeakFailed as exc:
+        # A write past a heap buffer (SIGSEGV), or past a stack one that glibc catches (SIGABRT).
+        assert str(exc) in ("espeak-ng (piper) was killed by SIGSEGV", "espeak-ng (piper) was killed by SIGABRT")
         assert proc.restarts == 1
-        assert proc.clauses("en-us", "hello") == [("həlˈoʊ", "", True)]
+        assert proc.clauses("en-us", "hello") == [("həlˈoʊ", "", True)]  # a fresh child answers
+        return True
     finally:
         proc.close()
+
+
+@needs_piper
+def test_a_process_phonemizing_a_text_espeak_crashes_on_lives_and_goes_on():
+    # Each try in a fresh Python (a fresh heap: whether espeak-ng dies depends on its
+    # layout, and in a process it has already run in, it mostly does not), so that the
+    # crash, where it still happens in-process, fails this test instead of ending the run.
+    script = textwrap.dedent(f"""
+        from models.tts.phonemes import Phonemizer
+        ph = Phonemizer("en-us", {{"_": [0], "^": [1], "$": [2], "h": [20]}}, backend="piper")
+        try:
+            ph.ids({CRASHES_ESPEAK!r})
+            failed = None
+        except Exception as exc:
+            failed = type(exc).__name__
+        print(failed, ph.ids("hello")[:4])
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    outcomes = []
+    for _ in range(10):
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root)
+        assert run.returncode == 0, f"the process ended with {run.returncode}: {run.stderr[-500:]}"
+        outcomes.append(run.stdout.strip())
+        if outcomes[-1] != "None [1, 0, 20, 0]":
+            break
+    assert outcomes[-1] == "EspeakFailed [1, 0, 20, 0]", outcomes
+
+
+@needs_piper
+def test_a_crash_fails_that_call_and_a_fresh_child_answers_the_next():
+    # Most first calls in a fresh child crash (8 of 8 in one run): ten tries.
+    assert any(_first_call_crashes(CRASHES_ESPEAK) for _ in range(10))
 
 
 @needs_piper
@@ -107,6 +115,7 @@ def test_the_adapter_fails_the_sentence_whose_phonemes_crashed_and_speaks_the_ne
     backend = quiet_tts.phonemizer._backend
     assert backend._proc is not None
     os.kill(backend._proc.pid, signal.SIGKILL)  # as on a text espeak-ng crashes on
+    backend._proc.wait()  # dead before the call: its request meets a closed pipe
     with pytest.raises(ModelError) as info:
         quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 3, SHORT)])
     assert str(info.value) == "session s: sentence 3 was not spoken: espeak-ng (piper) was killed by SIGKILL"
