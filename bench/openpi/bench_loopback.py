@@ -47,7 +47,7 @@ def log(msg: str) -> None:
 
 
 def make_obs(seed: int) -> dict[str, Any]:
-    """The reference probe's observation (shared/probes/openpi/bench_client.py)."""
+    """The benchmarks' observation (DROID-style: three 224x224 cameras, a 32-float state, a prompt)."""
     rng = np.random.default_rng(seed)
     return {
         "observation/exterior_image_1_left": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
