@@ -70,6 +70,12 @@ __all__ = ["MAX_SENTENCE_CHARS", "AudioChunk", "DecodeWindow", "PiperTTS", "Synt
 
 # The rates every voice here offers (the resampler makes what the voice lacks).
 SUPPORTED_RATES = SAMPLE_RATES
+# Phoneme ids of one sentence. Its first audio waits for the text encoder over all of
+# them, whose attention grows with their square: 14,421 ids (a 558-byte input.text of
+# Myanmar letters and commas, which espeak-ng spells out by name) took 3.3 GB and 26 s, the
+# engine held for every session. The segmenter's budget keeps real text well within (a
+# Latin sentence of 200 characters makes ~500 ids, 25 emoji ~700, 12 CJK characters ~360).
+MAX_SENTENCE_IDS = 2048
 
 
 class PiperTTS(TTSAdapter):
@@ -240,6 +246,10 @@ class PiperTTS(TTSAdapter):
             except EspeakFailed as exc:  # its child is gone, the engine and the voice are fine
                 raise ModelError("session %s: sentence %d was not spoken: %s"
                                  % (w.session_id, w.sentence_index, exc)) from None
+            if len(ids[-1]) > MAX_SENTENCE_IDS:
+                raise ModelError("session %s: sentence %d was not spoken: it makes %d phoneme ids, at most %d "
+                                 "(espeak-ng spells out by name what it cannot read)"
+                                 % (w.session_id, w.sentence_index, len(ids[-1]), MAX_SENTENCE_IDS))
         spoken = [(w, i) for w, i in zip(starts, ids) if i]
         priors = self.voice.prior_prefix(
             [LatentRequest(i, 1.0 / w.speed, self.noise_scale, self.noise_w, w.seed) for w, i in spoken],

@@ -19,11 +19,14 @@ within the budget, else at the last space, else hard at the budget's end (moved 
 the start of a grapheme: a letter keeps its combining marks, a flag its two regional
 indicators, an emoji its ZWJ sequence, modifiers and variation selector); a cut never
 leaves a piece shorter than ``min_chars`` if a later cut point exists. The budget counts a
-symbol (an emoji, a currency or math sign: ``SYMBOL_WEIGHT``) as 8 characters and a digit
-as 4: the voice front end reads "©" as "copyright", 22 phoneme ids, where a letter makes
-about two, and a sentence's first audio waits for its text encoder over all its ids (200
-emoji in one sentence held the engine 7 s). Whitespace runs inside a sentence become
-single spaces.
+symbol (an emoji, a currency or math sign: ``SYMBOL_WEIGHT``) as 8 characters, a digit
+as 4, and a letter of a script other than Latin (``SPELLED_WEIGHT``) as 16: the voice front
+end reads "©" as "copyright", 22 phoneme ids, and "中" as "Chinese letter", 29, where a
+letter makes about two, and a sentence's first audio waits for its text encoder over all
+its ids (200 emoji in one sentence held the engine 7 s; 200 CJK characters made one of
+5,227 ids, 12 s). The voice refuses a sentence past its own bound on ids
+(``adapter.MAX_SENTENCE_IDS``), which the weights keep real text well within. Whitespace
+runs inside a sentence become single spaces.
 
 Pure Python, no state beyond the buffered text. Linear in the text: a search for the
 next sentence end looks no further than the budget (an end beyond it would not be cut
@@ -55,14 +58,24 @@ _CLAUSE = re.compile(r"[,;:\u2014\u2013](?=\s)")
 _SPACE = re.compile(r"\s+")
 _LEADING_SPACE = re.compile(r"\s*")
 # What one character counts against the budget (see the module docstring).
-SYMBOL_WEIGHT, DIGIT_WEIGHT = 8, 4
+SYMBOL_WEIGHT, DIGIT_WEIGHT, SPELLED_WEIGHT = 8, 4, 16
 _SYMBOLS = frozenset({"So", "Sc", "Sm", "Sk"})
+# The letters the voice reads in words: Latin (Basic to Extended-B) and the combining
+# accents. A letter, mark or number of another script it spells by name ("Chinese letter",
+# "Cyrillic small letter zhe"): 10 to 80 phoneme ids each, where a Latin letter makes ~2.5.
+_LATIN_END = 0x250
+_ACCENTS = range(0x300, 0x370)
 
 
 def _weight(ch: str) -> int:
     if ch.isdigit():
         return DIGIT_WEIGHT
-    return SYMBOL_WEIGHT if unicodedata.category(ch) in _SYMBOLS else 1
+    category = unicodedata.category(ch)
+    if category in _SYMBOLS:
+        return SYMBOL_WEIGHT
+    if category[0] in "LMN" and ord(ch) >= _LATIN_END and ord(ch) not in _ACCENTS:
+        return SPELLED_WEIGHT
+    return 1
 
 
 def _normalise(text: str) -> str:
