@@ -6,12 +6,15 @@ bytes; the header's pixel count is checked against ``MAX_PIXELS`` before any pix
 is decoded (a decompression bomb is refused, not expanded); then RGB, and the centre
 box that covers the target's aspect resized to the target in one step, so the work
 and memory after decoding are those of the output whatever the input's shape (a
-100000x1 image resized to cover 832x480 first would have been 69 GB).
+100000x1 image resized to cover 832x480 first would have been 69 GB). A JPEG is decoded at
+the smallest DCT scale that still covers the target, and a grey or RGB image is resized
+before any conversion, so decoding holds one copy of the input at most.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import warnings
 from typing import Any
 
@@ -45,6 +48,9 @@ def decode_image(data: bytes, fmt: str, height: int, width: int) -> np.ndarray:
             w, h = im.size
             if w * h > MAX_PIXELS:
                 raise ImageError(f"image is {w}x{h} pixels, at most {MAX_PIXELS} in all")
+            if im.format == "JPEG":  # decoded at the smallest DCT scale that still covers the target
+                scale = max(height / h, width / w)
+                im.draft("RGB", (math.ceil(w * scale), math.ceil(h * scale)))
             im.load()
     except ImageError:
         raise
@@ -52,6 +58,8 @@ def decode_image(data: bytes, fmt: str, height: int, width: int) -> np.ndarray:
         raise ImageError("image refused as a decompression bomb") from None
     except Exception as e:  # PIL raises many types for bad data
         raise ImageError(f"image is not a valid {fmt}: {type(e).__name__}") from None
+    if im.mode in ("L", "RGB"):  # resized in its own mode, converted at the output's size
+        return np.asarray(Image.fromarray(_cover(im, height, width)).convert("RGB"))
     return _cover(im.convert("RGB"), height, width)
 
 

@@ -81,3 +81,16 @@ def test_the_centre_box_matches_resize_then_crop():
     ours = cover_crop(rgb, 160, 320)
     assert ours.shape == (160, 320, 3)
     assert np.abs(ours.astype(int) - whole.astype(int)).mean() < 2.0
+
+
+def test_a_large_jpeg_is_decoded_at_a_reduced_scale_and_grey_is_converted_after_the_resize():
+    """An 4000x3000 JPEG for a 480x832 target decodes at 1/2 scale (no full-size copy); a grey
+    PNG comes out grey in RGB."""
+    buf = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (200, 100, 50)).save(buf, "JPEG")
+    out = decode_image(buf.getvalue(), "jpeg", 480, 832)
+    assert out.shape == (480, 832, 3) and np.abs(out.astype(int) - [200, 100, 50]).max() <= 3
+    grey = io.BytesIO()
+    Image.new("L", (64, 32), 77).save(grey, "PNG")
+    out = decode_image(grey.getvalue(), "png", 16, 16)
+    assert out.shape == (16, 16, 3) and (out == 77).all()
