@@ -97,6 +97,10 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
         """Start ``session_id`` over (default: the same as ``release``)."""
         self.release(session_id)
 
+    def close(self) -> None:
+        """Free what the model holds besides its tensors (a child process) at shutdown: the
+        server calls it once, after the engine stopped (default: nothing)."""
+
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         """The server calls this once. An adapter that drops a session's state on its
         own (LRU eviction) calls ``listener(session_id, reason)`` on the engine thread,

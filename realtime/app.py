@@ -67,6 +67,11 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
         finally:
             media.stop_processes()
             engine.stop(ENGINE_STOP_TIMEOUT_S)
+            for name, adapter in inventory.adapters.items():
+                try:
+                    adapter.close()
+                except Exception as exc:  # noqa: BLE001 - the others still close
+                    log.warning("%s: close failed at shutdown: %r", name, exc)
 
     routes = [
         Route("/healthz", healthz),

@@ -56,7 +56,7 @@ from models.tts.base import (  # the work and chunk types, re-exported for older
 )
 from models.factory import BuildOptions, ModelUnavailable
 from models.tts.espeak_process import EspeakFailed
-from models.tts.phonemes import PhonemeTable, Phonemizer
+from models.tts.phonemes import PhonemeTable, Phonemizer, close_backends
 from models.tts.prior import PREFIX_IDS
 from models.tts.resample import PolyphaseResampler
 from models.tts.stream import SentenceStream
@@ -229,6 +229,9 @@ class PiperTTS(TTSAdapter):
                 del self._streams[session_id]
         elif stream.rewind():
             logger.debug("session %s: window %d rewound", session_id, stream.window_index)
+
+    def close(self) -> None:
+        close_backends()  # espeak-ng's child: a server that exits at once leaves none behind
 
     def release(self, session_id: str) -> None:
         if self._streams.pop(session_id, None) is not None:

@@ -178,6 +178,13 @@ def _backend(name: str | None) -> EspeakProcess:
     return _BACKENDS[name]
 
 
+def close_backends() -> None:
+    """End every espeak-ng child (the server's shutdown; a later call starts one again)."""
+    with _ESPEAK_LOCK:
+        while _BACKENDS:
+            _BACKENDS.popitem()[1].close()
+
+
 class Phonemizer:
     """Text -> phoneme ids for one voice (its espeak voice and id map)."""
 
