@@ -1,4 +1,9 @@
-"""The README is a front door and the docs stand alone: bounded, and every link resolves in a clone."""
+"""The README is a front door and the docs stand alone: bounded, and every link resolves in a clone.
+
+Benchmark scripts and results are pruned over time (git keeps them), so the docs may name only
+those still in the tree: a path under bench/, a ``bench.x.y`` module, and a result file named bare
+(``pi0_h200.json``: a name with an underscore, looked up in bench/results/ or beside the doc).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+BENCH_PATH = re.compile(r"(?<![\w/.-])(?:\.\./)*(bench/[\w/.*-]+\.(?:py|sh|json))\b")
+BENCH_MODULE = re.compile(r"(?<![\w./-])bench(?:\.\w+)+")
+RESULT_NAME = re.compile(r"(?<![\w/.-])([A-Za-z0-9][\w-]*_[\w.-]*\.json)\b")
+OUT_ARG = re.compile(r"--out\s+\S+")  # where a recorded command wrote: the file may since be renamed
 
 
 def _docs() -> list[Path]:
@@ -35,3 +44,35 @@ def test_every_relative_link_resolves_inside_the_repository():
             if not path.exists() or ROOT not in path.parents:
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def _bench_names(text: str, beside: Path) -> list[str]:
+    """What `text` (a doc in folder `beside`) names under bench/ that the tree lacks, as written."""
+    text = OUT_ARG.sub("", text)
+    missing = [p for p in BENCH_PATH.findall(text) if not any(ROOT.glob(p))]
+    for module in BENCH_MODULE.findall(text):
+        path = ROOT.joinpath(*module.split("."))
+        if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+            missing.append(module)
+    missing += [name for name in RESULT_NAME.findall(text)
+                if not (ROOT / "bench" / "results" / name).is_file() and not (beside / name).is_file()]
+    return missing
+
+
+def test_every_benchmark_script_module_and_result_named_exists():
+    missing = []
+    for doc in _docs():
+        if doc.exists():
+            missing += [f"{doc.relative_to(ROOT)}: {name}" for name in _bench_names(doc.read_text(), doc.parent)]
+    assert missing == []
+
+
+def test_the_benchmark_name_check_catches_a_pruned_name():
+    text = ("`python -m bench.pi0.ab_checkouts`, `bench/pi0/profile_expert.py`, "
+            "`bash bench/h200_lingbot.sh`, `bench/results/tts_first_audio_*.json`, "
+            "`bench/results/gone.json`, tests/bench/test_docs.py, `python -m bench.docs`, "
+            "[x](../../bench/results/pi0_h200.json), `--out bench/results/new.json`, "
+            "`pi0_h200_run5.json`, `pi0_h200_run0.json`, `train_log_run1.json`, `config.json`, `_run2.json`")
+    assert _bench_names(text, ROOT / "models" / "policy" / "maze") == [
+        "bench/pi0/profile_expert.py", "bench/h200_lingbot.sh", "bench/results/gone.json",
+        "bench.pi0.ab_checkouts", "pi0_h200_run0.json"]

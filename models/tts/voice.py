@@ -15,7 +15,7 @@ The products of the text encoder, the flow and the windowed decoder run in one
 number format (``products``): float32, or bfloat16 on a CPU with native bf16
 where a timed first-audio pass finds it faster (``models.cpu_format``). What
 bfloat16 does to the audio is measured in the model card
-(``bench/tts/products_quality.py``).
+(``bench/results/tts_products_quality_cpu.json``).
 """
 
 from __future__ import annotations
