@@ -40,13 +40,18 @@ lone session's clean pass runs on a lane while its next tick starts ("clean pass
 CUDA graphs (``cuda_graphs``, default on CUDA): a generated frame's passes run
 from static buffers (``frame_graph.FrameRunner``) with the batch padded to a
 bucket (1, 2, 4, ..., ``max_batch``), captured once per bucket and replayed with
-one launch; the eager launches were the served tick's cost (host-bound). Noise
-is drawn outside the graph from the same generator, so graph and eager see the
-same noise. A session's first frame (the simulator's) stays eager. On CPU,
-``cuda_graphs=True`` runs the same static-buffer path without capture (tests).
+one launch; the eager launches were the served tick's cost (host-bound). A
+session's first frame (the simulator's) stays eager. On CPU, ``cuda_graphs=True``
+runs the same static-buffer path without capture (tests).
 
-Noise comes from one generator per adapter (``seed``): a session's frames depend
-on what else shared its batches, not only on its own seed.
+Noise: generated frame ``n`` of a session starts from
+``models.world.noise.normal(seed, n)``, a function of the session's ``seed`` and the
+frame's index only (``frame_noise``), so the same seed and keys replay a session's
+frames whatever shared its batches, after a reset and after an eviction. The graph
+computes it inside the replay from the rows' seeds and frame indexes (static
+inputs), the eager path with the same ops: both start from the same noise. How
+exact a replay is: ``models/world/base.py`` (bitwise on CPU; on CUDA within
+rounding of the batch's kernels).
 """
 
 from __future__ import annotations
@@ -70,9 +75,10 @@ from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.cpu_dtype import pick_cpu_dtype
 from models.world.maze.model import MazeDiT
 from models.world.maze.paged_context import LayerGate, PagedContext
-from models.world.maze.rollout import SamplerConfig, denoise_frame, to_model, to_u8
+from models.world.maze.rollout import SamplerConfig, denoise_frame, frame_noise, to_model, to_u8
 from models.world.maze.sim import FPS, H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
+from models.world.noise import int64_bits
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +103,8 @@ SERVING_DEFAULTS = {
 
 @dataclass
 class _Session:
-    seed: int
+    seed: int                  # the maze, and the noise of every generated frame
+    noise_key: int = 0         # ``seed`` as the int64 the noise is made from
     frames: int = 0            # committed frames (the next frame's index)
     pending: int = 0           # frames of the in-flight tick (0: none)
     open_tx: bool = False      # a kv transaction is open for the last frame
@@ -120,7 +127,7 @@ class MazeWorld(WorldAdapter):
                  weights: str | Path = DEFAULT_WEIGHTS, steps: int | None = None,
                  frames_per_chunk: int = 1, window: int | None = None, max_batch: int = 32,
                  max_sessions: int = 64, host_budget_bytes: int = 1 << 30,
-                 attention_backend: str | None = None, seed: int = 0,
+                 attention_backend: str | None = None,
                  cuda_graphs: bool | None = None, warm_up: bool | None = None,
                  budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
                  kv_from_last: bool | None = None, shift: float | None = None,
@@ -176,7 +183,6 @@ class MazeWorld(WorldAdapter):
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=frames_per_chunk, fps=FPS)
         self._sessions: dict[str, _Session] = {}
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self._drop_listener: Callable[[str, str], None] | None = None
         self._evicted: set[str] = set()  # dropped sessions that have not been reset or released
         self._admitted: set[str] = set()  # admitted at create, not opened by a tick yet
@@ -210,14 +216,13 @@ class MazeWorld(WorldAdapter):
         self._join_ahead()
         t0 = time.perf_counter()
         sid = "__warm_up__"
-        scratch = torch.Generator(device=self.device)  # the sessions' noise stream stays untouched
         self.cache.open(sid)
         try:
             for rows in self.graph_buckets:
                 batch = self._begin([sid], pad_to=rows, upload=False)
                 try:
                     self._runner(rows).run(batch, np.zeros((1, 8), dtype=np.float32),
-                                           np.zeros(1, dtype=np.int64), scratch)
+                                           np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
                 finally:
                     self.cache.abort_batch(batch)
         finally:
@@ -363,7 +368,7 @@ class MazeWorld(WorldAdapter):
             if old.pending:
                 raise ModelError(f"session {w.session_id}: previous tick not ended")
             return old
-        s = _Session(seed=int(w.seed))
+        s = _Session(seed=int(w.seed), noise_key=int64_bits(w.seed))
         self._admitted.discard(w.session_id)
         self.residency.open(w.session_id)
         self._sessions[w.session_id] = s
@@ -437,17 +442,17 @@ class MazeWorld(WorldAdapter):
     def _generate(self, ids: list[str], sessions: list[_Session], acts: np.ndarray) -> np.ndarray:
         B = len(ids)
         frames = np.fromiter((s.frames for s in sessions), dtype=np.int64, count=B)
+        seeds = np.fromiter((s.noise_key for s in sessions), dtype=np.int64, count=B)
         rows = bucket_for(B, self.graph_buckets)
         if rows is not None:
-            # The runner copies kv's index to the device with its other inputs (one copy).
+            # The runner copies kv's index to the device with its other inputs (one copy) and
+            # makes the rows' noise from their seeds and frame indexes inside the graph.
             batch = self._begin(ids, pad_to=rows, upload=False)
-            # The noise is drawn as denoise_frame draws it: graph and eager consume the generator alike.
-            return _frames(self._runner(rows).run(batch, acts, frames, self.gen))
+            return _frames(self._runner(rows).run(batch, acts, frames, seeds))
         idx = torch.from_numpy(frames).to(self.device)
         a = torch.from_numpy(acts).to(self.device)
-        # The whole batch's noise first, as denoise_frame draws it: the lanes' split changes a
-        # frame only as far as a matrix kernel rounds a smaller batch differently.
-        noise = torch.randn((B, 3, H, W), device=self.device, generator=self.gen)
+        # The whole batch's noise in one draw; each row's is its own session's (seed, frame).
+        noise = frame_noise(torch.from_numpy(seeds).to(self.device), idx)
         if self.clean_ahead and B == 1:
             return self._generate_ahead(ids[0], self._begin(ids), a, idx, noise)
         parts = split_rows(B, self.lanes.lanes)

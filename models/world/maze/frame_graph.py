@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from kv.triton_paged import HEAD_DIMS, paged_attention_triton, triton_available
 from models.world.maze.sim import H, W
 from models.world.maze.model import FrameContext, MazeDiT
-from models.world.maze.rollout import SamplerConfig, denoise_frame, to_u8
+from models.world.maze.rollout import SamplerConfig, denoise_frame, frame_noise, to_u8
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +121,14 @@ class FrameRunner:
     through a CUDA graph captured on first use (warmed up on a side stream first; ``pool`` is
     shared by every bucket's graph). ``attention``: see ``StaticPagedContext``.
 
-    The inputs (frame indexes, actions, kv's index) are views of one device block, filled
-    from one pinned host block in a single copy. Every torch call before the replay drops
-    and retakes the GIL; while the event loop sends the last batch's chunks each retake
-    waits for the loop, up to a switch interval, so the served tick paid the loop's whole
-    send time before its graph started (bench/world/host_maze.py measures it on CPU). One
-    copy instead of eight ``copy_``/``zero_`` calls on slices, and the noise drawn in place.
+    The inputs (frame indexes, seeds, actions, kv's index) are views of one device block,
+    filled from one pinned host block in a single copy. Every torch call before the replay
+    drops and retakes the GIL; while the event loop sends the last batch's chunks each
+    retake waits for the loop, up to a switch interval, so the served tick paid the loop's
+    whole send time before its graph started (bench/world/host_maze.py measures it on CPU).
+    One copy instead of eight ``copy_``/``zero_`` calls on slices, and the noise made inside
+    the passes from the rows' seeds and frame indexes (``rollout.frame_noise``): no draw,
+    and no generator state, outside the graph.
     """
 
     def __init__(self, model: MazeDiT, cache: Any, sampler: SamplerConfig, rows: int, dtype: torch.dtype,
@@ -138,19 +140,19 @@ class FrameRunner:
         n_index = rows * (2 + width)
         self._nbytes = _input_bytes(rows, n_index)
         self.inputs = torch.zeros(self._nbytes, dtype=torch.uint8, device=dev)
-        self.frames, self.actions, self.index = _input_views(self.inputs, rows, n_index)
+        self.frames, self.seeds, self.actions, self.index = _input_views(self.inputs, rows, n_index)
         cuda = dev.type == "cuda"
         self.staging = torch.zeros(self._nbytes, dtype=torch.uint8, pin_memory=cuda)
         self._host = [t.numpy() for t in _input_views(self.staging, rows, n_index)]
         self._copied: Any = torch.cuda.Event() if cuda else None  # the staging block is free again
-        self.noise = torch.zeros(rows, 3, H, W, device=dev)
         self.out = torch.zeros(rows, H, W, 3, dtype=torch.uint8, device=dev)
         self.graph: Any = None
 
     def _body(self) -> None:
         st = self.cache.storage
         ctx = StaticPagedContext(st.k, st.v, self.index, self.rows, attention=self.attention)
-        x0 = denoise_frame(self.model, ctx, self.actions, self.frames, self.sampler, noise=self.noise)
+        noise = frame_noise(self.seeds, self.frames)  # pad rows: seed 0, frame 0, dropped
+        x0 = denoise_frame(self.model, ctx, self.actions, self.frames, self.sampler, noise=noise)
         if not self.sampler.kv_from_last:  # else the last denoising pass's K/V stay in the page
             zeros = torch.zeros(self.rows, device=self.frames.device)
             self.model.forward_frame(x0.to(self.dtype), zeros, self.actions, self.frames, self.frames == 0, ctx)
@@ -171,29 +173,29 @@ class FrameRunner:
         log.info("maze frame graph captured for %d rows", self.rows)
 
     @torch.no_grad()
-    def run(self, batch: Any, actions: np.ndarray, frames: np.ndarray, gen: torch.Generator | None) -> torch.Tensor:
+    def run(self, batch: Any, actions: np.ndarray, frames: np.ndarray, seeds: np.ndarray) -> torch.Tensor:
         """``batch``: kv's ``KVBatch`` padded to ``rows`` (its ``host_index`` is what is read);
-        actions float32 [B, 8] and frame indexes [B] on the host; the noise [B, 3, 64, 64] is
-        drawn from ``gen`` as ``torch.randn`` would draw it.
+        actions float32 [B, 8], frame indexes [B] and the sessions' seeds [B] (int64, the
+        noise's) on the host.
 
         Returns the frames [B, 64, 64, 3] uint8: a view of the output buffer, valid until the next run.
         """
         B = len(frames)
-        h_frames, h_actions, h_index = self._host
+        h_frames, h_seeds, h_actions, h_index = self._host
         if batch.host_index.shape != h_index.shape:
             raise ValueError(f"a batch of {batch.size} rows for a runner of {self.rows}")
         if self._copied is not None:
             self._copied.synchronize()  # the last run's copy has left the staging block
         h_frames[:B] = frames
         h_frames[B:] = 0
+        h_seeds[:B] = seeds
+        h_seeds[B:] = 0
         h_actions[:B] = actions
         h_actions[B:] = 0
         h_index[:] = batch.host_index
         self.inputs.copy_(self.staging, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-        # In place: the generator advances exactly as for torch.randn((B, 3, H, W)).
-        self.noise[:B].normal_(generator=gen)
         if not self.capture:
             self._body()
         else:  # pragma: no cover - CUDA only
@@ -208,20 +210,24 @@ class FrameRunner:
 _ALIGN = 256
 
 
-def _offsets(rows: int, n_index: int) -> tuple[int, int, int]:
-    """Byte offsets of the actions and the kv index in the input block, and its size."""
+def _offsets(rows: int, n_index: int) -> tuple[int, int, int, int]:
+    """Byte offsets of the seeds, the actions and the kv index in the input block, and its size."""
     up = lambda n: -(-n // _ALIGN) * _ALIGN  # noqa: E731
-    a = up(rows * 8)
+    s = up(rows * 8)
+    a = s + up(rows * 8)
     b = a + up(rows * 8 * 4)
-    return a, b, b + up(n_index * 4)
+    return s, a, b, b + up(n_index * 4)
 
 
 def _input_bytes(rows: int, n_index: int) -> int:
-    return _offsets(rows, n_index)[2]
+    return _offsets(rows, n_index)[3]
 
 
-def _input_views(block: torch.Tensor, rows: int, n_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``block``'s frame indexes int64 [rows], actions float32 [rows, 8], kv index int32 [n_index]."""
-    a, b, _ = _offsets(rows, n_index)
-    return (block[:rows * 8].view(torch.int64), block[a:a + rows * 32].view(torch.float32).view(rows, 8),
+def _input_views(block: torch.Tensor, rows: int, n_index: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``block``'s frame indexes int64 [rows], seeds int64 [rows], actions float32 [rows, 8],
+    kv index int32 [n_index]."""
+    s, a, b, _ = _offsets(rows, n_index)
+    return (block[:rows * 8].view(torch.int64), block[s:s + rows * 8].view(torch.int64),
+            block[a:a + rows * 32].view(torch.float32).view(rows, 8),
             block[b:b + n_index * 4].view(torch.int32))

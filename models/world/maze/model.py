@@ -41,6 +41,7 @@ from torch import nn
 
 from models.world.maze.attention import attend, frame_causal_mask
 from models.world.maze.sim import H
+from models.world.rows import padded
 
 FRAME = H  # the simulator's square frame, one definition (sim.H == sim.W)
 TIME_PERIOD = 64
@@ -228,7 +229,8 @@ class MazeDiT(nn.Module):
         return ang.cos(), ang.sin()
 
     def _head(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        sh, sc = self.ada_out(F.silu(c)).chunk(2, -1)
+        """The output head; ``c`` may hold pad rows past ``h``'s (``forward_frame``)."""
+        sh, sc = self.ada_out(F.silu(c))[:h.shape[0]].chunk(2, -1)
         return self.out(self.norm_out(h) * (1 + sc) + sh)
 
     # ------------------------------------------------------------------ training / evaluation
@@ -291,14 +293,16 @@ class MazeDiT(nn.Module):
         n = self.cfg.tokens
         h = self.embed(patchify(x.to(self.embed.weight.dtype), self.cfg.patch)) + self.pos  # [B, n, d]
         h = h + sink[:, None, None].to(h.dtype) * self.sink
-        c = self.cond(t, a)[:, None, :]                                    # [B, 1, d]
+        # The conditioning's linears have one row per frame: padded, so that a row's values do
+        # not depend on the batch's size (models/world/rows.py); the pad rows are dropped.
+        c = self.cond(padded(t), padded(a))[:, None, :]                    # [B + pad, 1, d]
         cos, sin = self.angles(pos[:, None])
         # On CPU a batch without a sink row (every generated frame) skips the sink masking of
         # the keys; on CUDA the check would read the device inside a graph capture, so it stays.
         sink_tok = None if not sink.is_cuda and not bool(sink.any()) else sink[:, None].expand(B, n)
         last = len(self.blocks) - 1
         for li, blk in enumerate(self.blocks):
-            sh1, sc1, g1, sh2, sc2, g2 = blk.modulation(c)
+            sh1, sc1, g1, sh2, sc2, g2 = (m[:B] for m in blk.modulation(c))
             q, k, v = blk.qkv_heads(blk.norm1(h) * (1 + sc1) + sh1, cos, sin, sink_tok)
             if kv_only and li == last:
                 context.keep(li, k, v)

@@ -21,6 +21,7 @@ import torch
 from models.world.maze.sim import H, W
 from models.world.maze.cache import CacheView
 from models.world.maze.model import MazeDiT
+from models.world.noise import normal
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ def timesteps(steps: int, shift: float = 1.0) -> list[float]:
     """``steps + 1`` noise levels from 1 down to 0 (``shift`` warps them towards 1)."""
     ts = [1.0 - i / steps for i in range(steps + 1)]
     return [shift * t / (1 + (shift - 1) * t) for t in ts]
+
+
+def frame_noise(seeds: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
+    """The starting noise [B, 3, 64, 64] float32 of frame ``frames[r]`` of the session with
+    ``seeds[r]`` (int64 [B] each): the same for the same (seed, frame) in any batch."""
+    return normal(seeds, frames, (3, H, W))
 
 
 def to_model(frames_u8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -90,9 +97,11 @@ def denoise_frame(model: MazeDiT, view: CacheView, actions: torch.Tensor, frames
 
 @torch.no_grad()
 def next_frame(model: MazeDiT, view: CacheView, actions: torch.Tensor, frames: torch.Tensor, window: int,
-               cfg: SamplerConfig = SamplerConfig(), gen: torch.Generator | None = None):
-    """Denoise frame ``frames`` and write it into the view; returns (x0, own K/V per layer)."""
-    x0 = denoise_frame(model, view, actions, frames, cfg, gen)
+               cfg: SamplerConfig = SamplerConfig(), gen: torch.Generator | None = None,
+               noise: torch.Tensor | None = None):
+    """Denoise frame ``frames`` (from ``noise``, else noise drawn from ``gen``) and write it
+    into the view; returns (x0, own K/V per layer)."""
+    x0 = denoise_frame(model, view, actions, frames, cfg, gen, noise)
     if cfg.kv_from_last:
         own = list(view.own)  # the last denoising pass's K/V
         view.put(frames, window, own)
