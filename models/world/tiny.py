@@ -10,6 +10,11 @@ action embedding and positions, run ``layers`` blocks whose attention sees the
 cached K/V of earlier frames plus the current frame (non-causal inside it), and
 predict a residual image. The current frame's K/V is kept only if the engine
 commits the tick (``end_tick``).
+
+It has no noise: a session's frames are a function of its ``seed`` (which draws its first
+frame) and its keys. Rows of a batch attend in groups of equal history (no padded keys)
+and the action embedding runs on padded rows (``models/world/rows.py``), so a session's
+frames do not depend on what shares its batches, bit for bit on CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
+from models.world.rows import padded
 from sessions import KEY_NAMES
 from models.factory import BuildOptions, FactoryError
 
@@ -40,16 +46,15 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(
-        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, past_mask: torch.Tensor
+        self, x: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # x [B, N, D]; past_k/v [B, P, H, Dh]; past_mask [B, P] True where valid.
+        # x [B, N, D]; past_k/v [B, P, H, Dh], every row's P keys its own (no padding).
         b, n, d = x.shape
         h = self.heads
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, d // h).unbind(2)
         keys = torch.cat([past_k, k], 1).transpose(1, 2)
         values = torch.cat([past_v, v], 1).transpose(1, 2)
-        mask = torch.cat([past_mask, past_mask.new_ones(b, n)], 1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values)
         x = x + self.proj(out.transpose(1, 2).reshape(b, n, d))
         x = x + self.mlp(self.norm2(x))
         return x, k, v
@@ -77,13 +82,14 @@ class TinyWorldNet(nn.Module):
         return tok.view(b, g, g, 3, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5).reshape(b, 3, self.size, self.size)
 
     def step(
-        self, prev: torch.Tensor, actions: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor
+        self, prev: torch.Tensor, actions: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """One frame for a batch: returns the frame in [0, 1] and each layer's new K/V."""
-        x = self.embed(self.patchify(prev * 2 - 1)) + self.pos + self.action(actions)[:, None, :]
+        """One frame for rows of equal history: returns the frame in [0, 1] and each layer's new K/V."""
+        b = prev.shape[0]
+        x = self.embed(self.patchify(prev * 2 - 1)) + self.pos + self.action(padded(actions))[:b, None, :]
         new_kv = []
         for block, (pk, pv) in zip(self.blocks, past):
-            x, k, v = block(x, pk, pv, mask)
+            x, k, v = block(x, pk, pv)
             new_kv.append((k, v))
         delta = torch.tanh(self.unpatchify(self.head(x))) * 0.15
         # A slow drift towards the action's direction keeps the picture alive and keyed.
@@ -143,13 +149,21 @@ class TinyWorld(WorldAdapter):
         new_kv: list[list[list[tuple[torch.Tensor, torch.Tensor]]]] = [[] for _ in works]
         prev = torch.stack([s.frame for s in states])
         for f in range(self.geometry.frames_per_chunk):
-            history = [s.kv + new_kv[i] for i, s in enumerate(states)]
-            past, mask = self._gather(history)
+            kept = [self._retained(s.kv + new_kv[i]) for i, s in enumerate(states)]
             actions = torch.tensor([action_bits(w.actions[f]) for w in works], device=self.device)
-            prev, kv = self.net.step(prev, actions, past, mask)
+            groups: dict[int, list[int]] = {}
+            for i, frames in enumerate(kept):
+                groups.setdefault(len(frames), []).append(i)
+            nxt = torch.empty_like(prev)
+            for rows in groups.values():
+                idx = torch.tensor(rows, device=self.device)
+                out, kv = self.net.step(prev[idx], actions[idx], self._gather([kept[i] for i in rows]))
+                nxt[idx] = out
+                for j, i in enumerate(rows):
+                    new_kv[i].append([(k[j], v[j]) for k, v in kv])
+            prev = nxt
             for i in range(len(works)):
                 frames_out[i].append(prev[i])
-                new_kv[i].append([(k[i], v[i]) for k, v in kv])
         chunks = []
         for i, (w, s) in enumerate(zip(works, states)):
             s.pending = (prev[i], new_kv[i])
@@ -157,24 +171,19 @@ class TinyWorld(WorldAdapter):
             chunks.append(WorldChunk.answering(w, pixels.permute(0, 2, 3, 1).cpu().numpy()))
         return chunks
 
-    def _gather(self, history: list[list[list[tuple[torch.Tensor, torch.Tensor]]]]):
-        """Pad each session's retained frames into [B, P, H, Dh] per layer plus a validity mask."""
-        n = self.net.tokens
-        kept = [self._retained(h) for h in history]
-        longest = max((len(h) for h in kept), default=0)
-        b, heads, hd = len(kept), self.net.heads, self.net.dim // self.net.heads
-        mask = torch.zeros(b, longest * n, dtype=torch.bool, device=self.device)
-        past = []
-        for layer in range(len(self.net.blocks)):
-            k = torch.zeros(b, longest * n, heads, hd, device=self.device)
-            v = torch.zeros_like(k)
-            for i, frames in enumerate(kept):
-                if frames:
-                    k[i, : len(frames) * n] = torch.cat([fr[layer][0] for fr in frames])
-                    v[i, : len(frames) * n] = torch.cat([fr[layer][1] for fr in frames])
-                    mask[i, : len(frames) * n] = True
-            past.append((k, v))
-        return past, mask
+    def _gather(self, kept: list[list[list[tuple[torch.Tensor, torch.Tensor]]]]):
+        """Rows' retained frames, all as many, as [B, P, H, Dh] K and V per layer.
+
+        Rows of a batch are gathered in groups of equal history: keys padded to a longer
+        row's and masked would be summed in other groupings, so a row's frame would
+        depend on its neighbours (``models/world/rows.py``)."""
+        n, heads, hd = self.net.tokens, self.net.heads, self.net.dim // self.net.heads
+        if not kept[0]:
+            empty = torch.zeros(len(kept), 0, heads, hd, device=self.device)
+            return [(empty, empty)] * len(self.net.blocks)
+        return [(torch.stack([torch.cat([fr[layer][0] for fr in frames]) for frames in kept]),
+                 torch.stack([torch.cat([fr[layer][1] for fr in frames]) for frames in kept]))
+                for layer in range(len(self.net.blocks))]
 
     def _retained(self, frames: list) -> list:
         if len(frames) <= self.sink + self.window:

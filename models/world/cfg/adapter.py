@@ -17,6 +17,10 @@ after a failure, or dropped by LRU, is opened again by its next chunk-0 tick
 (after ``session.reset``); a later tick of such a session is refused.
 Frames: the guided frame ``[tokens, dim]`` as an image, ``(tanh(x) + 1) * 127.5``
 per value, each value a ``SCALE`` x ``SCALE`` grey pixel block.
+
+The session's ``seed`` (``WorldTick.seed``) draws its first frame (``core.py``); a chunk-0
+tick starts the session's world from it, so a reset or a reopened session replays its
+frames, and what shares its ticks changes none of them.
 """
 
 from __future__ import annotations
@@ -108,8 +112,11 @@ class CFGWorld(WorldAdapter):
         for w in works:
             sid, prompt = w.session_id, w.prompt or ""
             if sid not in self._prompts:
-                self._open(sid, prompt, self.check_options(w.options))  # chunk 0 after a drop or failure
-            elif prompt != self._prompts[sid]:
+                # chunk 0 after a drop or failure
+                self._open(sid, prompt, self.check_options(w.options), seed=w.seed)
+            elif w.chunk_index == 0 and (self.core.seed(sid) != w.seed or self.core.frames_made(sid)):
+                self.core.reset(sid, seed=w.seed)  # admitted before its seed was known, or not reset
+            if prompt != self._prompts[sid]:
                 self.core.set_prompt(sid, prompt)
                 self._prompts[sid] = prompt
         ids = [w.session_id for w in works]
@@ -140,9 +147,11 @@ class CFGWorld(WorldAdapter):
         self._drop_listener = listener
 
     # ------------------------------------------------------------------ internals
-    def _open(self, session_id: str, prompt: str, options: Mapping[str, Any]) -> None:
-        """Open the session in the core with its checked ``options``: a fresh world."""
-        self.core.open(session_id, prompt, options["negative_prompt"], guidance_scale=options["guidance_scale"])
+    def _open(self, session_id: str, prompt: str, options: Mapping[str, Any], seed: int = 0) -> None:
+        """Open the session in the core with its checked ``options``: a fresh world from ``seed``'s
+        first frame (at admit the seed is not known yet: its chunk-0 tick sets it)."""
+        self.core.open(session_id, prompt, options["negative_prompt"], guidance_scale=options["guidance_scale"],
+                       seed=seed)
         self._prompts[session_id] = prompt
 
     def _dropped(self, session_id: str) -> None:

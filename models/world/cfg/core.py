@@ -18,6 +18,12 @@ with ``branches=("positive", "negative")``, and a guidance scale ``s`` chosen at
 
 Prompts are embedded by ``embed_prompt``: a fixed random vector per text, derived
 from its SHA-256 (a stand-in for a text encoder; the empty prompt is zeros).
+
+A session's ``seed`` draws its first frame (standard normal, ``models.world.noise``
+at counter 0); there is no other noise, so a session's frames are a function of its
+seed, prompts, scale and position. Rows attend their own pages (kv's gather groups
+rows of equal length) and the prompt projection runs on padded rows
+(``models/world/rows.py``): what shares a tick changes no row, bit for bit on CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from torch import nn
 from kv import KVGeometry, PagedKVCache, Residency, TensorState
 from kv.capacity import pool_blocks
 from kv.paged_attention import paged_attention
+from models.world.noise import int64_bits, normal
+from models.world.rows import padded
 
 BRANCHES = ("positive", "negative")
 #: Largest guidance scale a session may ask for (typical CFG scales are 1-10).
@@ -102,7 +110,7 @@ class _Net(nn.Module):
         """frames [R, tokens, dim], prompts [R, prompt_dim] -> next frames [R, tokens, dim]."""
         c = self.c
         R = frames.shape[0]
-        x = frames + self.pos + self.prompt(prompts)[:, None]
+        x = frames + self.pos + self.prompt(padded(prompts))[:R, None]
         for i in range(c.layers):
             q, k, v = self.qkv[i](self.norm1[i](x)).view(R, c.tokens_per_frame, 3, c.heads, -1).unbind(2)
             a = paged_attention(q, k, v, cache, i, batch)
@@ -127,9 +135,13 @@ class CFGWorldCore:
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._forget)
         self._prompts: dict[str, torch.Tensor] = {}   # [2, prompt_dim]: positive, negative
         self._scales: dict[str, float] = {}
+        self._seeds: dict[str, int] = {}
+        self._made: dict[str, int] = {}   # frames made since open or reset
 
-    def open(self, session_id: str, prompt: str, negative_prompt: str = "", guidance_scale: float = 1.0) -> list[str]:
-        """Open a session; returns ids dropped to make room. Bad input raises ``ValueError``, changing nothing."""
+    def open(self, session_id: str, prompt: str, negative_prompt: str = "", guidance_scale: float = 1.0,
+             seed: int = 0) -> list[str]:
+        """Open a session whose first frame ``seed`` draws; returns ids dropped to make room. Bad
+        input raises ``ValueError``, changing nothing."""
         scale = check_guidance_scale(guidance_scale)
         if session_id in self._scales:
             raise ValueError(f"session {session_id!r} is already open")
@@ -138,6 +150,8 @@ class CFGWorldCore:
         self._prompts[session_id] = torch.stack([embed_prompt(prompt, d), embed_prompt(negative_prompt, d)]).to(
             self.device)
         self._scales[session_id] = scale
+        self._seeds[session_id] = int(seed)
+        self._made[session_id] = 0
         self._attach_first_frame(session_id)
         return dropped
 
@@ -148,9 +162,20 @@ class CFGWorldCore:
     def guidance_scale(self, session_id: str) -> float:
         return self._scales[session_id]
 
-    def reset(self, session_id: str) -> None:
-        """Forget the session's frames (both branches' KV and its last frame); prompts and scale stay."""
+    def seed(self, session_id: str) -> int:
+        return self._seeds[session_id]
+
+    def frames_made(self, session_id: str) -> int:
+        """Frames the session made since it was opened or reset."""
+        return self._made[session_id]
+
+    def reset(self, session_id: str, seed: int | None = None) -> None:
+        """Forget the session's frames (both branches' KV and its last frame) and start again from
+        the first frame of ``seed`` (None: its seed so far); prompts and scale stay."""
         self.residency.reset(session_id)
+        if seed is not None:
+            self._seeds[session_id] = int(seed)
+        self._made[session_id] = 0
         self._attach_first_frame(session_id)
 
     def close(self, session_id: str) -> None:
@@ -183,6 +208,7 @@ class CFGWorldCore:
         result = {}
         for i, sid in enumerate(session_ids):
             self.residency.state(sid).tensors[0].copy_(guided[i])
+            self._made[sid] += 1
             result[sid] = CFGFrame(guided[i].clone(), out[i, 0].clone(), out[i, 1].clone())
         return result
 
@@ -191,9 +217,12 @@ class CFGWorldCore:
 
     def _attach_first_frame(self, session_id: str) -> None:
         c = self.config
-        first = torch.zeros(c.tokens_per_frame, c.dim, device=self.device)
+        seed = torch.tensor([int64_bits(self._seeds[session_id])], device=self.device)
+        first = normal(seed, torch.zeros_like(seed), (c.tokens_per_frame, c.dim))[0]
         self.residency.attach_state(session_id, TensorState([first]))
 
     def _forget(self, session_id: str) -> None:
         self._prompts.pop(session_id, None)
         self._scales.pop(session_id, None)
+        self._seeds.pop(session_id, None)
+        self._made.pop(session_id, None)
