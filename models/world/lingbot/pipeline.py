@@ -2,12 +2,12 @@
 
 Per block of ``num_frames_per_block`` latent frames and each row (session)::
 
-    x = noise
-    for t in DMD_TIMESTEPS (1000, 750, 500, 250):         # 4 steps, no CFG
+    x = noise(seed, 4 * block + 0)
+    for i, t in enumerate(DMD_TIMESTEPS):                 # (1000, 750, 500, 250): 4 steps, no CFG
         s = shift(t / 1000)                               # flow shift 5.0 from the scheduler config
         flow = transformer([x, cond], s * 1000, camera)   # transient: no cache byte changes
         x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
-        x = (1 - s') x0 + s' * fresh noise                # s' = the next step's sigma
+        x = (1 - s') x0 + s' * noise(seed, 4 * block + i + 1)   # s' = the next step's sigma
     transformer([x0, cond], 0, camera, update_cache=True) # the clean pass keeps the block's K/V
     frames = decoder.frames(state, x0)                    # uint8, 9 frames then 12 per block,
                                                           # each to the request's on_frame as it exists
@@ -15,7 +15,13 @@ Per block of ``num_frames_per_block`` latent frames and each row (session)::
 The prompt is encoded (UMT5, zero-padded to 512 tokens) and projected to every
 layer's text K/V once, when the session opens, and again only when a block asks
 for a different prompt. A failed block aborts its kv chunk and leaves the
-session's camera, latents and noise generator as they were.
+session's camera and latents as they were.
+
+Noise: ``noise(seed, n)`` is ``models.world.noise.normal`` of the session's seed at
+counter ``n`` (the block's index in the session, times the draws per block, plus the
+draw): a function of the seed and the position only, so a reset, a session swapped
+out and back, or one dropped and opened again replays its blocks, and the other
+rows of a batch change none of it.
 
 Decoding is streaming (``models/world/wan_vae.py``): each session owns a Wan VAE
 decode state (the causal convs' past frames), so the video decoded block by block
@@ -46,6 +52,7 @@ from models.world.lingbot.camera import CameraState, advance
 from models.world.lingbot.checkpoint import Components, load_components
 from models.world.lingbot.config import VAE_SPATIAL_STRIDE
 from models.world.lingbot.vae_io import condition_at, image_condition, latent_stats
+from models.world.noise import int64_bits, normal
 from models.world.wan_vae import StreamingWanDecoder, WanDecodeState
 
 log = logging.getLogger(__name__)
@@ -76,8 +83,7 @@ class SessionState:
     prompt: str
     condition: torch.Tensor = field(repr=False)            # [4 + z, latents, h, w]
     camera: CameraState = CameraState()
-    rng_state: torch.Tensor | None = field(default=None, repr=False)
-    start_rng: torch.Tensor | None = field(default=None, repr=False)  # for reset replay
+    seed: int = 0                                          # the noise of every block (int64 bits)
     blocks: int = 0
     text_builds: int = 0                                   # times the text K/V were (re)built
 
@@ -171,9 +177,8 @@ class LingBotPipeline:
         except BaseException:
             self.residency.close(session_id)
             raise
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        self.sessions[session_id] = SessionState(prompt=prompt, condition=cond, rng_state=gen.get_state(),
-                                                 start_rng=gen.get_state(), text_builds=1)
+        self.sessions[session_id] = SessionState(prompt=prompt, condition=cond, seed=int64_bits(seed),
+                                                 text_builds=1)
         log.info("lingbot session=%s opened (%s)", session_id, "image" if image is not None else "text only")
 
     def at_start(self, session_id: str) -> bool:
@@ -183,15 +188,15 @@ class LingBotPipeline:
 
     @torch.no_grad()
     def reset(self, session_id: str, seed: int | None = None) -> None:
-        """Back to the first frame with the same prompt and image (text K/V kept)."""
+        """Back to the first frame with the same prompt and image (text K/V kept), and the
+        noise of ``seed`` (None: the session's seed so far)."""
         if self._pending.pop(session_id, None) is not None:
             self.cache.abort_chunk(session_id)
         s = self.sessions[session_id]
         self.residency.reset(session_id, keep_cross=True)
         self._decode_state(session_id).reset()
-        start = s.start_rng if seed is None else torch.Generator().manual_seed(seed).get_state()
         self.sessions[session_id] = replace(s, camera=CameraState(), blocks=0,
-                                            rng_state=start, start_rng=start)
+                                            seed=s.seed if seed is None else int64_bits(seed))
 
     @torch.no_grad()
     def close(self, session_id: str) -> None:
@@ -277,11 +282,8 @@ class LingBotPipeline:
         F, (h, w) = self.cfg.num_frames_per_block, self.latent_hw
         kv = BlockKV(self.cache, batch)
         starts = batch.start_frames
-        gens, cams, conds, cam_states = [], [], [], []
+        cams, conds, cam_states = [], [], []
         for r, s, start in zip(requests, states, starts):
-            g = torch.Generator(device="cpu")
-            g.set_state(s.rng_state)
-            gens.append(g)
             keys = list(r.keys) if r.keys else [()] * F
             if len(keys) != F:
                 raise ValueError(f"session {r.session_id}: {len(keys)} key sets for a block of {F}")
@@ -293,11 +295,16 @@ class LingBotPipeline:
         camera = torch.stack(cams).to(dev, dt)
         cond = torch.stack(conds).to(dev, dt)
         z = self.cfg.out_channels
+        # Each row's noise from its own (seed, position): draw ``i`` of block ``blocks`` is
+        # counter ``blocks * draws + i`` (the first noise, then one per step after the first).
+        draws = len(self.sigmas)
+        seeds = torch.tensor([s.seed for s in states], dtype=torch.int64, device=dev)
+        first = torch.tensor([s.blocks * draws for s in states], dtype=torch.int64, device=dev)
 
-        def noise() -> torch.Tensor:
-            return torch.stack([torch.randn(z, F, h, w, generator=g) for g in gens]).to(dev, dt)
+        def noise(i: int) -> torch.Tensor:
+            return normal(seeds, first + i, (z, F, h, w))
 
-        x = noise()
+        x = noise(0).to(dt)
         x0 = x
         R = len(requests)
         for i, sigma in enumerate(self.sigmas):
@@ -306,13 +313,13 @@ class LingBotPipeline:
             x0 = x.float() - sigma * flow
             if i + 1 < len(self.sigmas):
                 nxt = self.sigmas[i + 1]
-                x = ((1 - nxt) * x0 + nxt * noise().float()).to(dt)
+                x = ((1 - nxt) * x0 + nxt * noise(i + 1)).to(dt)
         x0 = x0.to(dt)
         self.model(torch.cat([x0, cond], 1), torch.zeros(R, device=dev), kv, camera, update_cache=True)
         frames, new_states = [], []
         mean, std = latent_stats(self.parts.vae, x0.float())
         vae_dtype = next(self.parts.vae.parameters()).dtype
-        for row, (r, s, g, cs) in enumerate(zip(requests, states, gens, cam_states)):
+        for row, (r, s, cs) in enumerate(zip(requests, states, cam_states)):
             z = (x0[row:row + 1].float() * std + mean).to(vae_dtype)
             decoded.append(r.session_id)
             if r.on_frame is None:
@@ -329,5 +336,5 @@ class LingBotPipeline:
                     r.on_frame(i, px)
                     pixels.append(px)
                 frames.append(np.concatenate(pixels))
-            new_states.append(replace(s, camera=cs, rng_state=g.get_state(), blocks=s.blocks + 1))
+            new_states.append(replace(s, camera=cs, blocks=s.blocks + 1))
         return frames, new_states

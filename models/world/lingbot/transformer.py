@@ -222,6 +222,19 @@ class CausalLingBotWorldTransformer3DModel(nn.Module):
 
     # -- one block -----------------------------------------------------------------------
 
+    def embed_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """``[R, in_channels, F, h, w]`` -> ``[R, F*h'*w', dim]`` tokens: ``patch_embedding`` (a
+        convolution whose stride is its kernel) as one matrix product over the patches. A
+        convolution's kernel is chosen by the batch size and rounds a row differently under
+        another, so a session's tokens would depend on its batch; the product has a row per
+        token, the same kernel at any batch size (``models/world/rows.py``)."""
+        pt, ph, pw = self.config.patch_size
+        R, C, Fr, h, w = x.shape
+        x = x.reshape(R, C, Fr // pt, pt, h // ph, ph, w // pw, pw)
+        x = x.permute(0, 2, 4, 6, 1, 3, 5, 7).reshape(R, (Fr // pt) * (h // ph) * (w // pw), -1)
+        conv = self.patch_embedding
+        return F.linear(x, conv.weight.flatten(1), conv.bias)
+
     def embed_camera(self, camera: torch.Tensor) -> torch.Tensor:
         """Plücker ``[R, 384, F, h, w]`` (latent grid) -> ``[R, F*h'*w', dim]`` tokens."""
         pt, ph, pw = self.config.patch_size
@@ -259,7 +272,7 @@ class CausalLingBotWorldTransformer3DModel(nn.Module):
         hp, wp = H // ph, W // pw
         tokens_per_frame = hp * wp
         dtype = self.patch_embedding.weight.dtype
-        x = self.patch_embedding(hidden_states.to(dtype)).flatten(2).transpose(1, 2)   # [R, L, dim]
+        x = self.embed_patches(hidden_states.to(dtype))                                 # [R, L, dim]
         L = x.shape[1]
 
         if timestep.ndim == 1:
