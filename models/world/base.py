@@ -42,6 +42,23 @@ A chunk may carry ``info`` (world.v1 ``chunk.info``): a small JSON object of fac
 it for the client (a simulator's pose and goal); ``run_batch`` checks it
 (``protocols.world_v1.info_problem``) with the other postconditions.
 
+Seeds and replay: a session's ``seed`` (``WorldTick.seed``, on every tick) is the only
+randomness its frames may have. Every noise value of a frame is a function of the seed and
+the frame's position in the session (frame, block, denoising step), drawn for a batch at
+once with each row from its own (seed, counter) (``models/world/noise.py``), never from a
+generator shared by sessions. So the same seed, prompt, first image, options and controls
+give the same frames on a new session, after a reset, and after an eviction and reset,
+whatever other sessions share the batches. How exact: on CPU bit for bit (the same build
+and number format on the same CPU): a row's products run on row-count-stable kernels and
+it attends its own keys unpadded (``models/world/rows.py``). On CUDA the noise is still bit
+for bit and a replay in batches of the same size is bit for bit, but the batch size may
+pick other kernels, so a frame made in a batch of another size can differ by rounding,
+which an autoregressive model carries into later frames. For the maze (bf16, graphs) the
+one such kernel is the paged attention's split count (``kv.triton_paged.choose_splits``,
+chosen per batch size for speed): at most 2 of 255 in a session's first generated frame,
+up to 45 in single values of later frames, about 0.5 on average
+(``tests/models/world_maze/test_maze_replay_cuda.py``; H100).
+
 ``tick(request, seed)`` turns a session's snapshot into the ``WorldTick`` the
 model sees, and ``reducers()`` gives a new session the control reducers the
 model's schemas need: the endpoint never reads controls itself. A model with
