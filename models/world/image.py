@@ -58,8 +58,9 @@ def decode_image(data: bytes, fmt: str, height: int, width: int) -> np.ndarray:
         raise ImageError("image refused as a decompression bomb") from None
     except Exception as e:  # PIL raises many types for bad data
         raise ImageError(f"image is not a valid {fmt}: {type(e).__name__}") from None
-    if im.mode in ("L", "RGB"):  # resized in its own mode, converted at the output's size
-        return np.asarray(Image.fromarray(_cover(im, height, width)).convert("RGB"))
+    if im.mode in ("L", "RGB"):  # resized in its own mode; grey made RGB at the output's size
+        out = _cover(im, height, width)
+        return out if out.ndim == 3 else np.repeat(out[..., None], 3, axis=2)
     return _cover(im.convert("RGB"), height, width)
 
 

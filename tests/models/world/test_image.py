@@ -94,3 +94,5 @@ def test_a_large_jpeg_is_decoded_at_a_reduced_scale_and_grey_is_converted_after_
     Image.new("L", (64, 32), 77).save(grey, "PNG")
     out = decode_image(grey.getvalue(), "png", 16, 16)
     assert out.shape == (16, 16, 3) and (out == 77).all()
+    for data, fmt in ((grey.getvalue(), "png"), (buf.getvalue(), "jpeg"), (_png(9, 7), "png")):
+        assert decode_image(data, fmt, 16, 16).flags.writeable  # torch.from_numpy warns on a read-only one
