@@ -43,7 +43,7 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # A passive team pays a futex wake-up at every parallel op, which for these small models
 # costs more than a second thread gives: one intra-op thread as well. On the quiet 2-core dev
 # box (2026-12-02): the bare maze tick (2 steps) 161 ms with two passive threads, 85 ms with
-# one (63 ms with two spinning; bench/maze/bench_omp_wait.py); served, one session 6.2 ->
+# one (63 ms with two spinning; a one-off measurement); served, one session 6.2 ->
 # 11.7 frames/s and four 2.8 -> 3.8 each (bench/results/maze_serve_cpu_threads.json); the
 # voice's first audio 69 -> 52 ms (bench/results/tts_first_audio_threads_cpu.json). CPU-dependent:
 # on the earlier AVX2 box one thread was 14% slower than two passive ones (maze MODEL_CARD.md).

@@ -93,7 +93,8 @@ class MazeFlowModel(FlowActionModel):
     ``prompt_film``: the prompt embedding scales and shifts the stem's first feature maps
     (FiLM), so that what the encoder brings out depends on the colour the prompt names. Without
     it the prompt is one token the action expert attends to beside the image's, and the shipped
-    weights walk to a distractor as often as to the named goal (``bench/maze/policy_goals.py``).
+    weights walk to a distractor as often as to the named goal
+    (``bench/results/maze_policy_goals_cpu.json``).
     """
 
     def __init__(self, cfg: FlowPolicyConfig, prompt_film: bool = False, target_aux: bool = False,
