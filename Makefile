@@ -54,3 +54,9 @@ serve: install
 
 test: install-dev chromium nginx
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The lower bounds of pyproject's bounded dependencies, installed apart and run against the
+# transport and endpoint tests (part of `make test`; this runs it alone).
+.PHONY: test-lower-bounds
+test-lower-bounds: install-dev
+	$(BIN)/python -m pytest -q tests/test_dependency_bounds.py $(PYTEST_ARGS)
