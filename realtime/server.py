@@ -191,13 +191,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warning",
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning",
                     per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> Iterator[str]:
-    """Run ``app`` on a free port in a background thread; yields ``host:port``.
+    """Run ``app`` in a background thread on ``port`` (None: a free one); yields ``host:port``.
+    Leaving the block stops it as SIGTERM does (drain, then exit); it raises if the server
+    did not stop.
 
     ``per_message_deflate`` is for benchmarks that measure what compression costs.
     """
-    port = free_port(host)
+    port = free_port(host) if port is None else port
     server = _Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                            per_message_deflate=per_message_deflate))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -212,3 +214,5 @@ def serve_in_thread(app: Any, *, host: str = "127.0.0.1", log_level: str = "warn
     finally:
         server.should_exit = True
         thread.join(15)
+        if thread.is_alive():
+            raise RuntimeError("uvicorn did not stop")

@@ -3,7 +3,6 @@ server log (realtime/transport.py item 1): raw sockets against a real server pro
 
 from __future__ import annotations
 
-import socket
 import time
 from typing import Iterator
 
@@ -11,6 +10,7 @@ import pytest
 
 from deploy.server_process import PROBLEM, ServerProcess
 from realtime.transport import MAX_HEADER_BYTES
+from tests.support.raw_http import exchange as raw_exchange
 
 
 @pytest.fixture(scope="module")
@@ -25,26 +25,7 @@ def exchange(server: ServerProcess, chunks: list[bytes], pause_s: float = 0.0,
     """Send ``chunks`` and read until the server closes; returns (everything read, seconds,
     the log lines no client may cause that appeared meanwhile)."""
     before = len(server.log_text().splitlines())
-    host, port = server.addr.split(":")
-    started = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
-        try:
-            for chunk in chunks:
-                s.sendall(chunk)
-                if pause_s:
-                    time.sleep(pause_s)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed while we were still sending
-        data = b""
-        while True:
-            try:
-                part = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not part:
-                break
-            data += part
-    took = time.monotonic() - started
+    data, took = raw_exchange(server.addr, chunks, pause_s, timeout_s)
     time.sleep(0.2)  # an app task that raised would have logged by now
     problems = [line for line in server.log_text().splitlines()[before:] if PROBLEM.search(line)]
     return data, took, problems

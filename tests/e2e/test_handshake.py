@@ -10,6 +10,7 @@ import pytest
 
 from deploy.server_process import ServerProcess
 from realtime.transport import HEAD_TIMEOUT_S, MAX_HEADER_BYTES
+from tests.support.raw_http import exchange
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
 
@@ -25,30 +26,6 @@ def upgrade(addr: str, *extra: str, path: str = "/v1/realtime/world") -> bytes:
     lines = [f"GET {path} HTTP/1.1", f"Host: {addr}", "Upgrade: websocket", "Connection: Upgrade",
              f"Sec-WebSocket-Key: {KEY}", "Sec-WebSocket-Version: 13", *extra]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def exchange(addr: str, chunks: list[bytes], pause_s: float = 0.0, timeout_s: float = 5.0) -> tuple[bytes, float]:
-    """Send ``chunks`` and read until the server closes; returns (everything read, seconds)."""
-    host, port = addr.split(":")
-    started = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as s:
-        try:
-            for chunk in chunks:
-                s.sendall(chunk)
-                if pause_s:
-                    time.sleep(pause_s)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed while we were still sending
-        data = b""
-        while True:
-            try:
-                part = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not part:
-                break
-            data += part
-    return data, time.monotonic() - started
 
 
 def test_a_normal_upgrade_still_switches_protocols(server):

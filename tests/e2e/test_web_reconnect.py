@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import httpx
 
@@ -21,7 +20,7 @@ from models.world.tiny import TinyWorld
 from realtime.app import build_app
 from realtime.config import LimitsConfig, ServerConfig, WorldConfig
 from realtime.registry import Inventory
-from realtime.server import _Server, free_port, uvicorn_config
+from realtime.server import free_port, serve_in_thread
 from tests.e2e.conftest import serve
 from tests.e2e.test_web import Page, browser, pytestmark  # noqa: F401 - the shared fixture
 
@@ -60,25 +59,11 @@ def voiced_app(**limits: Any) -> Any:
     return build_app(config, inventory)
 
 
-@contextlib.contextmanager
-def serve_at(app: Any, port: int) -> Iterator[str]:
-    """``serve`` on a given port, so that a second server can take the first one's place
+def serve_at(app: Any, port: int) -> Any:
+    """Serve on a given port, so that a second server can take the first one's place
     (asyncio's listener sets SO_REUSEADDR: the old connections' TIME_WAIT does not block it).
     Leaving the block stops the server as SIGTERM does: drain, then exit."""
-    server = _Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        assert not thread.is_alive(), "the server did not stop"
+    return serve_in_thread(app, port=port)
 
 
 def other_console_errors(p: Page) -> list[str]:
