@@ -22,12 +22,10 @@ How uvicorn reads a request here (uvicorn 0.55, h11 0.16, websockets 17):
 
 2. An upgrade is re-serialised and handed, in one piece, to the WebSocket protocol
    (websockets' sans-I/O ``ServerProtocol``), which parses it again with its own limits:
-   8 KiB per line (``MAX_LINE_LENGTH``) and 128 headers. When one is exceeded it queues
-   a 431 response and sets ``handshake_exc``, but uvicorn 0.54's ``data_received`` only
-   looked for frame-parser errors, so that 431 was never written and the socket never
-   closed (one fd held per such client, for as long as the client liked). 0.55 answers
-   it itself; for the older releases pyproject allows, ``WebSocketProtocol`` writes out
-   what websockets queued and closes whenever the handshake failed to parse.
+   8 KiB per line (``MAX_LINE_LENGTH``) and 128 headers; past one it answers 431 and
+   uvicorn (from 0.55, the lowest release pyproject allows) writes it and closes. Before
+   0.55 that answer was never written and the socket never closed, one fd held per such
+   client: tests/e2e/test_handshake.py keeps the behaviour.
 
 3. An endpoint can drop a connection whose client stopped reading: a send or close
    then waits for the client forever (uvicorn's ``send`` awaits a writable transport).
@@ -178,13 +176,6 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             # attribute test per message.
             if self.pongs_paused:
                 self.transport.pause_reading()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if not self.handshake_initiated and self.conn.handshake_exc is not None:
-            log.info("%s: WebSocket upgrade refused: %s", _peer(self.client), self.conn.handshake_exc)
-            self.transport.write(b"".join(self.conn.data_to_send()))
-            self.transport.close()
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
