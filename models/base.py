@@ -16,11 +16,6 @@ import abc
 import sys
 from typing import Any, Callable, Generic, Mapping, Sequence, TypeVar
 
-from sessions import KEY_NAMES
-
-# The keys.v1 key names in action-bit order; defined once, in sessions/reducers.py.
-ACTION_KEYS: tuple[str, ...] = KEY_NAMES
-
 
 class ModelError(Exception):
     """A failure confined to the sessions of one batch: the engine fails those

@@ -208,6 +208,11 @@ class Event:
         return msg
 
 
+# The keys.v1 key names (WASD move, IJKL look), in the order every model reads its 8 action
+# bits; the one definition of that order.
+KEY_NAMES: tuple[str, ...] = ("w", "a", "s", "d", "i", "j", "k", "l")
+
+
 def keys_control(data: Mapping[str, Any]) -> Control:
     """One ``keys.v1`` control of an event (``{"mode": "state", "held": [...]}`` or a script)."""
     return Control("keys", "keys.v1", dict(data))

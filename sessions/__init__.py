@@ -9,7 +9,6 @@ from sessions.events import MAX_PROMPT_CHARS, ControlInput, SessionEvent, check_
 from sessions.frozen import Frozen, FrozenDict, deep_freeze, thaw
 from sessions.manager import SESSION_ID_RE, SessionManager
 from sessions.reducers import (
-    KEY_NAMES,
     ControlReducer,
     KeysReducer,
     Prepared,
@@ -27,7 +26,6 @@ __all__ = [
     "ErrorCode",
     "Frozen",
     "FrozenDict",
-    "KEY_NAMES",
     "KeysReducer",
     "MAX_PROMPT_CHARS",
     "Prepared",

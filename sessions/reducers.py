@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from protocols.echo import listed, shown
+from protocols.world_v1 import KEY_NAMES
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
 
@@ -73,9 +74,6 @@ class ControlReducer(abc.ABC):
         vars(self).update(saved)
 
 
-# The keys.v1 key names, in the models' action-bit order (models.base.ACTION_KEYS;
-# sessions may not import models, so the list is repeated here).
-KEY_NAMES: tuple[str, ...] = ("w", "a", "s", "d", "i", "j", "k", "l")
 _KEY_SET = frozenset(KEY_NAMES)
 
 KeysState = tuple[frozenset[str], tuple[frozenset[str], ...]]

@@ -43,7 +43,6 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from clients.world import WorldClient
 from bench.report import emit
-from models.base import ACTION_KEYS
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes, call_seed
 from models.policy.maze.evaluate import drive_policy
@@ -52,6 +51,7 @@ from models.policy.maze.robot import check_metadata, state_layout
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
 from models.world.maze.sim import MazeSim
+from protocols.world_v1 import KEY_NAMES
 
 
 async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, kind: str, budget: int,
@@ -78,7 +78,7 @@ async def dream_episode(server: str, robot: WebsocketClientPolicy, seed: int, ki
             for keys in chunk[:horizon]:
                 if shadow.all_done:
                     break
-                await world.hold_keys([k for k, b in zip(ACTION_KEYS, keys) if b > 0.5])
+                await world.hold_keys([k for k, b in zip(KEY_NAMES, keys) if b > 0.5])
                 await world.credit(1)
                 frame = (await world.next_chunk(credit=False)).frames()[0]
                 shadow.step(torch.from_numpy((keys > 0.5).astype(np.float32))[None],

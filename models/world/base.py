@@ -78,8 +78,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from models.base import ModelAdapter, ModelError
-from protocols.world_v1 import info_problem
-from sessions import KEY_NAMES, TickRequest, default_reducers
+from protocols.world_v1 import KEY_NAMES, info_problem
+from sessions import TickRequest, default_reducers
 from sessions.reducers import ControlReducer
 
 if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time

@@ -28,8 +28,8 @@ from torch import nn
 
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.world.rows import padded
-from sessions import KEY_NAMES
 from models.factory import BuildOptions, FactoryError
+from protocols.world_v1 import KEY_NAMES
 
 PATCH = 8
 SIZE = 64  # frame height and width

@@ -28,7 +28,7 @@ from models.world.maze.sim import MazeSim
 from models.world.maze.sim_world import MazeSimWorld, goal_for
 from models.world.maze.weights import save_weights
 from protocols import openpi
-from sessions import KEY_NAMES
+from protocols.world_v1 import KEY_NAMES
 from realtime.app import build_app
 from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
 from realtime.registry import Inventory

@@ -3,7 +3,7 @@
 It is ``FlowMatchingPolicy`` (batching across robots, per-robot seeded noise,
 observation K/V computed once per call) with the trained ``MazeFlowModel`` in
 place of random weights; the sampled chunk is thresholded at 0, so a robot gets
-key bits (1.0 = held) in ``ACTION_KEYS`` order, ``HORIZON`` frames a chunk.
+key bits (1.0 = held) in ``KEY_NAMES`` order, ``HORIZON`` frames a chunk.
 
 Metadata ``extra`` tells a robot what it needs beyond the OpenPI fields: the key
 order, how many frames of each chunk to execute before observing again
@@ -18,7 +18,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from models.base import ACTION_KEYS
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
@@ -26,6 +25,7 @@ from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
 from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
 from models.world.maze.sim import PITCH_MAX
 from protocols.openpi import PolicyMetadata
+from protocols.world_v1 import KEY_NAMES
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "maze_policy.safetensors"
 
@@ -61,7 +61,7 @@ class MazePolicy(FlowMatchingPolicy):
             extra={
                 "policy": "maze-flow-matching",
                 "num_inference_steps": cfg.num_inference_steps,
-                "action_keys": "".join(ACTION_KEYS),
+                "action_keys": "".join(KEY_NAMES),
                 "execute_horizon": EXECUTE,
                 "state_layout": model.state_layout,
                 "state": _STATE_TEXT[model.state_layout],

@@ -41,11 +41,11 @@ except ImportError as exc:  # the robot side's one extra dependency
         raise SystemExit("the robot needs openpi-client: pip install -e '.[robot]'") from exc
     raise
 
-from models.base import ACTION_KEYS
 from models.policy.maze.episodes import BUDGET, Episodes, call_seed
 from models.policy.maze.model import IMAGE_KEY, STATE_LAYOUTS
 from models.world.maze.goals import GOAL_KINDS
 from models.world.maze.planner import goal_seeds
+from protocols.world_v1 import KEY_NAMES
 
 log = logging.getLogger("models.policy.maze.robot")
 
@@ -79,7 +79,7 @@ class _Counting:
 
 def check_metadata(meta: dict[str, Any]) -> int:
     """The server's ``execute_horizon``, after checking it serves maze key chunks."""
-    if meta.get("action_keys") != "".join(ACTION_KEYS) or meta.get("action_dim") != len(ACTION_KEYS):
+    if meta.get("action_keys") != "".join(KEY_NAMES) or meta.get("action_dim") != len(KEY_NAMES):
         raise RuntimeError(f"the server's policy does not drive the maze (metadata {meta!r:.300})")
     if list(meta.get("image_keys", [])) != [IMAGE_KEY] or list(meta.get("image_resolution", [])) != [64, 64]:
         raise RuntimeError(f"the server's policy wants cameras {meta.get('image_keys')} at "

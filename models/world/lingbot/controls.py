@@ -39,10 +39,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from models.base import ACTION_KEYS as CAMERA_KEYS
 from models.world.lingbot.trajectory_files import (Trajectory, TrajectoryError, checked,
                                                    load_trajectory)
 from protocols.echo import shown, shown_all
+from protocols.world_v1 import KEY_NAMES
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
 from sessions.reducers import ControlReducer, Prepared
@@ -52,7 +52,7 @@ TRAJECTORY_TRACK, TRAJECTORY_SCHEMA = "camera_trajectory", "lingbot.camera_traje
 MAX_FRAMES_PER_EVENT = 256
 MAX_SCRIPT_FRAMES = 4096
 MAX_INLINE_FRAMES = 128
-_KEYS = frozenset(CAMERA_KEYS)
+_KEYS = frozenset(KEY_NAMES)
 
 
 def _bad(schema: str, message: str) -> SessionError:
@@ -76,7 +76,7 @@ def _keyset(keys: Any, where: str) -> frozenset[str]:
         name = key.lower() if type(key) is str and key.isascii() else None
         if name not in _KEYS:
             raise _bad(ACTIONS_SCHEMA, f"unknown key {shown(key)} at {where}[{i}]; keys are "
-                       f"{', '.join(CAMERA_KEYS)}")
+                       f"{', '.join(KEY_NAMES)}")
         out.add(name)
     return frozenset(out)
 

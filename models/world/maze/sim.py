@@ -12,7 +12,7 @@ carves a perfect maze and ``extra`` of the remaining inner walls are knocked out
 so there are loops. The camera stands at a float ``(x, y)`` in grid units with a
 ``yaw`` (radians, 0 = +x) and an integer ``pitch`` (rows the horizon moves).
 
-Actions are 8 bits per frame in ``models.base.ACTION_KEYS`` order::
+Actions are 8 bits per frame in ``protocols.world_v1.KEY_NAMES`` order::
 
     W A S D   move forward / strafe left / move back / strafe right
     I J K L   pitch up / turn left / pitch down / turn right
@@ -68,7 +68,7 @@ FLOOR_RGB = (90, 80, 70)
 FLOOR_CHECK = 40
 CEIL_RGB = (120, 140, 170)
 
-# Action bit indices (ACTION_KEYS order: w a s d i j k l).
+# Action bit indices (KEY_NAMES order: w a s d i j k l).
 KW, KA, KS, KD, KI, KJ, KK, KL = range(8)
 
 

@@ -13,7 +13,7 @@ from models.world.maze.planner import Planner, goal_sim
 from models.world.maze.sim import MazeSim, make_maze
 from models.world.maze.seen_map import MAP_POSE, map_from_info
 from models.world.maze.sim_world import MazeSimWorld
-from sessions import KEY_NAMES
+from protocols.world_v1 import KEY_NAMES
 
 PROMPT = "go to the red wall"
 
