@@ -1,15 +1,10 @@
 """Robot policies behind one small interface (see ``models/policy/base.py``).
 
-``build_policy(spec)`` turns a command-line spec into an adapter:
-
-* ``"flow"`` (or ``"default"``): the built-in flow-matching action model;
-* ``"dummy"`` or ``"dummy:50"``: zeros after 50 ms per forward (benchmarks);
-* ``"package.module:factory"``: a user policy (``docs/policies.md``).
+``models.factory.build_policy(spec, options)`` turns a ``--policy`` spec into an
+adapter (``docs/policies.md``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork, check_actions
 from models.policy.dummy import PROBE_METADATA, DummyPolicy
@@ -23,29 +18,6 @@ __all__ = [
     "PolicyWork",
     "UserPolicyAdapter",
     "check_actions",
-    "build_policy",
     "load_user_policy",
 ]
 
-
-def build_policy(spec: str = "default", *, device: str = "cpu", max_batch: int | None = None, **kwargs: Any) -> PolicyAdapter:
-    """Build the policy named by ``spec`` (see the module docstring). Without extra
-    keyword arguments this is ``models.factory.build_policy``; ``kwargs`` reach the
-    flow config or a user policy's factory (tests, notebooks)."""
-    if not kwargs:
-        from models.factory import BuildOptions
-        from models.factory import build_policy as from_table
-
-        return from_table(spec, BuildOptions(device=device, max_batch=max_batch))  # type: ignore[return-value]
-    if spec in ("flow", "default"):
-        # torch is imported only when the flow model is asked for.
-        from models.policy.flow import FlowMatchingPolicy, FlowPolicyConfig
-
-        cfg = FlowPolicyConfig(**kwargs)
-        if max_batch is not None:
-            cfg = FlowPolicyConfig(**{**kwargs, "max_batch": max_batch})
-        return FlowMatchingPolicy(cfg, device=device)
-    if spec == "dummy" or spec.startswith("dummy:"):
-        infer_ms = float(spec.partition(":")[2] or 0.0)
-        return DummyPolicy(infer_ms=infer_ms, max_batch=max_batch or 32, **kwargs)
-    return load_user_policy(spec, max_batch=max_batch, **kwargs)

@@ -1,4 +1,4 @@
-"""models/policy: the adapter seam, the dummy policy, user policies and build_policy."""
+"""models/policy: the adapter seam, the dummy policy, user policies, and --policy specs through models.factory.build_policy."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from models.base import ModelError
+from models.factory import BuildOptions, build_policy
 from models.policy import (
     PROBE_METADATA,
     DummyPolicy,
     PolicyWork,
     UserPolicyAdapter,
-    build_policy,
     check_actions,
     load_user_policy,
 )
@@ -209,12 +209,12 @@ def test_user_policy_without_metadata_keys():
 
 
 def test_build_policy_specs():
-    dummy = build_policy("dummy:50", max_batch=16)
+    dummy = build_policy("dummy:50", BuildOptions(max_batch=16))
     assert isinstance(dummy, DummyPolicy) and dummy.infer_ms == 50.0 and dummy.max_batch == 16
     assert build_policy("dummy").infer_ms == 0.0
-    user = build_policy("models.policy.example:make_policy", device="cpu", max_batch=4)
+    user = build_policy("models.policy.example:make_policy", BuildOptions(device="cpu", max_batch=4))
     assert isinstance(user, UserPolicyAdapter) and user.max_batch == 4
-    default = build_policy("default", device="cpu", max_batch=8)  # the trained maze navigation policy
+    default = build_policy("default", BuildOptions(device="cpu", max_batch=8))  # DEFAULTS["policy"]: the maze policy
     assert default.name == "maze-policy" and default.max_batch == 8 and default.metadata.action_shape == (8, 8)
-    flow = build_policy("flow", device="cpu", max_batch=8)
+    flow = build_policy("flow", BuildOptions(device="cpu", max_batch=8))
     assert flow.name == "flow-policy" and flow.max_batch == 8 and flow.metadata.action_shape == (50, 32)

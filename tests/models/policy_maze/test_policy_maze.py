@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.policy import build_policy
+from models.factory import BuildOptions, build_policy
 from models.policy.base import PolicyWork
 from models.policy.maze import build
 from models.policy.maze.adapter import DEFAULT_WEIGHTS, MazePolicy
@@ -68,7 +68,7 @@ def test_factory_entry_and_build_policy_spec(tiny_weights):
     policy = build(str(tiny_weights), opts)
     assert isinstance(policy, MazePolicy) and policy.max_batch == 3 and policy.cfg.num_inference_steps == 2
     assert build(str(tiny_weights), SimpleNamespace(device="cpu", max_batch=None, steps=0)).cfg.num_inference_steps == 3
-    via_spec = build_policy(f"maze-policy={tiny_weights}", max_batch=5)
+    via_spec = build_policy(f"maze-policy={tiny_weights}", BuildOptions(max_batch=5))
     assert isinstance(via_spec, MazePolicy) and via_spec.max_batch == 5
     with pytest.raises(FileNotFoundError, match="maze policy weights not found"):
         MazePolicy(tiny_weights.parent / "missing.safetensors")
