@@ -45,7 +45,8 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         policy_waits = {name: config.policy.batch_wait_ms for name in inventory.names("policy")}
-        engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits)
+        engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits,
+                        gil_hand_off=config.engine.gil_hand_off)
         app.state.engine = engine
         loop = asyncio.get_running_loop()
 

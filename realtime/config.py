@@ -20,6 +20,8 @@ class EngineConfig:
     batch_wait_ms: float = 20.0
     # CPU models' number format by name (models.factory.CPU_FORMATS); None: each model's pick.
     cpu_format: str | None = None
+    # A lone returner's submit hands the engine the GIL (realtime/engine.py, "GIL hand-off").
+    gil_hand_off: bool = True
 
 
 @dataclass(frozen=True)

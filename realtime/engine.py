@@ -107,10 +107,6 @@ T = TypeVar("T")
 # steps while the loop sends. bench/world/serve_profile.py measures that wait.
 SWITCH_INTERVAL_S = 0.0005
 
-# Whether a lone returner's submit hands the engine the GIL (see "GIL hand-off"; False:
-# never, the benches' A/B rows), read at every submit.
-GIL_HAND_OFF = True
-
 # The longest a tick waits while ticks with deadlines go first ("Deadlines"): an older
 # one that has waited this long runs next whatever is due.
 DEADLINE_DEFER_MAX_S = 0.5
@@ -191,8 +187,11 @@ class Engine:
         *,
         batch_wait_ms: float = 20.0,
         model_wait_ms: Mapping[str, float] | None = None,
+        gil_hand_off: bool = True,
     ) -> None:
         self._adapters = dict(adapters)
+        # Whether a lone returner's submit hands the engine the GIL (see "GIL hand-off").
+        self._gil_hand_off = gil_hand_off
         # Per model: how long after a batch ends the engine waits for that batch's
         # sessions to queue their next tick (see _take_batch).
         self._wait = {n: (model_wait_ms or {}).get(n, batch_wait_ms) / 1000.0 for n in self._adapters}
@@ -331,7 +330,7 @@ class Engine:
                 hand_off = False
                 if not awaited or len(self._ticks[model]) >= max(1, self._adapters[model].max_batch):
                     self._cv.notify()
-        if hand_off and GIL_HAND_OFF:
+        if hand_off and self._gil_hand_off:
             hand_off_gil()
         return job.future
 

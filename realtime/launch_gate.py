@@ -31,7 +31,6 @@ class LaunchGate:
 
     def __init__(self, max_hold_s: float = LAUNCH_HOLD_MAX_S) -> None:
         self.max_hold_s = max_hold_s
-        self.enabled = True  # False: wait() never waits (a bench's A/B row)
         self._closed = False
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -42,8 +41,7 @@ class LaunchGate:
 
     def close(self) -> None:
         """A batch is being prepared: sends from now on wait for ``open``."""
-        if self.enabled:
-            self._closed = True
+        self._closed = True
 
     def open(self) -> None:
         """The device has the batch's work (or the forward ended): wake the waiting sends,

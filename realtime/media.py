@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 ENCODE_WORKERS = min(4, _CORES - 2) if _CORES >= 4 else 0
 
-# Encoders are processes (True) or only the threads (False: bench_served's "threads" A/B;
-# read at start-up and for each chunk).
-ENCODE_PROCESSES = True
-
 _pool: ThreadPoolExecutor | None = None
 _processes: EncodePool | None = None
 
@@ -66,7 +62,7 @@ async def encode_chunk(frames: np.ndarray, fmt: str) -> list[bytes]:
     if fmt == "rgb8" or ENCODE_WORKERS <= 0:
         return encode_frames(frames, fmt)
     procs = _processes
-    if ENCODE_PROCESSES and procs is not None and procs.usable and procs.loop is asyncio.get_running_loop():
+    if procs is not None and procs.usable and procs.loop is asyncio.get_running_loop():
         return await procs.encode(frames, fmt)
     return await encode_on_threads(frames, fmt)
 
@@ -81,10 +77,10 @@ async def encode_on_threads(frames: np.ndarray, fmt: str) -> list[bytes]:
 
 def start_processes() -> EncodePool | None:
     """Start ``ENCODE_WORKERS`` encoder processes for the running loop (the app's start-up);
-    none with fewer than 4 cores or ``ENCODE_PROCESSES`` off. They are used once all are up."""
+    none with fewer than 4 cores. They are used once all are up."""
     global _processes
     stop_processes()
-    if ENCODE_WORKERS > 0 and ENCODE_PROCESSES:
+    if ENCODE_WORKERS > 0:
         try:
             _processes = EncodePool(ENCODE_WORKERS, encode_on_threads)
         except (OSError, RuntimeError, ValueError) as exc:  # no processes here (limits, sandbox): threads

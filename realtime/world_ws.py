@@ -29,8 +29,7 @@ for the chunk before to be out, starting this chunk's send). A session alone on 
 server has one tick in flight, so the engine idles from the end of its forward until
 that submit; the rest then runs while the next forward computes (the send itself
 waits for its launch, ``launch_gate``). A streamed tick's next one is queued after
-the send task it must follow. ``NEXT_TICK_FIRST = False`` queues it after the send
-starts, as before (benchmarks' A/B).
+the send task it must follow.
 """
 
 from __future__ import annotations
@@ -77,9 +76,6 @@ from sessions import (
 log = logging.getLogger(__name__)
 
 KIND = "world"
-
-# See "Next tick first" above (bench/world/bench_served.py's ``latetick`` turns it off).
-NEXT_TICK_FIRST = True
 
 
 class _IdleClosed(Exception):
@@ -614,7 +610,7 @@ class WorldConnection:
                 # The next tick goes to the engine before this chunk's bookkeeping and send,
                 # which then run while it computes (see "Next tick first"). A streamed tick's
                 # next one needs this chunk's send task: it waits for the top of the loop.
-                unstarted = self._fill(session, adapter, sending) if NEXT_TICK_FIRST and queued.stream is None else None
+                unstarted = self._fill(session, adapter, sending) if queued.stream is None else None
                 if self.entry is not None:
                     self.entry.ticked(committed.chunk_index)
                 self.idle.touch()  # idleness counts from the tick's end (its chunk is sent next)

@@ -180,14 +180,14 @@ def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
 
 
 def served(policy: CountingPi0 | StandIn, robots: int, seconds: float, size: int,
-           batch_wait_ms: float) -> dict[str, Any]:
+           batch_wait_ms: float, gil_hand_off: bool = True) -> dict[str, Any]:
     from realtime.app import build_app
     from realtime.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
     from realtime.registry import Inventory
     from realtime.server import serve_in_thread
 
     device = str(getattr(policy, "device", "cpu"))  # the stand-in has none: the engine's default
-    config = ServerConfig(engine=EngineConfig(device=device, batch_wait_ms=batch_wait_ms),
+    config = ServerConfig(engine=EngineConfig(device=device, batch_wait_ms=batch_wait_ms, gil_hand_off=gil_hand_off),
                           world=WorldConfig(models=()), policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False),
                           limits=LimitsConfig(max_sessions_per_client=0))  # every robot on loopback
     inventory = Inventory()
@@ -330,13 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log("served: one robot")
     fleets["1"] = {"batched": served(fast, 1, args.seconds, size, args.batch_wait_ms)}
     # The same robot with the engine's GIL hand-off off (realtime/engine.py, "GIL hand-off"): A/B in one run.
-    import realtime.engine
-
-    realtime.engine.GIL_HAND_OFF = False
-    try:
-        fleets["1"]["no_gil_hand_off"] = served(fast, 1, args.seconds, size, args.batch_wait_ms)
-    finally:
-        realtime.engine.GIL_HAND_OFF = True
+    fleets["1"]["no_gil_hand_off"] = served(fast, 1, args.seconds, size, args.batch_wait_ms, gil_hand_off=False)
     log(f"one robot p50 ms: {fleets['1']['batched']['latency_ms']['p50']} with the GIL hand-off, "
         f"{fleets['1']['no_gil_hand_off']['latency_ms']['p50']} without")
     if "1" in res["bare"]:

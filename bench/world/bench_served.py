@@ -136,25 +136,17 @@ class RowPlan:
     switch_s: float
     sessions: int
     jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
-    launch_gate: bool = True  # False: chunk sends never wait for the engine's launch (``nogate``)
-    encode_processes: bool = True  # False: jpeg / png on the encoder threads only (``threads``)
     ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``, ``auto``: 2)
     ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
-    hand_off: bool = True  # realtime.engine.GIL_HAND_OFF (``nohandoff``: False)
-    next_tick_first: bool = True  # realtime.world_ws.NEXT_TICK_FIRST (``latetick``: False)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
 MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
-        "nogate": "chunk sends do not wait for the engine's launch (realtime/launch_gate.py)",
-        "threads": "jpeg / png on encoder threads, not the encoder processes (realtime/encode_pool.py)",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
         "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
-        "pin": "the server's threads on --server-cpus, the client processes on every other core",
-        "nohandoff": "a lone session's submit does not hand the engine the GIL (realtime.engine.GIL_HAND_OFF)",
-        "latetick": "a committed tick's next one is queued after its chunk's send starts (realtime.world_ws.NEXT_TICK_FIRST)"}
+        "pin": "the server's threads on --server-cpus, the client processes on every other core"}
 
 
 def _on_engine(engine: Any, fn: Any, timeout_s: float = 300.0) -> Any:
@@ -213,11 +205,10 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
         switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
-        rows += [RowPlan(head, fmt, workers, switch, n, path, "nogate" not in mods, "threads" not in mods,
+        rows += [RowPlan(head, fmt, workers, switch, n, path,
                          auto.session_ticks_in_flight if "auto" in mods else 2 if "ahead2" in mods else 1,
                          ticks_in_flight_alone=auto.session_ticks_in_flight_alone if "auto" in mods else None,
-                         pin="pin" in mods,
-                         hand_off="nohandoff" not in mods, next_tick_first="latetick" not in mods) for n in sessions]
+                         pin="pin" in mods) for n in sessions]
     return rows
 
 
@@ -389,7 +380,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import realtime.engine
     import realtime.media
-    import realtime.world_ws
     from models.world.device_jpeg import DeviceJpeg
     from realtime.app import build_app
     from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
@@ -447,11 +437,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for p in plan:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
-            realtime.media.ENCODE_PROCESSES = p.encode_processes
             sys.setswitchinterval(switch_s)
-            app.state.engine.launch_gate.enabled = p.launch_gate
-            realtime.engine.GIL_HAND_OFF = p.hand_off
-            realtime.world_ws.NEXT_TICK_FIRST = p.next_tick_first
             # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
                 config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
@@ -499,12 +485,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 short = _on_engine(app.state.engine, lambda: _bare(model, n, repeats=args.bare_repeats, warm=3))
                 bares[n]["short_context_tick_ms_p50"] = short["tick_ms_p50"]
             row = _row(variant, fmt, workers, switch_s, n, args, sessions, delta, phases, bares[n], model, load0)
-            row["launch_gate"] = p.launch_gate
-            row["encode_processes"] = p.encode_processes and workers > 0
+            row["encode_processes"] = workers > 0
             row["ticks_in_flight"] = p.ticks_in_flight
             row["ticks_in_flight_alone"] = p.ticks_in_flight_alone
-            row["gil_hand_off"] = p.hand_off
-            row["next_tick_first"] = p.next_tick_first
             row["server_cpus"] = sorted(os.sched_getaffinity(0))
             row["client_cpus"] = client_cpus or sorted(all_cpus)
             if fmt == "jpeg":
@@ -514,8 +497,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             if args.out:  # what is done so far survives a timeout of the whole run
                 emit(report(), args.out, echo=False)
-    realtime.engine.GIL_HAND_OFF = True
-    realtime.world_ws.NEXT_TICK_FIRST = True
     return report()
 
 

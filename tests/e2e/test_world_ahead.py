@@ -184,13 +184,11 @@ def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
         run(main())
 
 
-@pytest.mark.parametrize("first", [True, False])
-def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypatch, first):
+def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypatch):
     """Next tick first (realtime/world_ws.py): a session alone queues tick N+1 as soon as N
-    commits, while chunk N-1 may still be on its way; ``NEXT_TICK_FIRST = False`` waits for it."""
+    commits, while chunk N-1 may still be on its way."""
     import realtime.world_ws as world_ws
 
-    monkeypatch.setattr(world_ws, "NEXT_TICK_FIRST", first)
     app, model = scripted_app()  # auto: one tick in flight for a session alone
     built: dict[int, float] = {}
     sent: dict[int, float] = {}
@@ -216,7 +214,7 @@ def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypa
 
         run(main())
     # Tick 2 comes after tick 1's commit: first, it is built while chunk 0 is still going out.
-    assert (built[2] < sent[0]) is first
+    assert built[2] < sent[0]
 
 
 def test_a_tick_that_cannot_be_built_fails_after_the_chunk_before():

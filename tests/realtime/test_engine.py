@@ -47,8 +47,8 @@ class Doubler(ModelAdapter[int, int]):
         self.released.append(session_id)
 
 
-def with_engine(adapter: ModelAdapter, coro_fn, batch_wait_ms: float = 20.0):
-    engine = Engine({adapter.name: adapter}, batch_wait_ms=batch_wait_ms)
+def with_engine(adapter: ModelAdapter, coro_fn, batch_wait_ms: float = 20.0, **kwargs):
+    engine = Engine({adapter.name: adapter}, batch_wait_ms=batch_wait_ms, **kwargs)
     engine.start()
     try:
         return asyncio.run(asyncio.wait_for(coro_fn(engine), 20))
@@ -557,6 +557,23 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
         assert model.batches[-1] == [8, 9] and handed == []  # two returners: no hand-off
 
     with_engine(model, main, batch_wait_ms=200.0)
+
+
+def test_an_engine_without_the_gil_hand_off_hands_nothing(monkeypatch):
+    """``EngineConfig.gil_hand_off`` off: the lone returner's submit hands nothing either."""
+    import realtime.engine as engine_module
+
+    handed: list[str] = []
+    monkeypatch.setattr(engine_module, "hand_off_gil", lambda: handed.append("x"))
+    model = Doubler(max_batch=4, delay=0.1)
+
+    async def main(engine: Engine):
+        for work in (1, 2, 3):
+            assert await engine.submit(model.name, work, session_id="a") == 2 * work
+            await asyncio.sleep(0.02)
+        assert handed == []
+
+    with_engine(model, main, batch_wait_ms=200.0, gil_hand_off=False)
 
 
 def _two_models(main, world_delay: float = 0.05) -> tuple[Doubler, Doubler, list[str]]:

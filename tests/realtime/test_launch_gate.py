@@ -58,13 +58,6 @@ def test_a_gate_left_closed_holds_a_send_only_for_its_bound():
     assert not gate.closed
 
 
-def test_a_disabled_gate_never_closes():
-    gate = LaunchGate()
-    gate.enabled = False
-    gate.close()
-    assert not gate.closed
-
-
 class Launcher(ModelAdapter[int, int]):
     """Records whether the engine's gate was closed before and open after ``launched()``."""
 
