@@ -117,12 +117,3 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
         listener = getattr(self, "_launch_listener", None)
         if listener is not None:
             listener()
-
-
-def __getattr__(name: str) -> Any:
-    # The world types moved to models/world/base.py; old imports keep working.
-    if name in ("WorldChunk", "WorldGeometry", "WorldTick"):
-        from models.world import base
-
-        return getattr(base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

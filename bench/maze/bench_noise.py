@@ -53,7 +53,7 @@ def main() -> None:
         openmp_defaults(os.environ)
     import torch
 
-    from models.base import WorldTick
+    from models.world.base import WorldTick
     from models.world.maze.adapter import MazeWorld
 
     try:

@@ -79,7 +79,7 @@ def bare(sessions: int, ticks: int, serve_steps: int | None) -> dict[str, Any]:
     import torch
 
     from models import factory
-    from models.base import WorldTick
+    from models.world.base import WorldTick
     from models.factory import BuildOptions
 
     # What realtime serve builds (realtime.registry.build_inventory with the CLI's defaults).

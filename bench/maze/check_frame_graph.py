@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from models.base import WorldTick
+from models.world.base import WorldTick
 from bench.report import emit
 from models.world.maze.adapter import MazeWorld
 

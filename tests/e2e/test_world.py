@@ -15,7 +15,8 @@ import pytest
 import websockets
 
 from clients.world import ServerError, WorldClient
-from models.base import EngineDeadError, WorldTick
+from models.base import EngineDeadError
+from models.world.base import WorldTick
 from models.world.tiny import TinyWorld
 from realtime.app import build_app
 from realtime.config import ServerConfig, WorldConfig

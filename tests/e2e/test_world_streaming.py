@@ -16,7 +16,7 @@ from typing import Sequence
 import websockets
 
 from clients.world import WorldClient
-from models.base import WorldTick
+from models.world.base import WorldTick
 from models.world.base import WorldChunk
 from models.world.tiny import SIZE, TinyWorld
 from protocols import world_v1 as wire

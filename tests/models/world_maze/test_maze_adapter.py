@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.base import ModelError, WorldTick
+from models.base import ModelError
+from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.cache import FrameCache
 from models.world.maze.model import MazeDiTConfig

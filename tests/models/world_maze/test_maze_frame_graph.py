@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kv import KVGeometry, PagedKVCache
-from models.base import WorldTick
+from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld, PagedContext
 from models.world.maze.frame_graph import StaticPagedContext, bucket_for, graph_buckets
 from models.world.maze.model import MazeDiTConfig

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.base import WorldTick
+from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld
 
 KEYS = ["", "w", "w", "l", "wl", "", "j", "a", "s", "d"]

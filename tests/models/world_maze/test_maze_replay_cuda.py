@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.base import WorldTick
+from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
