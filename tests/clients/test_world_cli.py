@@ -30,7 +30,8 @@ def test_plays_a_session_on_a_real_server(tiny_server, tmp_path, capsys):
     assert json.loads(lines[0])["type"] == "session.created"
     assert lines[1].startswith("3 frames in ")
     assert lines[2] == f"wrote {out}"
-    assert Image.open(out).size == (256, 256)
+    with Image.open(out) as image:
+        assert image.size == (256, 256)
 
 
 def test_two_runs_at_once_each_get_their_own_session(tiny_server, capsys):
