@@ -11,6 +11,7 @@ from websockets.sync.client import connect
 
 from realtime.server import serve_in_thread
 from realtime.transport import ABORT_EXTENSION
+from tests.support.asgi import lifespan
 
 
 class Counting:
@@ -29,9 +30,7 @@ class Counting:
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifespan(receive, send)
         return
     if scope["type"] != "websocket":
         return

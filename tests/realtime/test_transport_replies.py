@@ -16,6 +16,7 @@ import pytest
 
 from realtime.server import serve_in_thread
 from realtime.transport import ABORT_EXTENSION
+from tests.support.asgi import lifespan
 
 # What the app saw of its connection's transport: the largest write buffer, and at the end
 # whether the transport was still reading.
@@ -27,9 +28,7 @@ RESPONSE = b"r" * 65536
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await lifespan(receive, send)
         return
     if scope["type"] == "http":
         answered.append(scope["path"])

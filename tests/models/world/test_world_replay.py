@@ -7,6 +7,7 @@ import pytest
 from models.world.base import WorldAdapter, WorldTick
 from models.world.cfg.adapter import CFGWorld
 from models.world.tiny import TinyWorld
+from tests.support.replay import play, same
 
 KEYS = ["", "w", "w", "l", "wl", "", "j", "a", "s", "d", "w", "w"]
 
@@ -22,19 +23,6 @@ def make(kind: str, sessions=()) -> WorldAdapter:
         for sid in sessions:
             w.admit(sid, opts)
     return w
-
-
-def play(w: WorldAdapter, batches: list[list[WorldTick]]) -> dict[str, list[np.ndarray]]:
-    out: dict[str, list[np.ndarray]] = {}
-    for batch in batches:
-        for c in w.run_batch(batch):
-            w.end_tick(c.session_id, True)
-            out.setdefault(c.session_id, []).append(c.frames)
-    return out
-
-
-def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("kind", ["tiny", "cfg"])

@@ -7,6 +7,7 @@ import torch
 
 from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld
+from tests.support.replay import play, same
 
 KEYS = ["", "w", "w", "l", "wl", "", "j", "a", "s", "d"]
 PATHS = [  # (cpu_lanes, cuda_graphs, dtype): the eager path on one and two lanes, the static path
@@ -24,21 +25,8 @@ def world(weights, lanes=1, graphs=False, dtype=torch.float32, **kw) -> MazeWorl
                      dtype=dtype, **kw)
 
 
-def play(w: MazeWorld, batches: list[list[WorldTick]]) -> dict[str, list[np.ndarray]]:
-    out: dict[str, list[np.ndarray]] = {}
-    for batch in batches:
-        for c in w.run_batch(batch):
-            w.end_tick(c.session_id, True)
-            out.setdefault(c.session_id, []).append(c.frames)
-    return out
-
-
 def alone(w: MazeWorld, sid: str = "a", seed: int = 9, keys: list[str] = KEYS) -> list[np.ndarray]:
     return play(w, [[tick(sid, i, k, seed)] for i, k in enumerate(keys)])[sid]
-
-
-def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("lanes, graphs, dtype", PATHS)
