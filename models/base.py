@@ -68,10 +68,10 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     max_batch: int = 1
     # A forward that recently never took longer than this (seconds) may run on the
     # submitting thread when the engine is idle, instead of being handed to the engine
-    # thread and back (realtime/engine.py, "Inline forwards"). 0: always the engine thread.
+    # thread and back (realtime/engine/loop.py, "Inline forwards"). 0: always the engine thread.
     inline_forward_s: float = 0.0
     # A session's tick builds on its previous one (a world's KV): when one fails, the
-    # session's ticks queued behind it are dropped before they run (realtime/engine.py).
+    # session's ticks queued behind it are dropped before they run (realtime/engine/loop.py).
     chained_ticks: bool = False
 
     @abc.abstractmethod
@@ -107,7 +107,7 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
         and then waits for it calls ``launched()`` (on the engine thread) as soon as the
         work is queued. Once it has, the server holds its bulk sends while the adapter's
         next batches are prepared, until their ``launched()``, so that they do not take
-        the GIL from the preparation (realtime/launch_gate.py). An adapter that never
+        the GIL from the preparation (realtime/engine/overlap.py). An adapter that never
         calls it (CPU work, which runs inside ``run_batch``) is never waited for."""
         self._launch_listener = listener
 

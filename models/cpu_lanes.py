@@ -3,7 +3,7 @@
 On CPU a batch gains almost nothing from being one big matrix (the maze model's
 pass costs the same per row at 1 or 4 rows), while a second intra-op OpenMP thread
 is worse than none under the server's passive wait (its wake-ups cost more than it
-computes; ``realtime/cli.py``). Lanes use the other cores the other way round: each
+computes; ``realtime/server/cli.py``). Lanes use the other cores the other way round: each
 lane is a thread running its share of the rows with the one intra-op thread it has,
 so nothing waits at an OpenMP barrier, and torch drops the GIL inside every op.
 

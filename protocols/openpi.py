@@ -25,7 +25,7 @@ sees: ``session_id`` (per-robot state across calls), ``{"endpoint": "reset"}``,
 ``sampling_params`` and the batch form ``{"batch": [obs, ...]}``.
 
 This module is pure (msgpack + numpy): decode, validate, encode. The endpoint in
-``realtime/openpi_ws.py`` does the I/O.
+``realtime/endpoints/openpi.py`` does the I/O.
 """
 
 from __future__ import annotations

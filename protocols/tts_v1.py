@@ -55,7 +55,7 @@ MAX_PENDING_TEXT_CHARS = 64 * 1024
 MAX_PENDING_ITEMS = 1024
 # One client text frame, as UTF-8. Any valid message fits: 4096 characters escaped as
 # JSON take at most 12 bytes each ("\ud83d\ude00" for one astral character, 48 KiB).
-# The transport's own limit (realtime/server.py, 80 MiB) is for OpenPI's bodies.
+# The transport's own limit (realtime/server/server.py, 80 MiB) is for OpenPI's bodies.
 MAX_FRAME_BYTES = 64 * 1024
 
 # Codes the protocol module raises.

@@ -2,6 +2,6 @@
 
 import sys
 
-from realtime.cli import main
+from realtime.server.cli import main
 
 sys.exit(main())

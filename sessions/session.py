@@ -9,7 +9,7 @@ A tick is a transaction (see DESIGN.md, "Tick lifecycle")::
       or fail_tick(reason)             commit nothing, FAILED until reset or close
 
 With ``max_in_flight`` > 1 a tick may begin on top of ticks still in flight (the
-server keeps the engine's queue full; see ``realtime/world_ws.py``): its snapshot
+server keeps the engine's queue full; see ``realtime/endpoints/world.py``): its snapshot
 takes the events no earlier tick took, and its controls are prepared from the
 state the earlier ticks will commit. Ticks complete in the order they began; a
 failure abandons every tick in flight::

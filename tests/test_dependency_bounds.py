@@ -1,4 +1,4 @@
-"""The dependencies whose internals realtime/transport.py reaches into, and Starlette, are bounded
+"""The dependencies whose internals realtime/server/transport.py reaches into, and Starlette, are bounded
 on both sides, and their lower bounds, read from pyproject.toml, really work.
 
 transport.py subclasses uvicorn's h11 and sans-I/O WebSocket protocols, h11's ``Connection``
@@ -36,7 +36,7 @@ TESTS = (
 # Where each import must come from, and as which release: a bound that pip did not install, or that
 # something else on the path shadowed, would pass without testing anything.
 IMPORT_CHECK = (
-    "import json, sys, realtime.server, realtime.app\n"
+    "import json, sys, realtime.server.server, realtime.server.app\n"
     "mods = [__import__(name) for name in sys.argv[1:]]\n"
     "print(json.dumps({m.__name__: [m.__version__, m.__file__] for m in mods}))\n"
 )

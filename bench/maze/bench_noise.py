@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.report import emit  # noqa: E402
-from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
+from realtime.server.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
 
 def _ms(fn, reps: int, sync) -> dict[str, float]:

@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # also runnable as a script
 
 from bench.maze import page_pace  # noqa: E402
 from bench.report import emit, proc_stat  # noqa: E402
-from realtime.cli import openmp_defaults  # noqa: E402  (imports no torch)
+from realtime.server.cli import openmp_defaults  # noqa: E402  (imports no torch)
 
 KEYS = ("w",)
 
@@ -82,7 +82,7 @@ def bare(sessions: int, ticks: int, serve_steps: int | None) -> dict[str, Any]:
     from models.world.base import WorldTick
     from models.factory import BuildOptions
 
-    # What realtime serve builds (realtime.registry.build_inventory with the CLI's defaults).
+    # What realtime serve builds (realtime.server.inventory.build_inventory with the CLI's defaults).
     world = factory.build("maze", BuildOptions(device="cpu", max_batch=32, steps=serve_steps), kind="world")
     ids = [f"bare{i}" for i in range(sessions)]
     warm = world.window + 2  # the window fills before timing starts
@@ -372,7 +372,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.page and (why := page_pace.available()):
         raise SystemExit(f"--page: {why}")
-    # What realtime serve sets before torch loads (realtime.cli.openmp_defaults), for the bare
+    # What realtime serve sets before torch loads (realtime.server.cli.openmp_defaults), for the bare
     # processes too; a variant's own environment words come on top.
     openmp_defaults(os.environ)
 

@@ -69,7 +69,7 @@ WARMUP_CALLS = 5
 # rounds, and the reference's glibc heap was still settling: its page faults per call fall
 # from ~100 to ~1 at some point of its first thousands of calls, at no fixed count, which is
 # what made its calls/s rise round after round (bench/results/openpi_fleet_lean_devbox.json
-# records faults per call; ours runs with fixed malloc thresholds, realtime/allocator.py).
+# records faults per call; ours runs with fixed malloc thresholds, realtime/server/allocator.py).
 WARMUP_SECONDS = 3.0
 
 
@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                   for c in args.clients},
         "load_average": {"start": load_start, "end": load_end},
         "notes": (f"All servers up for the whole run; measurements interleaved, order flipped each round. "
-                  "ours answers this policy inline on its event loop once measured (realtime/engine.py, 'Inline "
+                  "ours answers this policy inline on its event loop once measured (realtime/engine/loop.py, 'Inline "
                   f"forwards'); {HOP} is the same server with that off (the hop to the engine thread and back); "
                   f"{BASELINE} is ours from the --baseline checkout; {UVLOOP} is ours on uvloop. "
                   f"Before round 0 every server served {max(args.clients)} robots for {args.warmup_seconds:g} s, "

@@ -72,9 +72,9 @@ def ours_app(port: int = 0, infer_ms: float = 0.0, batch_wait_ms: float | None =
     """Our app serving only the probe's ``DummyPolicy`` (the benches' instant policy)."""
     sys.path.insert(0, REPO)
     from models.policy import PROBE_METADATA, DummyPolicy
-    from realtime.app import build_app
-    from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-    from realtime.registry import Inventory
+    from realtime.server.app import build_app
+    from realtime.server.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.server.inventory import Inventory
 
     # The app gives policy models config.policy.batch_wait_ms (the engine's returner wait).
     policy_config = PolicyConfig(policy="") if batch_wait_ms is None else PolicyConfig(policy="", batch_wait_ms=batch_wait_ms)
@@ -92,7 +92,7 @@ def ours_app(port: int = 0, infer_ms: float = 0.0, batch_wait_ms: float | None =
 def serve_ours(port: int, infer_ms: float, batch_wait_ms: float | None, inline: bool = True) -> None:
     # The same process set-up and uvicorn settings as ``realtime serve``.
     app = ours_app(port, infer_ms, batch_wait_ms, inline)
-    from realtime.server import bind_socket, run
+    from realtime.server.server import bind_socket, run
 
     run(app, sock=bind_socket("127.0.0.1", port), log_level="warning")
 

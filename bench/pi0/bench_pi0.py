@@ -181,10 +181,10 @@ def memory(policy: Pi0Policy, size: int, dev: torch.device) -> dict[str, Any]:
 
 def served(policy: CountingPi0 | StandIn, robots: int, seconds: float, size: int,
            batch_wait_ms: float, gil_hand_off: bool = True) -> dict[str, Any]:
-    from realtime.app import build_app
-    from realtime.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-    from realtime.registry import Inventory
-    from realtime.server import serve_in_thread
+    from realtime.server.app import build_app
+    from realtime.server.config import EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+    from realtime.server.inventory import Inventory
+    from realtime.server.server import serve_in_thread
 
     device = str(getattr(policy, "device", "cpu"))  # the stand-in has none: the engine's default
     config = ServerConfig(engine=EngineConfig(device=device, batch_wait_ms=batch_wait_ms, gil_hand_off=gil_hand_off),
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fleets: dict[str, Any] = {}
     log("served: one robot")
     fleets["1"] = {"batched": served(fast, 1, args.seconds, size, args.batch_wait_ms)}
-    # The same robot with the engine's GIL hand-off off (realtime/engine.py, "GIL hand-off"): A/B in one run.
+    # The same robot with the engine's GIL hand-off off (realtime/engine/loop.py, "GIL hand-off"): A/B in one run.
     fleets["1"]["no_gil_hand_off"] = served(fast, 1, args.seconds, size, args.batch_wait_ms, gil_hand_off=False)
     log(f"one robot p50 ms: {fleets['1']['batched']['latency_ms']['p50']} with the GIL hand-off, "
         f"{fleets['1']['no_gil_hand_off']['latency_ms']['p50']} without")

@@ -10,11 +10,11 @@ load from other processes hits them alike:
 - ``served_profiled``: the same through ``bench.tts.serve_profile`` (the same server
   with stamps at each stage of the path), for the breakdown of where the time goes.
 - ``served_spin_N`` (``--spin N ...``, default 300000): the profiled server with
-  ``GOMP_SPINCOUNT=N`` instead of ``realtime.cli``'s default (the A/B of that setting);
+  ``GOMP_SPINCOUNT=N`` instead of ``realtime.server.cli``'s default (the A/B of that setting);
   ``served_float32`` (``--float32``): a plain server with ``--cpu-format float32``
   (the voice's products in float32 whatever its pick);
   ``served_load_on_main`` (``--load-on-main``): models loaded on the main thread, as
-  before ``realtime.registry.on_spent_thread``; ``served_baseline`` (``--baseline DIR``):
+  before ``realtime.server.inventory.on_spent_thread``; ``served_baseline`` (``--baseline DIR``):
   a plain server running another checkout's code (the code before a change).
 - ``adapter``: ``PiperTTS.run_batch([SynthesizeSentence])`` in this process, from the
   call to its first chunk (the figure ``bench_tts.py`` reports), on one thread that
@@ -46,10 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-import realtime.cli
+import realtime.server.cli
 
-# Before torch loads: the adapter here waits as the server's engine does (realtime.cli's defaults).
-realtime.cli.openmp_defaults(os.environ)
+# Before torch loads: the adapter here waits as the server's engine does (realtime.server.cli's defaults).
+realtime.server.cli.openmp_defaults(os.environ)
 from bench.report import load_summary
 from bench.tts.bench_tts import SENTENCES, summary_ms, write_report
 from bench.tts.serve_profile import STAGES, stages
@@ -83,8 +83,8 @@ class Server:
             flag = ["--load-on-main"] if load_on_main else []
             cmd = [sys.executable, "-m", "bench.tts.serve_profile", *flag, "--trace", trace, "--", *base]
         env = dict(os.environ)
-        env.pop("GOMP_SPINCOUNT", None)  # realtime.cli's default unless asked for
-        if spincount is not None:  # GOMP_SPINCOUNT alone: realtime.cli then leaves the wait alone
+        env.pop("GOMP_SPINCOUNT", None)  # realtime.server.cli's default unless asked for
+        if spincount is not None:  # GOMP_SPINCOUNT alone: realtime.server.cli then leaves the wait alone
             env.pop("OMP_WAIT_POLICY", None)
             env["GOMP_SPINCOUNT"] = spincount
         if tree != REPO:  # another checkout's code (the A of an A/B), run from its own root
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--utterances", type=int, default=24, help="timed utterances per measurement (>= 20)")
     p.add_argument("--serve-args", default="", help="extra arguments for realtime serve (quoted)")
     p.add_argument("--spin", nargs="*", default=["300000"],
-                   help="also a profiled server per GOMP_SPINCOUNT value (the A/B of realtime.cli's default)")
+                   help="also a profiled server per GOMP_SPINCOUNT value (the A/B of realtime.server.cli's default)")
     p.add_argument("--float32", action="store_true",
                    help="also a plain server with --cpu-format float32 (the A/B of the voice's number format pick)")
     p.add_argument("--load-on-main", action="store_true",
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "machine for clean figures (the measurements are interleaved, so their ratios hold)",
         },
         "servers": {n: s.command for n, s in servers.items()},
-        "openmp_defaults": realtime.cli.OPENMP_DEFAULTS,
+        "openmp_defaults": realtime.server.cli.OPENMP_DEFAULTS,
     }
     write_report(report, "bench.tts.bench_served", argv, args.out, log)
     return 0

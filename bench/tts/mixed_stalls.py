@@ -34,9 +34,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-import realtime.cli
+import realtime.server.cli
 
-realtime.cli.openmp_defaults(os.environ)
+realtime.server.cli.openmp_defaults(os.environ)
 from bench.report import emit  # noqa: E402
 from bench.tts.bench_served import Server, Voice, log  # noqa: E402
 from bench.tts.bench_tts import SENTENCES, environment, summary_ms  # noqa: E402

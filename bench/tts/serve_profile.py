@@ -1,11 +1,11 @@
 """Where a served sentence's time to first audio goes, stage by stage.
 
 ``python -m bench.tts.serve_profile --trace FILE -- SERVE ARGS`` runs ``realtime serve``
-(``realtime.cli.main``, unchanged) with a few methods of the TTS path wrapped to stamp
+(``realtime.server.cli.main``, unchanged) with a few methods of the TTS path wrapped to stamp
 ``time.perf_counter()`` (CLOCK_MONOTONIC, comparable across processes on Linux), and
 writes the stamps to FILE as JSON when the server exits (SIGTERM). The wrappers add
 microseconds; nothing else changes. ``--load-on-main`` loads the models on the main
-thread, as the server did before ``realtime.registry.on_spent_thread`` (the A/B). ``stages`` lines the server's stamps up with the
+thread, as the server did before ``realtime.server.inventory.on_spent_thread`` (the A/B). ``stages`` lines the server's stamps up with the
 client's (``input.done`` sent, first PCM frame received) for one utterance::
 
     client  done ─┐                                                          ┌─> first PCM
@@ -61,8 +61,8 @@ def instrument(trace: Trace) -> None:
     from models.tts.base import SynthesizeSentence
     from models.tts.voice import TorchVoice
     from protocols import tts_v1 as wire
-    from realtime import tts_ws
-    from realtime.connection import Connection
+    from realtime.endpoints import tts as tts_ws
+    from realtime.endpoints.connection import Connection
     from realtime.engine import Engine
 
     stamp = trace.stamp
@@ -162,16 +162,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     path, rest = args[1], args[2:]
     if rest and rest[0] == "--":
         rest = rest[1:]
-    import realtime.cli
+    import realtime.server.cli
 
-    realtime.cli.openmp_defaults(os.environ)  # first: libgomp reads it when torch loads
+    realtime.server.cli.openmp_defaults(os.environ)  # first: libgomp reads it when torch loads
 
     trace = Trace()
     instrument(trace)
     if load_on_main:
         # The server as it was before realtime/registry.on_spent_thread: models load on
         # the main thread, whose OpenMP team then outlives the loading (the A/B).
-        from realtime import registry
+        from realtime.server import inventory as registry
 
         registry.on_spent_thread = lambda fn, *a: fn(*a)
 
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump({"stamps": trace.stamps}, f)
 
     atexit.register(dump)
-    from realtime.cli import main as serve
+    from realtime.server.cli import main as serve
 
     return serve(rest)
 

@@ -22,7 +22,7 @@ it would start after ``--budget-s``), in the order they run but ``attention``, w
                makes, on a thread of its own like the engine's, after ``--warmup-ticks`` (6:
                the sink and window are full and the shape steady), ``--ticks`` timed; each
                split into transformer passes and the VAE block decode.
-``served``     a real uvicorn server on loopback (realtime.server.serve_in_thread) with the
+``served``     a real uvicorn server on loopback (realtime.server.server.serve_in_thread) with the
                engine, and a real websockets client in this process speaking world.v1 (rgb8,
                a PNG first image, credits kept 2 ahead): the chunk period vs the bare tick.
 ``ttff``       key press to first decoded frame: an idle session (no credit) gets an event
@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from bench.report import emit
-from realtime.registry import on_spent_thread
+from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("attention", "bare", "served", "ttff", "sessions", "swap", "kv")
 GIB = 1 << 30
@@ -914,10 +914,10 @@ def main() -> None:
         # thread's intra-op pool was 5-10x slower than a new thread's for the same tick).
         section("bare", lambda: on_spent_thread(bare, adapter, clock, args, device))
         if any(want(s) for s in ("served", "ttff", "sessions", "swap", "kv")):
-            from realtime.app import build_app
-            from realtime.config import EngineConfig, ServerConfig, WorldConfig
-            from realtime.registry import Inventory
-            from realtime.server import serve_in_thread
+            from realtime.server.app import build_app
+            from realtime.server.config import EngineConfig, ServerConfig, WorldConfig
+            from realtime.server.inventory import Inventory
+            from realtime.server.server import serve_in_thread
 
             inventory = Inventory()
             inventory.add(adapter)

@@ -187,9 +187,9 @@ def _gil_ms(mod: str) -> float | None:
 
 def _plan(args: argparse.Namespace) -> list[RowPlan]:
     """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
-    import realtime.engine
+    import realtime.engine.loop
     import realtime.media
-    from realtime.config import WorldConfig
+    from realtime.server.config import WorldConfig
 
     auto = WorldConfig()  # ``auto``: the server's default ticks in flight (--ticks-in-flight auto)
     rows = []
@@ -202,7 +202,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
             raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)} "
                              "or gil<MS>")
         workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
-        switch = gil[0] / 1000.0 if gil else (realtime.engine.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        switch = gil[0] / 1000.0 if gil else (realtime.engine.loop.SWITCH_INTERVAL_S or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path,
@@ -282,7 +282,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--format", choices=["rgb8", "jpeg", "png"], default="rgb8",
                         help="the frame format every client asks for")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="the GIL switch interval the engine sets (realtime.engine.SWITCH_INTERVAL_S; "
+                        help="the GIL switch interval the engine sets (realtime.engine.loop.SWITCH_INTERVAL_S; "
                              "0 keeps Python's 5 ms)")
     parser.add_argument("--encode-workers", type=int, default=None,
                         help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
@@ -378,16 +378,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every row of ``args`` against one server in this process; the report (see the module doc)."""
     import torch
 
-    import realtime.engine
+    import realtime.engine.loop
     import realtime.media
     from models.world.device_jpeg import DeviceJpeg
-    from realtime.app import build_app
-    from realtime.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
-    from realtime.registry import Inventory
-    from realtime.server import serve_in_thread
+    from realtime.server.app import build_app
+    from realtime.server.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
+    from realtime.server.inventory import Inventory
+    from realtime.server.server import serve_in_thread
 
     if args.switch_interval_ms is not None:
-        realtime.engine.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
+        realtime.engine.loop.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
     if args.encode_workers is not None:
         realtime.media.ENCODE_WORKERS = args.encode_workers
     plan = _plan(args)
@@ -438,7 +438,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
             realtime.media.ENCODE_WORKERS = workers
             sys.setswitchinterval(switch_s)
-            # Read by each new connection (realtime/world_ws.py): this row's sessions get it.
+            # Read by each new connection (realtime/endpoints/world.py): this row's sessions get it.
             app.state.config = dataclasses.replace(
                 config, world=dataclasses.replace(config.world, session_ticks_in_flight=p.ticks_in_flight,
                                                   session_ticks_in_flight_alone=p.ticks_in_flight_alone))

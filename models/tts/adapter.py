@@ -30,7 +30,7 @@ not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask
 their inputs).
 
 The engine drives it through ``models/tts/base.py`` (``TTSAdapter.run_batch``
-checks every chunk against its work); ``realtime/tts_ws.py`` documents the wire.
+checks every chunk against its work); ``realtime/endpoints/tts.py`` documents the wire.
 
 ``end_tick(sid, committed=False)`` rewinds the last window so the same window
 can be decoded again; ``committed=True`` makes it final.

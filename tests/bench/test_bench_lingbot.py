@@ -9,7 +9,7 @@ import torch
 
 from bench.world.bench_lingbot import TickClock, bare, build, kv_bytes
 from bench.world.lingbot_random import random_transformer
-from realtime.registry import on_spent_thread
+from realtime.server.inventory import on_spent_thread
 from kv.capacity import session_bytes
 from models.world.base import WorldTick
 from models.world.lingbot.tiny_checkpoint import TINY_TRANSFORMER

@@ -15,10 +15,10 @@ import pytest
 from bench.world.bench_served import InstantWorld, parse_args, run
 from bench.world.served_client import ClientFailure, ClientFleet
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
-from realtime.server import serve_in_thread
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
+from realtime.server.server import serve_in_thread
 
 
 def test_one_tiny_row_through_the_harness() -> None:

@@ -13,9 +13,9 @@ from models.policy.maze.adapter import MazePolicy
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.model import MazeDiT, MazeDiTConfig
 from models.world.maze.weights import save_weights
-from realtime.app import build_app
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 from tests.e2e.test_openpi_ws import PATH
 

@@ -18,7 +18,7 @@ from openpi_client import base_policy, msgpack_numpy
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from bench.openpi.reference_server import METADATA, InstantPolicy, ReferencePolicyServer
-from realtime.server import free_port
+from realtime.server.server import free_port
 
 
 class Failing(base_policy.BasePolicy):

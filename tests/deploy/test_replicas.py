@@ -169,7 +169,7 @@ def test_drained_replica_moves_no_session_and_loses_no_chunk(cluster: Deployment
             # log names how many it committed, and each client got exactly those, in order.
             for p in mine:
                 assert await p.closed() == CLOSE_GOING_AWAY
-            # A drained server has done its job: it exits 0 (realtime/server.py).
+            # A drained server has done its job: it exits 0 (realtime/server/server.py).
             assert await asyncio.to_thread(victim.wait, 30.0) == 0
             log = victim.log_text()
             assert "Application shutdown complete" in log

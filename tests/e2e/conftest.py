@@ -1,4 +1,4 @@
-"""A real uvicorn server on a free loopback port, in a background thread (realtime/server.py)."""
+"""A real uvicorn server on a free loopback port, in a background thread (realtime/server/server.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import httpx
 import pytest
 
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
-from realtime.server import serve_in_thread
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
+from realtime.server.server import serve_in_thread
 
 
 # The same uvicorn settings as ``realtime serve``, on a free loopback port.

@@ -1,5 +1,5 @@
 """Requests a client got wrong are answered and closed, and leave no traceback or ERROR in the
-server log (realtime/transport.py item 1): raw sockets against a real server process."""
+server log (realtime/server/transport.py item 1): raw sockets against a real server process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from deploy.server_process import PROBLEM, ServerProcess
-from realtime.transport import MAX_HEADER_BYTES
+from realtime.server.transport import MAX_HEADER_BYTES
 from tests.support.raw_http import exchange as raw_exchange
 
 

@@ -1,4 +1,4 @@
-"""What one client may hold (realtime/limits.py), through a real server on loopback: the
+"""What one client may hold (realtime/server/limits.py), through a real server on loopback: the
 idle timeout of every kind and the live-session limit per client address.
 
 The kinds: the tiny world, the dummy policy behind the real ``openpi-client``, and a test
@@ -26,9 +26,9 @@ from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 from models.world.tiny import TinyWorld
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER
 from protocols.openpi import PolicyMetadata
-from realtime.app import build_app
-from realtime.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 IDLE_S = 0.5

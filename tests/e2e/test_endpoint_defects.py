@@ -24,9 +24,9 @@ from clients.world import ServerError, WorldClient
 from models.policy import DummyPolicy
 from models.world.tiny import TinyWorld
 from protocols.openpi import PolicyMetadata
-from realtime.app import build_app
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 

@@ -44,9 +44,9 @@ import websockets.sync.client
 
 from models.policy.flow import FlowMatchingPolicy, FlowPolicyConfig
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 GOLDEN = Path(__file__).parent / "golden"

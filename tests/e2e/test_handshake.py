@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from deploy.server_process import ServerProcess
-from realtime.transport import HEAD_TIMEOUT_S, MAX_HEADER_BYTES
+from realtime.server.transport import HEAD_TIMEOUT_S, MAX_HEADER_BYTES
 from tests.support.raw_http import exchange
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="

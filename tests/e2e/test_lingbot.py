@@ -22,9 +22,9 @@ from clients.world import ServerError, WorldClient
 from models import factory
 from models.factory import BuildOptions, ModelEntry
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 SIZE = 16

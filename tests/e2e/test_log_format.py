@@ -35,5 +35,5 @@ def test_every_line_has_one_format_and_session_lines_name_the_session():
     assert any(" uvicorn.error: " in line for line in lines)  # "Application startup complete."
     assert any(" uvicorn.access: " in line and "/v1/models" in line for line in lines)
     assert [line for line in lines if not LINE.match(line)] == []
-    world = [line for line in lines if " realtime.world_ws: " in line]
+    world = [line for line in lines if " realtime.endpoints.world: " in line]
     assert world and all("session log-w1" in line for line in world), world

@@ -18,7 +18,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from models.policy import DummyPolicy
 from protocols import openpi as wire
-from realtime.engine import INLINE_WINDOW
+from realtime.engine.loop import INLINE_WINDOW
 from tests.e2e.conftest import serve
 from tests.e2e.test_openpi_ws import PATH, TINY_META, policy_app, tiny_obs
 

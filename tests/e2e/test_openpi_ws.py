@@ -21,9 +21,9 @@ from websockets.exceptions import ConnectionClosed
 from models.policy import DummyPolicy, PolicyAdapter
 from models.policy.flow import FlowMatchingPolicy, FlowPolicyConfig
 from protocols.openpi import MAX_MESSAGE_BYTES, PolicyMetadata
-from realtime.app import build_app
-from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 PATH = "/v1/realtime/robot/openpi"

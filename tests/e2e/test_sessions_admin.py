@@ -18,11 +18,11 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from models.policy import DummyPolicy
 from models.world.tiny import TinyWorld
 from protocols.openpi import PolicyMetadata
-from realtime.admin import admin_allowed
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.connection import CLOSE_ADMIN
-from realtime.registry import Inventory
+from realtime.server.admin import admin_allowed
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.endpoints.connection import CLOSE_ADMIN
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 META = PolicyMetadata(action_horizon=5, action_dim=3, image_keys=("cam",), image_resolution=(32, 32), state_dim=2)

@@ -23,9 +23,9 @@ import websockets
 
 from models.world.base import WorldTick
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from sessions import ControlReducer, Prepared, TickRequest
 from sessions.errors import ErrorCode, SessionError
 from sessions.frozen import FrozenDict
@@ -185,7 +185,7 @@ def test_a_session_whose_tick_could_not_start_resets(server):
 def test_a_bug_in_the_tick_driver_still_fails_the_session_and_ends_it_with_its_client(server, monkeypatch, caplog):
     """Past the tick's start too: whatever the driver raises, the client hears and the
     session does not outlive its socket (the bug itself is logged with its traceback)."""
-    from realtime import world_ws
+    from realtime.endpoints import world as world_ws
 
     addr, _ = server
 

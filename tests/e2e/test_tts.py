@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import websockets
 
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 tts_adapter = pytest.importorskip("models.tts.adapter")

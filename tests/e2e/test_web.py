@@ -19,9 +19,9 @@ import pytest
 
 from models.policy import DummyPolicy
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve, tiny_app
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -40,7 +40,7 @@ def _tts_adapter() -> tuple[Any, str | None]:
     """The real Piper adapter, or why the speech tests must skip."""
     try:
         from models.tts.adapter import PiperTTS
-        import realtime.tts_ws  # noqa: F401 - the endpoint must exist too
+        import realtime.endpoints.tts  # noqa: F401 - the endpoint must exist too
     except ImportError as exc:
         return None, f"TTS endpoint or adapter not importable: {exc}"
     try:

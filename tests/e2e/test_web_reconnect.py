@@ -17,10 +17,10 @@ import httpx
 
 from models.tts.base import AudioChunk, TTSAdapter, TTSWork
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import LimitsConfig, ServerConfig, WorldConfig
-from realtime.registry import Inventory
-from realtime.server import free_port, serve_in_thread
+from realtime.server.app import build_app
+from realtime.server.config import LimitsConfig, ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
+from realtime.server.server import free_port, serve_in_thread
 from tests.e2e.conftest import serve
 from tests.e2e.test_web import Page, browser, pytestmark  # noqa: F401 - the shared fixture
 

@@ -29,9 +29,9 @@ from models.world.maze.sim_world import MazeSimWorld, goal_for
 from models.world.maze.weights import save_weights
 from protocols import openpi
 from protocols.world_v1 import KEY_NAMES
-from realtime.app import build_app
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 from tests.e2e.test_web import CHROMIUM, Page, browser, pytestmark  # noqa: F401 - the shared fixture
 

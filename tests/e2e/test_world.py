@@ -18,9 +18,9 @@ from clients.world import ServerError, WorldClient
 from models.base import EngineDeadError
 from models.world.base import WorldTick
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 KEYS = {"track": "keys", "schema": "keys.v1"}

@@ -185,9 +185,9 @@ def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
 
 
 def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypatch):
-    """Next tick first (realtime/world_ws.py): a session alone queues tick N+1 as soon as N
+    """Next tick first (realtime/endpoints/world.py): a session alone queues tick N+1 as soon as N
     commits, while chunk N-1 may still be on its way."""
-    import realtime.world_ws as world_ws
+    import realtime.endpoints.world as world_ws
 
     app, model = scripted_app()  # auto: one tick in flight for a session alone
     built: dict[int, float] = {}

@@ -10,9 +10,9 @@ from clients.world import WorldClient
 from kv.capacity import required_bytes
 from models.world.cfg import CFGWorldConfig, CFGWorldCore
 from models.world.cfg.adapter import CFGWorld, to_image
-from realtime.app import build_app
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 PROMPT = "a red door"
@@ -128,7 +128,7 @@ def test_a_session_that_cannot_fit_is_busy_and_names_need_and_free():
 
 
 def test_cli_budget_sizes_the_pool_and_a_real_server_refuses_with_busy():
-    from realtime.cli import config_from_args, parse_args
+    from realtime.server.cli import config_from_args, parse_args
 
     g = CFGWorldConfig().geometry()
     two = required_bytes(g, 2, ticks_in_flight=1)

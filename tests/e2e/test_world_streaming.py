@@ -20,9 +20,9 @@ from models.world.base import WorldTick
 from models.world.base import WorldChunk
 from models.world.tiny import SIZE, TinyWorld
 from protocols import world_v1 as wire
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 F = 3

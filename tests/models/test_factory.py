@@ -6,9 +6,9 @@ import pytest
 
 from models import factory
 from models.factory import BuildOptions, FactoryError, ModelEntry, ModelUnavailable
-from realtime.cli import config_from_args, parse_args
-from realtime.config import ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import build_inventory
+from realtime.server.cli import config_from_args, parse_args
+from realtime.server.config import ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import build_inventory
 
 
 def test_entries_parse_names_and_paths():
@@ -73,7 +73,7 @@ def test_cli_sorts_models_by_kind():
 
 
 def test_cli_prints_one_line_for_a_bad_entry(capsys):
-    from realtime.cli import main
+    from realtime.server.cli import main
 
     assert main(["serve", "--device", "cpu", "--models", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -18,8 +18,8 @@ import pytest
 import websockets
 
 from models.factory import FactoryError
-from realtime.cli import build_parser, parse_args
-from realtime.server import free_port
+from realtime.server.cli import build_parser, parse_args
+from realtime.server.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--models", "tiny", "--policy", "dummy", "--no-tts"]
@@ -86,7 +86,7 @@ def test_a_signal_drains_and_exits_quietly_with_status_0(sig):
     assert "Traceback" not in out and "Error" not in out and " ERROR " not in out, out
     assert "serving on http://127.0.0.1:" in out
     assert out.rstrip().endswith(f"Finished server process [{proc.pid}]"), out
-    assert close_code == 1001  # drained: going away, after the running tick (realtime/server.py)
+    assert close_code == 1001  # drained: going away, after the running tick (realtime/server/server.py)
 
 
 def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
@@ -107,7 +107,7 @@ def test_serve_help_shows_every_option_with_help_and_defaults(capsys):
 
 
 def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config(tmp_path):
-    from realtime.cli import config_from_args
+    from realtime.server.cli import config_from_args
 
     config = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu", "--trajectory-root", str(tmp_path)]))
     assert config.world.trajectory_root == str(tmp_path) and config.world.frames_per_chunk is None
@@ -115,7 +115,7 @@ def test_trajectory_root_and_the_models_own_chunk_size_reach_the_world_config(tm
 
 
 def test_ticks_in_flight_reaches_the_world_config(capsys):
-    from realtime.cli import config_from_args
+    from realtime.server.cli import config_from_args
 
     world = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).world  # auto
     assert (world.session_ticks_in_flight, world.session_ticks_in_flight_alone) == (2, 1)
@@ -129,8 +129,8 @@ def test_ticks_in_flight_reaches_the_world_config(capsys):
 
 
 def test_cpu_format_reaches_the_engine_config_and_the_factories():
-    from realtime.cli import config_from_args
-    from realtime.registry import _build_inventory
+    from realtime.server.cli import config_from_args
+    from realtime.server.inventory import _build_inventory
 
     assert config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"])).engine.cpu_format is None  # auto
     config = config_from_args(parse_args(["serve", "--models", "maze", "--policy", "dummy", "--no-tts",
@@ -141,8 +141,8 @@ def test_cpu_format_reaches_the_engine_config_and_the_factories():
 
 
 def test_client_limits_reach_the_config_with_documented_defaults(capsys):
-    from realtime.cli import config_from_args
-    from realtime.config import LimitsConfig, ServerConfig
+    from realtime.server.cli import config_from_args
+    from realtime.server.config import LimitsConfig, ServerConfig
 
     default = config_from_args(parse_args(["serve", *QUICK, "--device", "cpu"]))
     assert default.limits == LimitsConfig(idle_timeout_s=300.0, max_sessions_per_client=32)
@@ -183,7 +183,7 @@ def test_out_of_range_numbers_are_refused_naming_the_option(bad, error, capsys):
 
 
 def test_a_model_named_twice_and_a_missing_cuda_device_are_refused_before_loading():
-    from realtime.cli import config_from_args
+    from realtime.server.cli import config_from_args
 
     with pytest.raises(FactoryError, match="--models names maze more than once"):
         config_from_args(parse_args(["serve", "--models", "maze,tiny,maze", "--device", "cpu"]))
@@ -195,7 +195,7 @@ def test_a_model_named_twice_and_a_missing_cuda_device_are_refused_before_loadin
 
 
 def test_admin_networks_match_their_addresses():
-    from realtime.admin import admin_allowed
+    from realtime.server.admin import admin_allowed
 
     allowed = parse_args(["serve", "--admin-from", "10.0.0.0/8, 192.168.1.7"]).admin_from
     assert allowed == ("10.0.0.0/8", "192.168.1.7")
@@ -205,7 +205,7 @@ def test_admin_networks_match_their_addresses():
 
 
 def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
-    from realtime.cli import OPENMP_DEFAULTS, openmp_defaults
+    from realtime.server.cli import OPENMP_DEFAULTS, openmp_defaults
 
     env: dict[str, str] = {"PATH": "/bin"}
     openmp_defaults(env)

@@ -1,11 +1,11 @@
-"""realtime/connection.py: the live-session registry, failure mapping and session ids."""
+"""realtime/endpoints/connection.py: the live-session registry, failure mapping and session ids."""
 
 from __future__ import annotations
 
 import re
 
 from models.base import EngineDeadError, ModelError
-from realtime.connection import Failure, LiveSessions, engine_failure, new_session_id
+from realtime.endpoints.connection import Failure, LiveSessions, engine_failure, new_session_id
 from realtime.engine import EngineStopped, TickCancelled
 
 

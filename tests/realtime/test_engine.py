@@ -385,7 +385,7 @@ class FastDoubler(Doubler):
 
 
 def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forward():
-    from realtime.engine import INLINE_WINDOW
+    from realtime.engine.loop import INLINE_WINDOW
 
     model = FastDoubler()
 
@@ -418,7 +418,7 @@ def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forwa
 
 
 def test_inline_never_overtakes_a_control_or_a_queued_tick():
-    from realtime.engine import INLINE_WINDOW
+    from realtime.engine.loop import INLINE_WINDOW
 
     model = FastDoubler()
 
@@ -527,7 +527,7 @@ def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
 def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
     """The one session of the last batch coming back hands the GIL over (the engine takes
     its batch at once); a new session, or one of several, hands nothing."""
-    import realtime.engine as engine_module
+    import realtime.engine.loop as engine_module
 
     handed: list[str] = []
     monkeypatch.setattr(engine_module, "hand_off_gil", lambda: handed.append("x"))
@@ -561,7 +561,7 @@ def test_a_submit_the_engine_waits_for_hands_it_the_gil(monkeypatch):
 
 def test_an_engine_without_the_gil_hand_off_hands_nothing(monkeypatch):
     """``EngineConfig.gil_hand_off`` off: the lone returner's submit hands nothing either."""
-    import realtime.engine as engine_module
+    import realtime.engine.loop as engine_module
 
     handed: list[str] = []
     monkeypatch.setattr(engine_module, "hand_off_gil", lambda: handed.append("x"))
@@ -644,7 +644,7 @@ def test_after_a_batch_with_deadlines_its_sessions_are_awaited_before_another_mo
 
 
 def test_a_tick_that_waited_the_defer_limit_is_not_passed_over():
-    from realtime.engine import DEADLINE_DEFER_MAX_S
+    from realtime.engine.loop import DEADLINE_DEFER_MAX_S
 
     async def main(engine: Engine, world: Doubler, order: list[str]):
         held = await _hold_the_world(engine, world)

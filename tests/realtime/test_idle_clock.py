@@ -1,4 +1,4 @@
-"""realtime/limits.py: ``receive_or_idle`` over one lazily re-armed timer per clock."""
+"""realtime/server/limits.py: ``receive_or_idle`` over one lazily re-armed timer per clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from realtime.limits import IDLE, IdleClock, receive_or_idle
+from realtime.server.limits import IDLE, IdleClock, receive_or_idle
 
 
 def test_messages_then_idle_after_the_timeout_with_one_timer():

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from models.base import ModelAdapter
 from realtime.engine import Engine
-from realtime.launch_gate import LaunchGate
+from realtime.engine.overlap import LaunchGate
 
 
 def test_an_open_gate_does_not_wait():

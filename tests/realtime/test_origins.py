@@ -1,4 +1,4 @@
-"""realtime/origins.py: the Origin rule, and the guard on a real server with a real client."""
+"""realtime/server/origins.py: the Origin rule, and the guard on a real server with a real client."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import websockets
 
 from models.world.tiny import TinyWorld
-from realtime.app import build_app
-from realtime.config import ServerConfig, WorldConfig
-from realtime.origins import LOOPBACK, normalise_allowed, origin_allowed, parse_allowed
-from realtime.registry import Inventory
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.origins import LOOPBACK, normalise_allowed, origin_allowed, parse_allowed
+from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
 OWN = "127.0.0.1:8000"
@@ -99,7 +99,7 @@ def test_default_allows_own_loopback_and_no_origin_and_refuses_others(caplog):
         got = statuses(addr, [None, f"http://{addr}", "http://localhost:5173",
                               "https://evil.example", "null"])
     assert got == [101, 101, 101, 403, 403]
-    refused = [r for r in caplog.records if r.name == "realtime.origins"]
+    refused = [r for r in caplog.records if r.name == "realtime.server.origins"]
     assert [r.getMessage() for r in refused] == [
         "refused a WebSocket to /v1/realtime/world from origin 'https://evil.example' (not in --allowed-origins)",
         "refused a WebSocket to /v1/realtime/world from origin 'null' (not in --allowed-origins)",

@@ -1,5 +1,5 @@
-"""realtime/registry.py: models are built on a thread that ends, so the engine's OpenMP
-team is the process's only one (realtime.registry.on_spent_thread says why)."""
+"""realtime/server/inventory.py: models are built on a thread that ends, so the engine's OpenMP
+team is the process's only one (realtime.server.inventory.on_spent_thread says why)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from realtime.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import build_inventory, on_spent_thread
+from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import build_inventory, on_spent_thread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_on_spent_thread_returns_the_result_and_raises_the_error() -> None:
 # voluntary context switches are counted: one per op when libgomp throttles its spin.
 _PROBE = """
 import os, sys, threading, torch
-from realtime.registry import on_spent_thread
+from realtime.server.inventory import on_spent_thread
 OPS = 200
 def parallel():
     x = torch.ones(1 << 21)  # made here: even a fill is a parallel op
@@ -97,7 +97,7 @@ def test_a_spent_loader_thread_leaves_the_engine_team_spinning() -> None:
 
     def probe(mode: str) -> int:
         # libgomp's own spin count and a team of two, whatever OpenMP settings this process
-        # picked up (realtime.cli's defaults, once a test ran them, are passive and one thread).
+        # picked up (realtime.server.cli's defaults, once a test ran them, are passive and one thread).
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
         env.update({"PYTHONPATH": str(REPO), "GOMP_SPINCOUNT": "300000", "OMP_NUM_THREADS": "2"})
         done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, env=env,

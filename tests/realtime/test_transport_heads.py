@@ -1,10 +1,10 @@
-"""realtime/transport.py item 1: which first bytes can still become an HTTP request."""
+"""realtime/server/transport.py item 1: which first bytes can still become an HTTP request."""
 
 from __future__ import annotations
 
 import pytest
 
-from realtime.transport import could_start_request
+from realtime.server.transport import could_start_request
 
 REQUEST = b"GET /v1/models?x=1 HTTP/1.1\r\nHost: a\r\n\r\n"
 

@@ -1,4 +1,4 @@
-"""realtime/transport.py item 5: no read pause for a message the app waits for; a pause still
+"""realtime/server/transport.py item 5: no read pause for a message the app waits for; a pause still
 bounds what a client queues while the app is busy. Real uvicorn on loopback, raw ASGI app."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from websockets.sync.client import connect
 
-from realtime.server import serve_in_thread
-from realtime.transport import ABORT_EXTENSION
+from realtime.server.server import serve_in_thread
+from realtime.server.transport import ABORT_EXTENSION
 from tests.support.asgi import lifespan
 
 

@@ -1,4 +1,4 @@
-"""realtime/transport.py item 7: what the server writes in reply to a client's bytes, without
+"""realtime/server/transport.py item 7: what the server writes in reply to a client's bytes, without
 the app, stays bounded for a client that never reads (pongs; responses to pipelined
 requests). Real uvicorn on loopback, raw socket client, raw ASGI app."""
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from realtime.server import serve_in_thread
-from realtime.transport import ABORT_EXTENSION
+from realtime.server.server import serve_in_thread
+from realtime.server.transport import ABORT_EXTENSION
 from tests.support.asgi import lifespan
 
 # What the app saw of its connection's transport: the largest write buffer, and at the end

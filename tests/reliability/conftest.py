@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from realtime.server import free_port
+from realtime.server.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """A real server whose models fail on request, for the fault-injection suite.
 
 ``python -m tests.reliability.faulty_server --port P [--tts]`` serves, through the
-production app and uvicorn settings (``realtime.server.run``) but outside the factory
+production app and uvicorn settings (``realtime.server.server.run``) but outside the factory
 table (test models never enter it):
 
 * world ``maze`` (``FaultyMaze``, the real maze model on kv/'s paged cache) whose
@@ -31,10 +31,10 @@ from models.policy.base import PolicyWork
 from models.policy.dummy import DummyPolicy
 from models.world.maze.adapter import MazeWorld, _Session
 from protocols.openpi import PolicyMetadata
-from realtime.app import build_app
-from realtime.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.registry import Inventory
-from realtime.server import bind_socket, run
+from realtime.server.app import build_app
+from realtime.server.config import EngineConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.inventory import Inventory
+from realtime.server.server import bind_socket, run
 
 FAULT = re.compile(r"^(raise|oom|die)-at-(\d+)-")
 SLOW_TICK_S = 0.4

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from deploy.server_process import PROBLEM
 from protocols.close_codes import CLOSE_GOING_AWAY
-from realtime.server import SHUTDOWN_GRACE_S
+from realtime.server.server import SHUTDOWN_GRACE_S
 from tests.reliability.conftest import FaultServer
 
 pytest.importorskip("models.tts.adapter")

@@ -1,4 +1,4 @@
-"""Operator endpoints over the live sessions of every kind (``realtime/connection.py``).
+"""Operator endpoints over the live sessions of every kind (``realtime/endpoints/connection.py``).
 
 * ``GET /v1/sessions``: ``{"object": "list", "data": [{kind, session_id, model, state,
   chunk_index, last_tick}]}`` for every live session of this server process.
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from protocols.echo import shown
-from realtime.connection import LiveSessions
+from realtime.endpoints.connection import LiveSessions
 
 log = logging.getLogger(__name__)
 

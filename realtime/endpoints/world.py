@@ -14,7 +14,7 @@ Two tasks per connection, both on the event loop:
 The model is a ``WorldAdapter``: it turns a snapshot into its tick, checks its own
 chunks (identities, frame shape) on the engine thread, and declares the geometry
 sent in ``session.created``. Socket mechanics, error mapping and the live-session
-registry are ``realtime/connection.py``'s.
+registry are ``realtime/endpoints/connection.py``'s.
 
 Close: the client's ``session.close``, its disconnect, an admin close and the server's
 drain may overlap; the first runs the close and the others wait for it (``close_session``),
@@ -48,7 +48,7 @@ from models.world.base import WorldAdapter, WorldChunk, WorldGeometry
 from protocols import world_v1 as wire
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON
 from protocols.echo import shown
-from realtime.connection import (
+from realtime.endpoints.connection import (
     CLOSE_ADMIN,
     ENGINE_ERRORS,
     WORLD_CODES,
@@ -60,7 +60,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import Engine
-from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, Slot, client_address, receive_or_idle
+from realtime.server.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, Slot, client_address, receive_or_idle
 from realtime.media import encode_chunk
 from sessions import (
     ChunkMetadata,

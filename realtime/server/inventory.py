@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 from models import factory
 from models.base import ModelAdapter
 from models.factory import BuildOptions, ModelEntry, ModelUnavailable
-from realtime.config import ServerConfig
+from realtime.server.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def on_spent_thread(fn: Callable[..., T], *args: Any) -> T:
     ``GOMP_SPINCOUNT`` says: the engine's worker slept and was woken by a futex at
     nearly every parallel op (~3700 per served sentence, bench/results/tts_served_cpu.json).
     A thread that exits frees its team, so the engine's is the only one and the spin count
-    is the operator's to choose (``realtime.cli.openmp_defaults``), as it is in a
+    is the operator's to choose (``realtime.server.cli.openmp_defaults``), as it is in a
     single-threaded benchmark such as bench/tts/bench_tts.py.
     """
     result: list[T] = []

@@ -93,8 +93,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from models.base import EngineDeadError, ModelAdapter, ModelError, failure_code, is_fatal
-from realtime.launch_gate import LAUNCH_HOLD_MAX_S, LaunchGate
-from realtime.stats import ModelStats
+from realtime.engine.overlap import LAUNCH_HOLD_MAX_S, LaunchGate
+from realtime.engine.stats import ModelStats
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class Engine:
         # live session at once: an idle one has nothing queued that would fail).
         self.on_dead: Callable[[str], None] | None = None
         # Closed while a batch is prepared, open once its device work is queued: the
-        # loop's chunk sends wait for it (realtime/launch_gate.py).
+        # loop's chunk sends wait for it (realtime/engine/overlap.py).
         # Only for a model that has said it launches device work (ModelAdapter.launched):
         # the others compute inside run_batch, and holding sends would only delay them.
         self.launch_gate = LaunchGate()

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, MutableMapping
 from urllib.parse import urlsplit
 
 from protocols.echo import clipped
-from realtime.transport import refuse_upgrade
+from realtime.server.transport import refuse_upgrade
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from starlette.responses import PlainTextResponse
 from protocols import tts_v1, world_v1
 from protocols.close_codes import CLOSE_GOING_AWAY
 from realtime.engine import EngineStopped, TickCancelled
-from realtime.limits import GOODBYE_TIMEOUT_S
-from realtime.transport import ABORT_EXTENSION
+from realtime.server.limits import GOODBYE_TIMEOUT_S
+from realtime.server.transport import ABORT_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Connection:
         self.ws = ws
         self._lock = asyncio.Lock()
         self._open = True
-        # realtime/transport.py: whether a send would go out without waiting (None: unknown).
+        # realtime/server/transport.py: whether a send would go out without waiting (None: unknown).
         self._writable = ws.scope.get("extensions", {}).get(ABORT_EXTENSION, {}).get("writable")
 
     @property
@@ -216,7 +216,7 @@ class Connection:
             log.debug("close raced the peer's close: %r", exc)
 
     def abort(self) -> None:
-        """Drop the TCP connection now (realtime/transport.py): for a client that stopped
+        """Drop the TCP connection now (realtime/server/transport.py): for a client that stopped
         reading, whose sends and close frame would wait forever. The reader then sees
         the disconnect and ends the session as usual."""
         self._open = False

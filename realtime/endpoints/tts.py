@@ -33,7 +33,7 @@ from starlette.websockets import WebSocket
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
-from realtime.connection import (
+from realtime.endpoints.connection import (
     CLOSE_ADMIN,
     CLOSE_INTERNAL,
     ENGINE_ERRORS,
@@ -47,7 +47,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import Engine
-from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
+from realtime.server.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +393,7 @@ class TTSConnection:
 
     def _needed_by(self, utt: int) -> float:
         """When the listener runs out of utterance ``utt``'s audio: the engine's deadline for
-        its next window (realtime/engine.py "Deadlines"); now, before its first audio."""
+        its next window (realtime/engine/loop.py "Deadlines"); now, before its first audio."""
         if self.playback is None or self.playback[0] != utt:
             return time.perf_counter()
         return self.playback[1] + self.playback[2]

@@ -22,7 +22,7 @@ Keepalive: the client pings every 20 s and gives up after 20 s without a pong.
 The server answers pings in uvicorn's protocol code on the event loop, which this
 module never blocks, so a 60 s inference keeps its connection (the reference
 server computes on its event loop and drops the robot after 20 s). uvicorn must
-run (as realtime/server.py sets it up) with ``ws_ping_timeout=None`` (a robot stuck in a long control loop is not a
+run (as realtime/server/server.py sets it up) with ``ws_ping_timeout=None`` (a robot stuck in a long control loop is not a
 dead peer) and ``ws_max_size`` above ``MAX_MESSAGE_BYTES`` so that an over-limit
 body is answered with a readable error rather than a bare 1009 close.
 
@@ -51,7 +51,7 @@ from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
 from protocols.echo import clipped
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
-from realtime.connection import (
+from realtime.endpoints.connection import (
     CLOSE_ADMIN,
     ENGINE_ERRORS,
     Connection,
@@ -64,7 +64,7 @@ from realtime.connection import (
     run_handler,
 )
 from realtime.engine import NOT_RUN, Engine
-from realtime.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
+from realtime.server.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
 
 log = logging.getLogger(__name__)
 

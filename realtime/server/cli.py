@@ -12,9 +12,9 @@ from typing import MutableMapping
 
 from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
 from protocols.echo import shown
-from realtime.admin import ANYONE, LOOPBACK, admin_entry_valid
-from realtime.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.origins import parse_allowed
+from realtime.server.admin import ANYONE, LOOPBACK, admin_entry_valid
+from realtime.server.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
+from realtime.server.origins import parse_allowed
 
 DESCRIPTION = """\
 A realtime session server for interactive generative models: world, robot-policy
@@ -38,7 +38,7 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # threads) took 0.20 / 0.91 s passive, 3.4 / 2.9 s with GOMP_SPINCOUNT=10000, and the spinning
 # default did not get through loading and 12 ticks in 120 s (bench/results/maze_omp_wait_cpu.json).
 # Passive unless the caller chose. (The models are also built on a thread that ends,
-# realtime.registry.on_spent_thread, so the engine's OpenMP team is the only one: with two
+# realtime.server.inventory.on_spent_thread, so the engine's OpenMP team is the only one: with two
 # teams libgomp cuts any spin count to 100 and wakes a sleeping worker at nearly every op.)
 # A passive team pays a futex wake-up at every parallel op, which for these small models
 # costs more than a second thread gives: one intra-op thread as well. On the quiet 2-core dev
@@ -312,7 +312,7 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     openmp_defaults(os.environ)  # nothing has imported torch yet
-    from realtime.server import bind_socket, configure_logging, run
+    from realtime.server.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.
     try:
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         config = config_from_args(args)
-        from realtime.app import build_app
+        from realtime.server.app import build_app
 
         app = build_app(config)
     except FactoryError as exc:

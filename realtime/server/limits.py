@@ -31,7 +31,7 @@ from typing import Awaitable, Callable, TypeVar
 from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocket
 
-from realtime.transport import refuse_upgrade
+from realtime.server.transport import refuse_upgrade
 
 log = logging.getLogger(__name__)
 

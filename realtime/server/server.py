@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import uvicorn
 
-from realtime.allocator import tune_malloc
-from realtime.config import LOOPBACK_PROXIES
-from realtime.transport import uvicorn_options
+from realtime.server.allocator import tune_malloc
+from realtime.server.config import LOOPBACK_PROXIES
+from realtime.server.transport import uvicorn_options
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ WS_PER_MESSAGE_DEFLATE = False
 
 # After the drain (ServerConfig.drain_timeout_s), how long the handlers of sockets closed
 # at the deadline may take to let go before they are cancelled (and as long again to end
-# once cancelled). With the lifespan's engine stop (realtime/app.py ENGINE_STOP_TIMEOUT_S,
+# once cancelled). With the lifespan's engine stop (realtime/server/app.py ENGINE_STOP_TIMEOUT_S,
 # 2 s) that is at most 4 s; SHUTDOWN_GRACE_S, the documented bound on the exit after the
 # drain deadline, leaves a second for uvicorn's own shutdown and the interpreter's exit.
 CLOSE_GRACE_S = 1.0
@@ -130,7 +130,7 @@ class _Server(uvicorn.Server):
 
     async def _let_go(self, grace_s: float) -> None:
         """Wait up to ``grace_s`` for the connections' handlers to end, then cancel the
-        rest (each ends quietly: realtime/connection.py ``run_handler``)."""
+        rest (each ends quietly: realtime/endpoints/connection.py ``run_handler``)."""
         tasks = [t for t in self.server_state.tasks if not t.done()]
         if not tasks:
             return

@@ -2,7 +2,7 @@
 
 Two sources, neither on a tick's critical section:
 
-* what the engine thread counts (``realtime/stats.py``: ticks, failures by code,
+* what the engine thread counts (``realtime/engine/stats.py``: ticks, failures by code,
   tick latency and batch size histograms, busy time) and what the event loop keeps
   anyway (``LiveSessions``, queue lengths, a world's ``kv_usage()``) are read at
   scrape time by ``_ServerCollector``: the engine never takes a lock for metrics;
@@ -25,15 +25,15 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from realtime.stats import LATENCY_BUCKETS_S, Buckets
+from realtime.engine.stats import LATENCY_BUCKETS_S, Buckets
 
 if TYPE_CHECKING:
-    from realtime.connection import LiveSessions
+    from realtime.endpoints.connection import LiveSessions
     from realtime.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 KINDS = ("world", "policy", "tts")
-# LiveSession.state values (realtime/connection.py and the endpoints).
+# LiveSession.state values (realtime/endpoints/connection.py and the endpoints).
 STATES = ("active", "failed", "cleanup_failed")
 FAILURE_CODES = ("model_error", "out_of_memory", "engine_dead")  # models.base.failure_code
 

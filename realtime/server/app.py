@@ -15,17 +15,17 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from realtime import media
-from realtime.admin import ROUTES as ADMIN_ROUTES
-from realtime.config import ServerConfig
-from realtime.connection import LiveSessions
+from realtime.server.admin import ROUTES as ADMIN_ROUTES
+from realtime.server.config import ServerConfig
+from realtime.endpoints.connection import LiveSessions
 from realtime.engine import Engine
-from realtime.limits import SOCKETS_PER_SESSION_SLOT, ClientSlots, SocketGuard
-from realtime.metrics import CONTENT_TYPE, ServerMetrics
-from realtime.registry import Inventory, build_inventory
-from realtime.openpi_ws import openpi_endpoint
-from realtime.origins import OriginGuard
-from realtime.tts_ws import tts_endpoint
-from realtime.world_ws import world_endpoint
+from realtime.server.limits import SOCKETS_PER_SESSION_SLOT, ClientSlots, SocketGuard
+from realtime.server.metrics import CONTENT_TYPE, ServerMetrics
+from realtime.server.inventory import Inventory, build_inventory
+from realtime.endpoints.openpi import openpi_endpoint
+from realtime.server.origins import OriginGuard
+from realtime.endpoints.tts import tts_endpoint
+from realtime.endpoints.world import world_endpoint
 from sessions import SessionManager
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.factory import DEFAULT_WORLDS
-from realtime.origins import LOOPBACK
+from realtime.server.origins import LOOPBACK
 
 
 # The default of ServerConfig.drain_timeout_s (``realtime serve --drain-timeout``).
@@ -16,11 +16,11 @@ DRAIN_TIMEOUT_S = 20.0
 class EngineConfig:
     device: str = "cpu"
     # How long after a model's batch ends the engine waits for that batch's sessions
-    # to queue their next tick (realtime/engine.py, _take_batch); strangers never wait.
+    # to queue their next tick (realtime/engine/loop.py, _take_batch); strangers never wait.
     batch_wait_ms: float = 20.0
     # CPU models' number format by name (models.factory.CPU_FORMATS); None: each model's pick.
     cpu_format: str | None = None
-    # A lone returner's submit hands the engine the GIL (realtime/engine.py, "GIL hand-off").
+    # A lone returner's submit hands the engine the GIL (realtime/engine/loop.py, "GIL hand-off").
     gil_hand_off: bool = True
 
 
@@ -74,7 +74,7 @@ class TTSConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
-    """What one client may hold (realtime/limits.py); 0 turns either off."""
+    """What one client may hold (realtime/server/limits.py); 0 turns either off."""
 
     # Seconds a session may go with no message from its client and no output taken by it
     # (world: no chunk sent; tts: nothing spoken; OpenPI: no request) before it is closed
@@ -94,10 +94,10 @@ LOOPBACK_PROXIES = ("127.0.0.1", "::1")
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    # Browser origins that may open WebSockets besides the server's own (realtime/origins.py):
+    # Browser origins that may open WebSockets besides the server's own (realtime/server/origins.py):
     # exact origins, "loopback" (any localhost port) or "*". Clients without Origin always may.
     allowed_origins: tuple[str, ...] = (LOOPBACK,)
-    # Client addresses that may list and close sessions (realtime/admin.py): exact
+    # Client addresses that may list and close sessions (realtime/server/admin.py): exact
     # addresses, "loopback" or "*".
     admin_from: tuple[str, ...] = ("loopback",)
     # Addresses (or networks, or "*") of proxies trusted to name the client in X-Forwarded-For:

@@ -1,0 +1,1 @@
+"""The HTTP server around the endpoints: app, uvicorn set-up, CLI, config, limits, admin, metrics."""
