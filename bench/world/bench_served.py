@@ -185,9 +185,15 @@ def _gil_ms(mod: str) -> float | None:
     return ms if ms > 0 else None
 
 
+def _switch_interval_s(args: argparse.Namespace) -> float:
+    """The switch interval the server's engine sets: ``--switch-interval-ms`` or the config's default."""
+    from realtime.server.config import EngineConfig
+
+    return EngineConfig().switch_interval_s if args.switch_interval_ms is None else args.switch_interval_ms / 1000.0
+
+
 def _plan(args: argparse.Namespace) -> list[RowPlan]:
     """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
-    import realtime.engine.loop
     import realtime.media
     from realtime.server.config import WorldConfig
 
@@ -202,7 +208,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
             raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)} "
                              "or gil<MS>")
         workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
-        switch = gil[0] / 1000.0 if gil else (realtime.engine.loop.SWITCH_INTERVAL_S or sys.getswitchinterval())
+        switch = gil[0] / 1000.0 if gil else (_switch_interval_s(args) or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
         rows += [RowPlan(head, fmt, workers, switch, n, path,
@@ -282,7 +288,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--format", choices=["rgb8", "jpeg", "png"], default="rgb8",
                         help="the frame format every client asks for")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
-                        help="the GIL switch interval the engine sets (realtime.engine.loop.SWITCH_INTERVAL_S; "
+                        help="the GIL switch interval the engine sets (EngineConfig.switch_interval_s; "
                              "0 keeps Python's 5 ms)")
     parser.add_argument("--encode-workers", type=int, default=None,
                         help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
@@ -378,7 +384,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every row of ``args`` against one server in this process; the report (see the module doc)."""
     import torch
 
-    import realtime.engine.loop
     import realtime.media
     from models.world.device_jpeg import DeviceJpeg
     from realtime.server.app import build_app
@@ -386,8 +391,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from realtime.server.inventory import Inventory
     from realtime.server.server import serve_in_thread
 
-    if args.switch_interval_ms is not None:
-        realtime.engine.loop.SWITCH_INTERVAL_S = args.switch_interval_ms / 1000.0
     if args.encode_workers is not None:
         realtime.media.ENCODE_WORKERS = args.encode_workers
     plan = _plan(args)
@@ -400,7 +403,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     inventory = Inventory()
     inventory.adapters[model.name] = model
     # Every simulated client is on loopback, one address: no per-client limit.
-    config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms),
+    config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms,
+                                              switch_interval_s=_switch_interval_s(args)),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024),
                           limits=LimitsConfig(max_sessions_per_client=0))
     rows: list[dict[str, Any]] = []

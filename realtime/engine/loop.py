@@ -100,13 +100,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The interpreter's GIL switch interval while an engine runs (seconds; 0 keeps Python's
-# 5 ms). The engine thread and the event loop share one GIL: a thread woken by the other
-# (a submit waking the engine, a batch's results waking the loop) waits until the holder
-# drops the GIL, up to one interval, on every hand-off and between the model's Python
-# steps while the loop sends. bench/world/serve_profile.py measures that wait.
-SWITCH_INTERVAL_S = 0.0005
-
 # The longest a tick waits while ticks with deadlines go first ("Deadlines"): an older
 # one that has waited this long runs next whatever is due.
 DEADLINE_DEFER_MAX_S = 0.5
@@ -188,10 +181,16 @@ class Engine:
         batch_wait_ms: float = 20.0,
         model_wait_ms: Mapping[str, float] | None = None,
         gil_hand_off: bool = True,
+        switch_interval_s: float = 0.0005,
     ) -> None:
         self._adapters = dict(adapters)
         # Whether a lone returner's submit hands the engine the GIL (see "GIL hand-off").
         self._gil_hand_off = gil_hand_off
+        # The interpreter's GIL switch interval set at start (0: Python's own; see
+        # EngineConfig.switch_interval_s). The engine thread and the event loop share one
+        # GIL: a thread woken by the other (a submit waking the engine, a batch's results
+        # waking the loop) waits until the holder drops it, up to one interval.
+        self._switch_interval_s = switch_interval_s
         # Per model: how long after a batch ends the engine waits for that batch's
         # sessions to queue their next tick (see _take_batch).
         self._wait = {n: (model_wait_ms or {}).get(n, batch_wait_ms) / 1000.0 for n in self._adapters}
@@ -243,8 +242,8 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        if SWITCH_INTERVAL_S > 0:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        if self._switch_interval_s > 0:
+            sys.setswitchinterval(self._switch_interval_s)
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._thread.start()
         log.info("engine started with models %s", sorted(self._adapters))

@@ -46,7 +46,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         policy_waits = {name: config.policy.batch_wait_ms for name in inventory.names("policy")}
         engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits,
-                        gil_hand_off=config.engine.gil_hand_off)
+                        gil_hand_off=config.engine.gil_hand_off, switch_interval_s=config.engine.switch_interval_s)
         app.state.engine = engine
         loop = asyncio.get_running_loop()
 

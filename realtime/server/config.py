@@ -22,6 +22,11 @@ class EngineConfig:
     cpu_format: str | None = None
     # A lone returner's submit hands the engine the GIL (realtime/engine/loop.py, "GIL hand-off").
     gil_hand_off: bool = True
+    # The interpreter's GIL switch interval while the engine runs (seconds; 0 keeps Python's
+    # 5 ms). The engine thread and the event loop share one GIL: a thread woken by the other
+    # waits until the holder drops it, up to one interval, on every hand-off
+    # (bench/world/serve_profile.py measures that wait; bench_served's gil<MS> rows compare intervals).
+    switch_interval_s: float = 0.0005
 
 
 @dataclass(frozen=True)

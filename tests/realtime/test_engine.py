@@ -657,3 +657,18 @@ def test_a_tick_that_waited_the_defer_limit_is_not_passed_over():
 
     _, _, order = _two_models(main)
     assert order == ["world", "world", "world", "voice"]
+
+
+def test_the_engine_sets_its_switch_interval_at_start():
+    """``EngineConfig.switch_interval_s`` reaches the interpreter when the engine starts; 0 leaves it."""
+    import sys
+
+    before = sys.getswitchinterval()
+    try:
+        for given, want in ((0.002, 0.002), (0.0, 0.002)):
+            engine = Engine({}, switch_interval_s=given)
+            engine.start()
+            engine.stop()
+            assert sys.getswitchinterval() == pytest.approx(want)
+    finally:
+        sys.setswitchinterval(before)
