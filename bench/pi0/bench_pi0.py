@@ -94,9 +94,10 @@ def tiny_config():
 
 
 def make_policy(model, tok, dev, max_batch: int, name: str, use_graphs: bool | None = None,
-                compile: bool | None = None) -> CountingPi0:
+                compile: bool | None = None, weight_stream: bool = True) -> CountingPi0:
     p = CountingPi0(model, tok, state_stats=Stats("IDENTITY"), action_stats=Stats("IDENTITY"), device=dev,
-                    max_batch=max_batch, name=name, use_graphs=use_graphs, compile=compile)
+                    max_batch=max_batch, name=name, use_graphs=use_graphs, compile=compile,
+                    weight_stream=weight_stream)
     return p
 
 
@@ -263,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     single = make_policy(model, tok, dev, 1, "pi0-one-at-a-time", compile=cpu_compile)
     eager = make_policy(model, tok, dev, args.max_batch, "pi0-eager", use_graphs=False, compile=False)
     graphs_only = make_policy(model, tok, dev, 1, "pi0-graphs-eager-layers", compile=False)
-    cublas = make_policy(model, tok, dev, 1, "pi0-cublas", compile=cpu_compile)  # fast, skinny_linear off
+    cublas = make_policy(model, tok, dev, 1, "pi0-cublas", compile=cpu_compile, weight_stream=False)  # fast, cuBLAS
 
     res: dict[str, Any] = {
         "benchmark": "pi0_native",
@@ -302,11 +303,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     res["paths"].update(fast_layers_compiled=fast.runner.fns.compiled, fast_warmup_s=round(warm_s, 1))
     log(f"warm-up (compile + graph capture for buckets {fast.runner.buckets}) {warm_s:.1f} s; "
         f"layers {'compiled' if fast.runner.fns.compiled else 'eager'}")
-    skinny_linear.USE_KERNEL = False
-    try:  # the graphs are captured now; replays keep the kernels they were captured with
-        cublas.warmup()
-    finally:
-        skinny_linear.USE_KERNEL = True
+    cublas.warmup()
     res["bare_fast_cublas_1"] = bare(cublas, 1, size, args.calls, args.seconds, dev, split=False)
     res["skinny_linear_tuning"] = skinny_linear.tuning_report()
     res["fast_vs_eager"] = agreement(fast, eager, [n for n in (1, 8) if n <= args.max_batch], size)

@@ -22,11 +22,13 @@ __all__ = ["CheckpointError", "Pi0Config", "build", "load_policy", "parse_config
 
 def load_policy(path: str, *, device: str = "cpu", max_batch: int = 32, steps: int | None = None,
                 image_key_map: dict[str, str] | None = None, gpu_memory_fraction: float | None = None,
-                name: str = "pi0", use_graphs: bool | None = None, compile: bool | None = None) -> Any:
+                name: str = "pi0", use_graphs: bool | None = None, compile: bool | None = None,
+                weight_stream: bool = True) -> Any:
     """The checkpoint folder ``path`` as a ``Pi0Policy`` (bf16 on CUDA, float32 on CPU).
 
     ``use_graphs`` / ``compile``: None is the default of the device (CUDA graphs of the whole
-    call with compiled layers on CUDA, eager on CPU); see runner.py."""
+    call with compiled layers on CUDA, eager on CPU); see runner.py. ``weight_stream=False``: ``F.linear``
+    for every Gemma matmul (no skinny_linear.py weight stream), the benchmarks' cuBLAS baseline."""
     import torch
 
     from models.policy.pi0.inputs import ACTION_STATS_GLOB, STATE_STATS_GLOB, PromptTokenizer, load_stats
@@ -46,7 +48,7 @@ def load_policy(path: str, *, device: str = "cpu", max_batch: int = 32, steps: i
         state_stats=load_stats(path, STATE_STATS_GLOB, cfg.state_feature, cfg.state_norm, cfg.state_dim),
         action_stats=load_stats(path, ACTION_STATS_GLOB, "action", cfg.action_norm, cfg.action_dim),
         device=dev, max_batch=max_batch, steps=steps, image_key_map=image_key_map, name=name, use_graphs=use_graphs,
-        compile=compile,
+        compile=compile, weight_stream=weight_stream,
     )
     if dev.type == "cuda":
         policy.warmup()

@@ -26,6 +26,10 @@ would be guarded on its identity and recompiled per layer). ``kv`` is one layer 
 cache, ``[2, B, kv_len, head_dim]``: one argument, so the compiled function never sees two
 aliasing inputs; it writes its keys in place, which torch.compile keeps as a fused store.
 
+``weight_stream`` (default True) lets the Gemma layers' matmuls stream their weights where
+skinny_linear.py finds that faster; False is ``F.linear`` throughout (the benchmarks' cuBLAS row).
+It is an argument of the layer functions, so a compiled layer is traced per value.
+
 ``compiled()`` wraps the two layer functions with ``torch.compile`` (inductor, no
 cudagraphs of its own: the runner captures the whole call in its own CUDA graph, see
 runner.py). Inductor fuses the element-wise work of a layer (rms-norm, rope and the K/V
@@ -35,6 +39,7 @@ x 18 layers at batch 1 are bound by (launches, not arithmetic).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, NamedTuple
 
@@ -61,12 +66,12 @@ class LayerWeights(NamedTuple):
 
 
 def project(x: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
-            nh: int) -> torch.Tensor:
+            nh: int, weight_stream: bool = True) -> torch.Tensor:
     """Norm, q|k|v, rope; k and v stored at ``kv[:, :, start:start+T]`` -> rotated q [B, T, H, D]."""
     b, t, width = x.shape
     d = kv.shape[-1]
     h = F.rms_norm(x, (width,), w.in_scale, RMS_EPS)
-    qkv = linear(h, w.qkv).view(b, t, nh + 2, d)
+    qkv = linear(h, w.qkv, weight_stream).view(b, t, nh + 2, d)
     # The rotated key and the value in one store, the key rotated there again rather than read
     # back from the queries' rotation (0.96x the call at 8 robots: MODEL_CARD.md).
     kv[:, :, start:start + t] = torch.stack((apply_rope(qkv[:, :, nh:nh + 1], cos, sin)[:, :, 0], qkv[:, :, nh + 1]))
@@ -86,33 +91,35 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     return out.view(b, t, h * d)
 
 
-def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights) -> tuple[torch.Tensor, torch.Tensor]:
+def finish(x: torch.Tensor, att: torch.Tensor, w: LayerWeights,
+           weight_stream: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """o projection, residual, norm, gelu-gated MLP (``skinny_linear``'s matmuls: a weight stream
     at the expert's few rows on CUDA, ``F.linear`` otherwise) -> (the residual stream after the
     attention, the MLP's output): the MLP's residual add is the next layer's (see "Residuals")."""
-    x = x + linear(att, w.o)
+    x = x + linear(att, w.o, weight_stream)
     h = F.rms_norm(x, (x.shape[-1],), w.post_scale, RMS_EPS)
-    return x, linear(geglu(h, w.gate_up), w.down)
+    return x, linear(geglu(h, w.gate_up, weight_stream), w.down, weight_stream)
 
 
 def prefix_layer(x: torch.Tensor, pending: torch.Tensor, w: LayerWeights, kv: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, bias: torch.Tensor, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 sin: torch.Tensor, bias: torch.Tensor, nh: int,
+                 weight_stream: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """A Gemma-2B layer over the prefix ``x + pending`` [B, L, W]: K/V to ``kv[:, :, :L]``, which it
     attends -> (residual, MLP output), as ``finish``."""
     x = x + pending
     length = x.shape[1]
-    q = project(x, w, kv, 0, cos, sin, nh)
-    return finish(x, expert_attention(q, kv[0, :, :length], kv[1, :, :length], bias), w)
+    q = project(x, w, kv, 0, cos, sin, nh, weight_stream)
+    return finish(x, expert_attention(q, kv[0, :, :length], kv[1, :, :length], bias), w, weight_stream)
 
 
 def expert_layer(x: torch.Tensor, pending: torch.Tensor, w: LayerWeights, kv: torch.Tensor, start: int,
-                 cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor,
-                 nh: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, nh: int,
+                 weight_stream: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """A Gemma-300M layer over the suffix ``x + pending`` [B, S, W]: K/V to ``kv[:, :, start:start+S]``;
     attends all of kv -> (residual, MLP output), as ``finish``."""
     x = x + pending
-    q = project(x, w, kv, start, cos, sin, nh)
-    return finish(x, expert_attention(q, kv[0], kv[1], bias), w)
+    q = project(x, w, kv, start, cos, sin, nh, weight_stream)
+    return finish(x, expert_attention(q, kv[0], kv[1], bias), w, weight_stream)
 
 
 class VisionWeights(NamedTuple):
@@ -164,12 +171,26 @@ class LayerFns(NamedTuple):
     expert: Layer
     vision: Layer
     compiled: bool
+    weight_stream: bool = True  # see "weight_stream" above; SigLIP's layers never stream
 
 
-EAGER = LayerFns(prefix_layer, expert_layer, vision_layer, False)
+def _bound(fns: LayerFns, weight_stream: bool) -> LayerFns:
+    """``fns`` with the Gemma layers' ``weight_stream`` fixed (the default, True, needs no binding)."""
+    if weight_stream:
+        return fns
+    return fns._replace(prefix=functools.partial(fns.prefix, weight_stream=False),
+                        expert=functools.partial(fns.expert, weight_stream=False), weight_stream=False)
 
 
-def compiled(backend: str = "inductor") -> LayerFns:
+def eager(weight_stream: bool = True) -> LayerFns:
+    """The three layer functions as written."""
+    return _bound(LayerFns(prefix_layer, expert_layer, vision_layer, False), weight_stream)
+
+
+EAGER = eager()
+
+
+def compiled(backend: str = "inductor", *, weight_stream: bool = True) -> LayerFns:
     """The three layer functions under ``torch.compile`` (traced on first use; see the module docstring).
 
     ``fullgraph=True``: a graph break would silently cost the fusion, so it fails instead and
@@ -177,5 +198,5 @@ def compiled(backend: str = "inductor") -> LayerFns:
     generation (the CPU tests' check that the layers trace whole). ``dynamic=None``: batch 1 compiles specialised, the
     first larger bucket compiles one graph symbolic in the batch that serves all the others."""
     opts = {"fullgraph": True, "dynamic": None, "backend": backend}
-    return LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts),
-                    torch.compile(vision_layer, **opts), True)
+    return _bound(LayerFns(torch.compile(prefix_layer, **opts), torch.compile(expert_layer, **opts),
+                           torch.compile(vision_layer, **opts), True), weight_stream)

@@ -218,7 +218,7 @@ class Pi0Model(nn.Module):
         x = run_stack(fns.prefix, embs, [(w, kv[i], cos, sin, bias, spec.num_heads)
                                          for i, w in enumerate(weights[:-1])])
         # The last layer's output feeds nothing the actions use: its K/V are all that is needed.
-        project(x, weights[-1], kv[len(weights) - 1], 0, cos, sin, spec.num_heads)
+        project(x, weights[-1], kv[len(weights) - 1], 0, cos, sin, spec.num_heads, fns.weight_stream)
 
     # ------------------------------------------------------------------ suffix
     def velocity(self, x_t: torch.Tensor, step_bias: torch.Tensor, state_emb: torch.Tensor, kv: torch.Tensor,

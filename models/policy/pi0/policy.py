@@ -53,7 +53,8 @@ class Pi0Policy(PolicyAdapter):
     def __init__(self, model: Pi0Model, tokenizer: PromptTokenizer, *, state_stats: Stats, action_stats: Stats,
                  device: torch.device, max_batch: int = 32, steps: int | None = None,
                  image_key_map: Mapping[str, str] | None = None, name: str = "pi0", seed: int = 0,
-                 use_graphs: bool | None = None, graph_prefix: bool = True, compile: bool | None = None) -> None:
+                 use_graphs: bool | None = None, graph_prefix: bool = True, compile: bool | None = None,
+                 weight_stream: bool = True) -> None:
         cfg = model.cfg
         model.fuse()
         self.cfg, self.model, self.tokenizer = cfg, model.eval(), tokenizer
@@ -80,7 +81,7 @@ class Pi0Policy(PolicyAdapter):
             },
         )
         self.runner = Pi0Runner(model, device, max_batch, use_graphs=use_graphs, graph_prefix=graph_prefix,
-                                compile=compile)
+                                compile=compile, weight_stream=weight_stream)
         self.seeds = CallSeeds(seed)
 
     def describe(self) -> Mapping[str, Any]:

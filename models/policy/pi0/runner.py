@@ -69,13 +69,16 @@ class Pi0Runner:
     """Owns the device buffers; ``run`` is called by the engine thread only."""
 
     def __init__(self, model: Pi0Model, device: torch.device, max_batch: int, *, use_graphs: bool | None = None,
-                 graph_prefix: bool = True, compile: bool | None = None) -> None:
+                 graph_prefix: bool = True, compile: bool | None = None, weight_stream: bool = True) -> None:
         self.model, self.device = model, device
         self.buckets = buckets_for(max_batch)
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.graph_prefix = graph_prefix and self.use_graphs
         want_compile = self.use_graphs if compile is None else compile
-        self.fns: layers.LayerFns = layers.compiled() if want_compile else layers.EAGER
+        # weight_stream=False: F.linear for every Gemma matmul (skinny_linear.py; the benchmarks' cuBLAS row).
+        self.weight_stream = weight_stream
+        self.fns: layers.LayerFns = (layers.compiled(weight_stream=weight_stream) if want_compile
+                                     else layers.eager(weight_stream))
         self._buckets: dict[int, _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.graph_count = 0
@@ -133,7 +136,7 @@ class Pi0Runner:
 
     def _drop_compiled(self) -> None:
         torch.cuda.synchronize(self.device)
-        self.fns = layers.EAGER
+        self.fns = layers.eager(self.weight_stream)
         for bucket in self._buckets.values():
             bucket.graphs.clear()
             bucket.whole.clear()

@@ -14,7 +14,9 @@ arithmetic. cuBLAS took some 23 us for the four (bench/results/pi0_expert_profil
 and the element-wise kernel after it is gone.
 
 Both are custom ops (``torch.compile`` keeps them whole) used only where they apply
-(``applies``: CUDA, Triton, at most ``MAX_ROWS`` rows); anything else is ``F.linear``.
+(``applies``: CUDA, Triton, at most ``MAX_ROWS`` rows) and the caller asks for the stream
+(``stream``: ``Pi0Runner(weight_stream=...)``, off for the benchmarks' cuBLAS row); anything
+else is ``F.linear``.
 The tile is timed once per shape among ``CANDIDATES`` (those that divide its sizes)
 before any capture (``tuned``), like ``expert_attention``'s, and the kernel must beat
 ``F.linear`` in that timing to be used at all, so a shape where cuBLAS is faster keeps
@@ -44,7 +46,6 @@ except ImportError:  # CPU-only installs: F.linear runs instead
 
 BLOCK_M = 64         # one program holds every row: the expert's 51 at one robot
 MAX_ROWS = BLOCK_M
-USE_KERNEL = True    # False: F.linear everywhere (the benchmarks' cuBLAS baseline, read at trace time)
 
 
 def _jit(fn):
@@ -158,7 +159,7 @@ def tuning_report() -> list[dict]:
 def applies(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``x @ w^T`` is a weight stream this module serves (decided at trace time)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return USE_KERNEL and x.is_cuda and triton_available() and 0 < rows <= MAX_ROWS and x.dtype == w.dtype
+    return x.is_cuda and triton_available() and 0 < rows <= MAX_ROWS and x.dtype == w.dtype
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, geglu: bool) -> torch.Tensor:
@@ -188,11 +189,13 @@ def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[0] // 2)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """A layer's matmul: the weight stream for a few rows on CUDA, ``F.linear`` otherwise."""
-    return skinny_linear(x, w) if applies(x, w) else F.linear(x, w)
+def linear(x: torch.Tensor, w: torch.Tensor, stream: bool = True) -> torch.Tensor:
+    """A layer's matmul: the weight stream for a few rows on CUDA, ``F.linear`` otherwise
+    (and always with ``stream=False``)."""
+    return skinny_linear(x, w) if stream and applies(x, w) else F.linear(x, w)
 
 
-def geglu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(x @ gate^T) * (x @ up^T) for w = gate | up, fused for a few rows on CUDA."""
-    return skinny_geglu(x, w) if applies(x, w) else reference(x, w, True)
+def geglu(x: torch.Tensor, w: torch.Tensor, stream: bool = True) -> torch.Tensor:
+    """gelu_tanh(x @ gate^T) * (x @ up^T) for w = gate | up, fused for a few rows on CUDA
+    (``reference`` elsewhere, and always with ``stream=False``)."""
+    return skinny_geglu(x, w) if stream and applies(x, w) else reference(x, w, True)

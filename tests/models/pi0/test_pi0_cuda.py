@@ -42,6 +42,19 @@ def test_graphs_match_eager(tmp_path):
                                np.stack([r["actions"] for r in eager.infer_batch(mixed)]), atol=5e-2, rtol=5e-2)
 
 
+def test_graphs_without_the_weight_stream_match_eager(tmp_path):
+    """The benchmarks' cuBLAS row: graphs over compiled layers whose matmuls are all ``F.linear``."""
+    write_tiny(str(tmp_path))
+    off = load_policy(str(tmp_path), device="cuda", max_batch=4, weight_stream=False)
+    eager = load_policy(str(tmp_path), device="cuda", max_batch=4, use_graphs=False)
+    assert off.runner.graph_count > 0 and off.runner.fns.compiled and not off.runner.fns.weight_stream
+    for n in (1, 3):
+        works = [work(f"r{i}", obs(i), seed=i) for i in range(n)]
+        ref = np.stack([r["actions"] for r in eager.infer_batch(works)])
+        np.testing.assert_allclose(np.stack([r["actions"] for r in off.infer_batch(works)]), ref,
+                                   atol=5e-2, rtol=5e-2)
+
+
 def test_expert_attention_kernel_matches_the_math_path_at_full_size_and_in_a_graph():
     """pi0's own geometry: 51 tokens x 8 heads over 880 keys of head_dim 256, bf16, batch 1 and 8."""
     from models.policy.pi0.expert_attention import expert_attention_math, expert_attention_triton
@@ -102,3 +115,5 @@ def test_skinny_linear_matches_cublas_at_the_expert_sizes():
             torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
         op = geglu if gated else linear
         torch.testing.assert_close(op(x, w).float(), want, atol=3e-2, rtol=3e-2)
+        # Without the stream (the benchmarks' cuBLAS row) it is the torch path itself.
+        torch.testing.assert_close(op(x, w, stream=False), reference(x, w, gated), atol=0, rtol=0)

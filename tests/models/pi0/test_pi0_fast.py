@@ -119,6 +119,23 @@ def test_traced_layers_equal_the_eager_layers(folder):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_layers_without_the_weight_stream(folder):
+    """``weight_stream=False`` (the benchmarks' cuBLAS row) is bound into the Gemma layer functions,
+    eager and as torch.compile traces them; on CPU every matmul is ``F.linear`` either way, so the
+    actions are the default's (bit for bit eagerly). On CUDA: test_pi0_cuda.py."""
+    default = load_policy(folder, max_batch=4)
+    off = load_policy(folder, max_batch=4, weight_stream=False)
+    assert default.runner.fns.weight_stream and not off.runner.fns.weight_stream
+    assert off.runner.fns.prefix.keywords == off.runner.fns.expert.keywords == {"weight_stream": False}
+    works = [work(f"r{i}", obs(i), seed=i) for i in range(2)]
+    ref = np.stack([r["actions"] for r in default.infer_batch(works)])
+    np.testing.assert_array_equal(np.stack([r["actions"] for r in off.infer_batch(works)]), ref)
+    off.runner.fns = layers.compiled(backend="aot_eager", weight_stream=False)
+    assert not off.runner.fns.weight_stream
+    got = np.stack([r["actions"] for r in off.infer_batch(works)])
+    np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_buckets():
     assert buckets_for(1) == (1,)
     assert buckets_for(12) == (1, 2, 4, 8, 12)
