@@ -42,7 +42,7 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
     "pi0": ("policy", "models.policy.pi0:build"),
-    "piper-joe-medium": ("tts", "models.tts.adapter:build"),
+    "piper-joe-medium": ("tts", "models.tts.piper:build"),
 }
 
 # The worlds served by default, in order (the first is a session's default world).

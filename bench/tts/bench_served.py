@@ -190,7 +190,7 @@ def adapter_once(tts: Any, text: str, seed: int) -> float:
 def load_adapter() -> Any:
     import torch
 
-    from models.tts.adapter import PiperTTS
+    from models.tts.piper.adapter import PiperTTS
 
     tts = PiperTTS.load(device="cpu")
     log("adapter loaded on its own thread (torch threads %d, products %s)" % (torch.get_num_threads(), tts.describe()["products"]))

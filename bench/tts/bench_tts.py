@@ -43,10 +43,11 @@ import numpy as np
 import torch
 
 from bench.report import emit
-from models.tts.adapter import AudioChunk, DecodeWindow, PiperTTS, SynthesizeSentence
-from models.tts.phonemes import PhonemeTable
+from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence
+from models.tts.piper.adapter import PiperTTS
+from models.tts.piper.phonemes import PhonemeTable
+from models.tts.piper.voice import TorchVoice
 from models.tts.segmenter import SentenceSegmenter
-from models.tts.voice import TorchVoice
 
 # ~5 s of speech each at the voice's default pace.
 SENTENCES = (
@@ -195,8 +196,8 @@ def piper_once(piper, text: str) -> tuple[float, float, float]:
 def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
     """Where the first chunk's time goes (p50 ms), along the adapter's path:
     phonemes, prior (encoder + the first ids' durations), flow prefix, first window."""
-    from models.tts.voice import LatentRequest
-    from models.tts.windows import flow_chunk, window_at
+    from models.tts.piper.voice import LatentRequest
+    from models.tts.piper.windows import flow_chunk, window_at
 
     voice, parts = tts.voice, {"phonemize": [], "prior": [], "flow_prefix": [], "first_window_decode": []}
     for i in range(repeats):
@@ -235,7 +236,7 @@ def run_cpu_threads(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     from piper import PiperVoice
     from piper.config import PiperConfig
 
-    from models.tts.piper_convert import find_joe_voice
+    from models.tts.piper.convert import find_joe_voice
 
     torch.set_num_threads(threads)
     tts = load_tts(args, SENTENCES)
@@ -433,8 +434,8 @@ def run_sessions(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_phonemes(path: str) -> None:
-    from models.tts.phonemes import Phonemizer
-    from models.tts.piper_convert import find_joe_voice, load_spec
+    from models.tts.piper.convert import find_joe_voice, load_spec
+    from models.tts.piper.phonemes import Phonemizer
 
     spec = load_spec(find_joe_voice())
     ph = Phonemizer(spec.espeak_voice, spec.phoneme_id_map)

@@ -57,9 +57,9 @@ class Trace:
 
 def instrument(trace: Trace) -> None:
     """Wrap the TTS path's methods (classes, before the app is built)."""
-    from models.tts import adapter as adapter_mod
     from models.tts.base import SynthesizeSentence
-    from models.tts.voice import TorchVoice
+    from models.tts.piper import adapter as adapter_mod
+    from models.tts.piper.voice import TorchVoice
     from protocols import tts_v1 as wire
     from realtime.endpoints import tts as tts_ws
     from realtime.endpoints.connection import Connection

@@ -13,7 +13,7 @@ from bench.soak.run_soak import main
 
 @pytest.mark.slow
 def test_soak_20_seconds(tmp_path):
-    pytest.importorskip("models.tts.adapter")
+    pytest.importorskip("models.tts.piper.adapter")
     out = tmp_path / "soak.json"
     code = main(["--seconds", "20", "--out", str(out)])
     result = json.loads(out.read_text())

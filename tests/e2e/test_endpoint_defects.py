@@ -132,9 +132,9 @@ def error_log() -> Iterator[_Errors]:
 
 
 def test_tts_client_runs_leave_no_error_in_the_server_log():
-    tts_adapter = pytest.importorskip("models.tts.adapter")
+    tts_adapter = pytest.importorskip("models.tts.piper.adapter")
     from clients.tts import synthesize
-    from models.tts.availability import TTSUnavailable
+    from models.tts.piper.availability import TTSUnavailable
 
     try:
         voice = tts_adapter.PiperTTS.load(device="cpu", max_batch=4)

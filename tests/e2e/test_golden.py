@@ -223,8 +223,8 @@ async def _tts_session(addr: str) -> list[Any]:
 
 
 def test_tts_transcript():
-    tts_adapter = pytest.importorskip("models.tts.adapter")
-    from models.tts.availability import TTSUnavailable
+    tts_adapter = pytest.importorskip("models.tts.piper.adapter")
+    from models.tts.piper.availability import TTSUnavailable
 
     try:
         # float32 products whatever the CPU: the transcript records the audio's length.

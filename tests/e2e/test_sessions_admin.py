@@ -31,7 +31,7 @@ OBS = {"cam": np.zeros((32, 32, 3), np.uint8), "state": np.zeros(2, np.float32),
 
 def _voice():
     try:
-        from models.tts.adapter import PiperTTS
+        from models.tts.piper.adapter import PiperTTS
 
         return PiperTTS.load(device="cpu", max_batch=1)
     except Exception:  # noqa: BLE001 - no tts extra or voice: the other kinds are still tested

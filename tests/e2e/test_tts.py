@@ -14,14 +14,14 @@ from realtime.server.config import ServerConfig, WorldConfig
 from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
-tts_adapter = pytest.importorskip("models.tts.adapter")
+tts_adapter = pytest.importorskip("models.tts.piper.adapter")
 
 LONG = ("The quick brown fox jumps over the lazy dog near the riverbank. " * 6).strip()
 
 
 @pytest.fixture(scope="module")
 def voice():
-    from models.tts.availability import TTSUnavailable
+    from models.tts.piper.availability import TTSUnavailable
 
     try:
         return tts_adapter.PiperTTS.load(device="cpu", max_batch=8)

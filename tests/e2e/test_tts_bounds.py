@@ -16,7 +16,7 @@ from realtime.server.config import ServerConfig, WorldConfig
 from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 
-tts_adapter = pytest.importorskip("models.tts.adapter")
+tts_adapter = pytest.importorskip("models.tts.piper.adapter")
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank. "
 MESSAGE = (SENTENCE * (tts_v1.MAX_TEXT_CHARS // len(SENTENCE)))[: tts_v1.MAX_TEXT_CHARS]
@@ -24,7 +24,7 @@ MESSAGE = (SENTENCE * (tts_v1.MAX_TEXT_CHARS // len(SENTENCE)))[: tts_v1.MAX_TEX
 
 @pytest.fixture(scope="module")
 def addr():
-    from models.tts.availability import TTSUnavailable
+    from models.tts.piper.availability import TTSUnavailable
 
     try:
         voice = tts_adapter.PiperTTS.load(device="cpu", max_batch=1)

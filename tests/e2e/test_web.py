@@ -39,7 +39,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright pac
 def _tts_adapter() -> tuple[Any, str | None]:
     """The real Piper adapter, or why the speech tests must skip."""
     try:
-        from models.tts.adapter import PiperTTS
+        from models.tts.piper.adapter import PiperTTS
         import realtime.endpoints.tts  # noqa: F401 - the endpoint must exist too
     except ImportError as exc:
         return None, f"TTS endpoint or adapter not importable: {exc}"

@@ -36,10 +36,10 @@ def test_realtime_imports_only_kind_bases_and_the_factory():
 
 
 def test_the_check_sees_every_import_form():
-    source = ("import models.world.tiny\nfrom models.tts.adapter import PiperTTS\nfrom models import factory, policy\n"
+    source = ("import models.world.tiny\nfrom models.tts.piper.adapter import PiperTTS\nfrom models import factory, policy\n"
               "def f():\n    from models.world.maze.adapter import MazeWorld\n")
     assert imported_models(source) - ALLOWED == {
-        "models.world.tiny", "models.tts.adapter", "models.policy", "models.world.maze.adapter"}
+        "models.world.tiny", "models.tts.piper.adapter", "models.policy", "models.world.maze.adapter"}
 
 
 def test_no_model_name_in_realtime():

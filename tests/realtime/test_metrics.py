@@ -50,7 +50,7 @@ def test_every_family_is_typed_documented_and_moves_after_ticks():
         inventory.adapters[adapter.name] = adapter
     voice = None
     try:
-        from models.tts.adapter import PiperTTS
+        from models.tts.piper.adapter import PiperTTS
 
         voice = PiperTTS.load(device="cpu", max_batch=1)
         inventory.adapters[voice.name] = voice

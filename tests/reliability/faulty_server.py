@@ -88,7 +88,7 @@ def build(tts: bool = False, drain_timeout_s: float = 20.0) -> Any:
     inventory.add(FaultyMaze(device="cpu", steps=1, window=2, max_batch=8, max_sessions=16))
     inventory.add(SlowPolicy(metadata=METADATA, name="slow-policy"))
     if tts:
-        from models.tts.adapter import PiperTTS
+        from models.tts.piper.adapter import PiperTTS
 
         inventory.add(PiperTTS.load(device="cpu", max_batch=1))
     config = ServerConfig(engine=EngineConfig(batch_wait_ms=2.0), world=WorldConfig(models=("maze",)),

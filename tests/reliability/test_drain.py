@@ -32,7 +32,7 @@ from protocols.close_codes import CLOSE_GOING_AWAY
 from realtime.server.server import SHUTDOWN_GRACE_S
 from tests.reliability.conftest import FaultServer
 
-pytest.importorskip("models.tts.adapter")
+pytest.importorskip("models.tts.piper.adapter")
 
 TEXT = "The robot walked to the door. It turned left. Then it stopped."
 

@@ -36,7 +36,7 @@ def tts_cache(tmp_path_factory):
 def voice(tts_cache):
     if MISSING:
         pytest.skip(SKIP_REASON)
-    from models.tts.voice import TorchVoice
+    from models.tts.piper.voice import TorchVoice
 
     return TorchVoice.load(cache_root=tts_cache, products=torch.float32)
 
@@ -44,6 +44,6 @@ def voice(tts_cache):
 @pytest.fixture(scope="session")
 def quiet_tts(voice):
     """The adapter with noise off (deterministic audio)."""
-    from models.tts.adapter import PiperTTS
+    from models.tts.piper.adapter import PiperTTS
 
     return PiperTTS(voice, noise_scale=0.0, noise_w=0.0)

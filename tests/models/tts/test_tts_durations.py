@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.tts.durations import DurationPredictor, spline_reverse
+from models.tts.piper.durations import DurationPredictor, spline_reverse
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -23,7 +23,7 @@ def test_spline_reverse_equals_transformers():
 
 @pytest.fixture(scope="module")
 def encoded(voice):
-    from models.tts.phonemes import Phonemizer
+    from models.tts.piper.phonemes import Phonemizer
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     ids = [ph.ids(t) for t in (SENTENCE, SHORT)]
@@ -38,7 +38,7 @@ def encoded(voice):
 
 @needs_tts
 def test_equals_the_reference_duration_predictor_padded(voice, encoded):
-    from models.tts.voice import TorchVoice
+    from models.tts.piper.voice import TorchVoice
 
     hidden, mask = encoded
     noise = torch.randn(2, 2, hidden.shape[-1], generator=torch.Generator().manual_seed(1)) * 0.8 * mask

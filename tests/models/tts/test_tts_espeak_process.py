@@ -1,4 +1,4 @@
-"""models/tts/espeak_process.py: espeak-ng runs in a child process; a text it crashes on
+"""models/tts/piper/espeak_process.py: espeak-ng runs in a child process; a text it crashes on
 fails that call (that sentence), and the server's process, and the next call, go on.
 
 espeak-ng writes past its buffers on some short texts: a run of ~100 letters joined by
@@ -18,8 +18,8 @@ import textwrap
 import pytest
 
 from models.base import ModelError
-from models.tts.availability import has_piper_espeak
 from models.tts.base import SynthesizeSentence
+from models.tts.piper.availability import has_piper_espeak
 
 from tts_support import SHORT, needs_tts
 
@@ -31,7 +31,7 @@ CRASHES_ESPEAK = "b." * 100 + "b"
 
 def _first_call_crashes(text: str) -> bool:
     """Whether a fresh espeak-ng child dies on ``text`` (its first call)."""
-    from models.tts.espeak_process import EspeakFailed, EspeakProcess
+    from models.tts.piper.espeak_process import EspeakFailed, EspeakProcess
 
     proc = EspeakProcess("piper")
     try:
@@ -53,7 +53,7 @@ def test_a_process_phonemizing_a_text_espeak_crashes_on_lives_and_goes_on():
     # layout, and in a process it has already run in, it mostly does not), so that the
     # crash, where it still happens in-process, fails this test instead of ending the run.
     script = textwrap.dedent(f"""
-        from models.tts.phonemes import Phonemizer
+        from models.tts.piper.phonemes import Phonemizer
         ph = Phonemizer("en-us", {{"_": [0], "^": [1], "$": [2], "h": [20]}}, backend="piper")
         try:
             ph.ids({CRASHES_ESPEAK!r})
@@ -81,7 +81,7 @@ def test_a_crash_fails_that_call_and_a_fresh_child_answers_the_next():
 
 @needs_piper
 def test_a_child_that_does_not_answer_is_killed_and_replaced():
-    from models.tts.espeak_process import EspeakFailed, EspeakProcess
+    from models.tts.piper.espeak_process import EspeakFailed, EspeakProcess
 
     proc = EspeakProcess("piper", call_timeout_s=0.5)
     try:
@@ -98,7 +98,7 @@ def test_a_child_that_does_not_answer_is_killed_and_replaced():
 
 @needs_piper
 def test_an_exception_of_the_back_end_is_raised_for_that_call_alone():
-    from models.tts.espeak_process import EspeakProcess
+    from models.tts.piper.espeak_process import EspeakProcess
 
     proc = EspeakProcess("piper")
     try:

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from models.tts.flow import ReverseFlow
-from models.tts.windows import flow_chunk
+from models.tts.piper.flow import ReverseFlow
+from models.tts.piper.windows import flow_chunk
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -13,8 +13,8 @@ pytestmark = needs_tts
 
 @pytest.fixture(scope="module")
 def priors(voice):
-    from models.tts.phonemes import Phonemizer
-    from models.tts.voice import LatentRequest
+    from models.tts.piper.phonemes import Phonemizer
+    from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     return [voice.prior([LatentRequest(tuple(ph.ids(t)), 1.0, 0.667, 0.8, seed=5)])[0] for t in (SENTENCE, SHORT)]
@@ -70,7 +70,7 @@ def test_keep_outside_the_segment_is_refused(voice, priors):
 
 
 def test_the_voice_keeps_the_reference_path(voice, priors):
-    from models.tts.voice import TorchVoice
+    from models.tts.piper.voice import TorchVoice
 
     reference = TorchVoice(voice.model, voice.spec, voice.device, reference=True)
     (a,), (b,) = reference.flow([priors[1]], keep=[(3, 50)]), voice.flow([priors[1]], keep=[(3, 50)])

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from models.tts.hifigan import decode_cores
-from models.tts.hifigan_matmul import DecoderMatmul, UpsampleAsMatmul
-from models.tts.windows import WindowPlan, plan_windows
+from models.tts.piper.hifigan import decode_cores
+from models.tts.piper.hifigan_matmul import DecoderMatmul, UpsampleAsMatmul
+from models.tts.piper.windows import WindowPlan, plan_windows
 
 from tts_support import SENTENCE, needs_tts
 
@@ -41,8 +41,8 @@ def test_upsample_as_matmul_refuses_a_kernel_that_is_not_whole_strides():
 
 @needs_tts
 def test_windows_equal_the_module_decode_alone_and_padded(voice):
-    from models.tts.phonemes import Phonemizer
-    from models.tts.voice import LatentRequest
+    from models.tts.piper.phonemes import Phonemizer
+    from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     (z,) = voice.latents([LatentRequest(tuple(ph.ids(SENTENCE)), 1.0, 0.667, 0.8, seed=2)])

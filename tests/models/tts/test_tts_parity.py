@@ -10,9 +10,9 @@ from tts_support import SENTENCE, SHORT, needs_tts
 def test_torch_matches_onnx_runtime(voice):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime (a piper-tts dependency) is missing")
 
-    from models.tts.phonemes import Phonemizer
-    from models.tts.piper_convert import find_joe_voice
-    from models.tts.voice import LatentRequest
+    from models.tts.piper.convert import find_joe_voice
+    from models.tts.piper.phonemes import Phonemizer
+    from models.tts.piper.voice import LatentRequest
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2

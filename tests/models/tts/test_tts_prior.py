@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.tts.prior import NOISE_BLOCK, PREFIX_IDS, Segment, prefix_segment, rest_segment
+from models.tts.piper.prior import NOISE_BLOCK, PREFIX_IDS, Segment, prefix_segment, rest_segment
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -34,8 +34,8 @@ def test_the_reach_read_off_the_model(voice):
 
 @pytest.fixture(scope="module")
 def requests(voice):
-    from models.tts.phonemes import Phonemizer
-    from models.tts.voice import LatentRequest
+    from models.tts.piper.phonemes import Phonemizer
+    from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     return [LatentRequest(tuple(ph.ids(t)), 1.0, 0.667, 0.8, seed=s) for t, s in ((SENTENCE, 7), (SHORT, 8))]
@@ -74,9 +74,10 @@ def test_the_prior_does_not_depend_on_the_batch(voice, requests):
 
 @needs_tts
 def test_streamed_audio_equals_the_one_shot_synthesis_with_noise(voice):
-    from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
-    from models.tts.stream import to_pcm16
-    from models.tts.voice import LatentRequest
+    from models.tts.base import DecodeWindow, SynthesizeSentence
+    from models.tts.piper.adapter import PiperTTS
+    from models.tts.piper.stream import to_pcm16
+    from models.tts.piper.voice import LatentRequest
 
     tts = PiperTTS(voice)
     ids = tts.phonemize(SENTENCE)

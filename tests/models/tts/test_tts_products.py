@@ -8,7 +8,7 @@ from tts_support import SENTENCE, needs_tts
 
 
 def test_a_product_rounds_only_its_inputs():
-    from models.tts.conv_matmul import product
+    from models.tts.piper.conv_matmul import product
 
     x, w = torch.randn(3, 5, 16), torch.randn(16, 8)
     got = product(x, w.to(torch.bfloat16))
@@ -19,8 +19,8 @@ def test_a_product_rounds_only_its_inputs():
 
 @needs_tts
 def test_bfloat16_moves_the_prior_means_far_less_than_the_noise_they_are_drawn_with(voice):
-    from models.tts.adapter import PiperTTS
-    from models.tts.voice import TorchVoice
+    from models.tts.piper.adapter import PiperTTS
+    from models.tts.piper.voice import TorchVoice
 
     bf16 = TorchVoice(voice.model, voice.spec, products=torch.bfloat16)
     assert bf16.products == torch.bfloat16 and bf16.products_pick is None
@@ -36,8 +36,9 @@ def test_bfloat16_moves_the_prior_means_far_less_than_the_noise_they_are_drawn_w
 
 @needs_tts
 def test_a_bfloat16_voice_streams_the_sentence(voice):
-    from models.tts.adapter import DecodeWindow, PiperTTS, SynthesizeSentence
-    from models.tts.voice import TorchVoice
+    from models.tts.base import DecodeWindow, SynthesizeSentence
+    from models.tts.piper.adapter import PiperTTS
+    from models.tts.piper.voice import TorchVoice
 
     def speak(v):
         tts = PiperTTS(v)
@@ -54,7 +55,7 @@ def test_a_bfloat16_voice_streams_the_sentence(voice):
 @needs_tts
 @pytest.mark.parametrize("native", [False, True])
 def test_the_format_is_timed_only_where_bf16_is_native(voice, monkeypatch, native):
-    import models.tts.voice as voice_module
+    import models.tts.piper.voice as voice_module
 
     monkeypatch.setattr(voice_module, "native_bf16", lambda: native)
     v = voice_module.TorchVoice(voice.model, voice.spec)
@@ -75,7 +76,7 @@ def test_the_format_is_timed_only_where_bf16_is_native(voice, monkeypatch, nativ
 @pytest.mark.parametrize("name", ["float32", "bfloat16"])
 def test_the_factory_takes_the_format_by_name(tts_cache, voice, name):
     from models.factory import BuildOptions
-    from models.tts.adapter import build
+    from models.tts.piper import build
 
     tts = build(str(tts_cache), BuildOptions(cpu_format=name, max_batch=1))
     assert tts.describe()["products"] == name and tts.describe()["products_pick"] is None

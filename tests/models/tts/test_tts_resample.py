@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from models.tts.resample import PolyphaseResampler
+from models.tts.piper.resample import PolyphaseResampler
 
 
 def _stream(r, x, sizes):

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from models.base import ModelError
-from models.tts.adapter import MAX_SENTENCE_IDS
 from models.tts.base import SynthesizeSentence
+from models.tts.piper.adapter import MAX_SENTENCE_IDS
 from models.tts.segmenter import SPELLED_WEIGHT, SentenceSegmenter
 
 from tts_support import SHORT, needs_tts

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from models.tts.hifigan import decode_padded
-from models.tts.windows import WindowPlan, plan_windows
+from models.tts.piper.hifigan import decode_padded
+from models.tts.piper.windows import WindowPlan, plan_windows
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -13,8 +13,8 @@ pytestmark = needs_tts
 
 @pytest.fixture(scope="module")
 def latents(voice):
-    from models.tts.phonemes import Phonemizer
-    from models.tts.voice import LatentRequest
+    from models.tts.piper.phonemes import Phonemizer
+    from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     reqs = [LatentRequest(tuple(ph.ids(t)), 1.0, 0.0, 0.0) for t in (SENTENCE, SHORT)]
@@ -33,7 +33,7 @@ def test_receptive_field_read_off_the_model(voice):
 
 
 def test_flow_in_two_chunks_equals_the_whole_flow(voice, latents):
-    from models.tts.windows import flow_chunk
+    from models.tts.piper.windows import flow_chunk
 
     (z, _), (req, _) = latents
     (prior,) = voice.prior([req])

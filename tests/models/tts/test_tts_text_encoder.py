@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul
-from models.tts.text_encoder import TextEncoder
+from models.tts.piper.conv_matmul import ConvAsMatmul
+from models.tts.piper.text_encoder import TextEncoder
 
 from tts_support import SENTENCE, SHORT, needs_tts
 
@@ -30,7 +30,7 @@ def test_conv_as_matmul_refuses_grouped_or_strided_convs():
 
 @pytest.fixture(scope="module")
 def ids(voice):
-    from models.tts.phonemes import Phonemizer
+    from models.tts.piper.phonemes import Phonemizer
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
     hi = ph.ids("Hi.")
@@ -66,7 +66,7 @@ def test_equals_transformers_alone_and_padded(voice, ids):
 
 @needs_tts
 def test_the_voice_uses_it_and_keeps_the_reference_path(voice, ids):
-    from models.tts.voice import LatentRequest, TorchVoice
+    from models.tts.piper.voice import LatentRequest, TorchVoice
 
     reference = TorchVoice(voice.model, voice.spec, voice.device, reference=True)
     request = LatentRequest(tuple(ids[0]), 1.0, 0.667, 0.8, seed=3)
@@ -77,7 +77,7 @@ def test_the_voice_uses_it_and_keeps_the_reference_path(voice, ids):
 
 @needs_tts
 def test_first_rows_then_the_rest_equal_the_whole_encoder_alone_and_padded(voice, ids):
-    from models.tts.text_encoder import TextEncoder
+    from models.tts.piper.text_encoder import TextEncoder
 
     ours = TextEncoder(voice.model.text_encoder)
     assert ours.ffn_reach == 2

@@ -2,8 +2,8 @@
 
 import pytest
 
-from models.tts.hifigan import ConvSpec, DecoderGeometry, UpsampleSpec, receptive_field
-from models.tts.windows import Window, WindowPlan, plan_windows, window_at
+from models.tts.piper.hifigan import ConvSpec, DecoderGeometry, UpsampleSpec, receptive_field
+from models.tts.piper.windows import Window, WindowPlan, plan_windows, window_at
 
 
 def _resblock2_level(kernels=(3, 5, 7), dilations=((1, 2), (2, 6), (3, 12))):
@@ -25,7 +25,7 @@ def test_receptive_field_of_joe_medium():
 
 
 def test_level_spans_of_one_frame_and_of_a_core():
-    from models.tts.hifigan import level_spans
+    from models.tts.piper.hifigan import level_spans
 
     # Samples of frame 0 read 48 samples around them at the audio rate, 58 at
     # 1/4 of it, 53 at 1/32, and 11 latent frames: the cropping bounds.
@@ -73,7 +73,7 @@ def test_bad_windows_are_rejected():
 
 
 def test_flow_runs_a_prefix_first_then_the_rest():
-    from models.tts.windows import FlowChunk, flow_chunk
+    from models.tts.piper.windows import FlowChunk, flow_chunk
 
     # First window reads [0, 23): only that prefix, reading 32 frames past it.
     assert flow_chunk(0, 23, 418, 32) == FlowChunk(0, 23, 0, 55)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.tts.availability import INSTALL_HINT, missing_components
+from models.tts.piper.availability import INSTALL_HINT, missing_components
 
 MISSING = missing_components()
 SKIP_REASON = "tts extra missing (%s): %s" % (", ".join(MISSING), INSTALL_HINT)

@@ -14,7 +14,7 @@ each request ``{"voice", "text"}`` gets ``{"clauses": [[phonemes, terminator,
 end_of_sentence], ...]}``, or ``{"error": text}`` for an exception the backend raised
 (a voice espeak-ng lacks). A round trip adds ~0.1 ms to a sentence's ~1 ms of espeak-ng.
 
-The child is ``python -m models.tts.espeak_process BACKEND``; it ends when its stdin
+The child is ``python -m models.tts.piper.espeak_process BACKEND``; it ends when its stdin
 closes (the server exited, however).
 """
 
@@ -38,7 +38,7 @@ START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 5.0
 _LENGTH = struct.Struct(">I")
 # The directory that holds the ``models`` package, for the child's import path.
-_ROOT = str(Path(__file__).resolve().parents[2])
+_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 class EspeakFailed(RuntimeError):
@@ -95,7 +95,7 @@ class EspeakProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         # Its own session: a Ctrl-C meant for the server does not reach it.
-        self._proc = subprocess.Popen([sys.executable, "-m", "models.tts.espeak_process", self.name],
+        self._proc = subprocess.Popen([sys.executable, "-m", "models.tts.piper.espeak_process", self.name],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       start_new_session=True)
         self._ready = False
@@ -195,7 +195,7 @@ def _serve(backend: Any, name: str) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from models.tts.phonemes import in_process_backend
+    from models.tts.piper.phonemes import in_process_backend
 
     name = sys.argv[1]
     try:

@@ -3,7 +3,7 @@
 Work items (frozen dataclasses of the seam, one per session per engine step):
 
 - ``SynthesizeSentence``: phonemize a complete sentence, run its text encoder
-  and the durations of its first ids only (``models.tts.prior``), the flow
+  and the durations of its first ids only (``models.tts.piper.prior``), the flow
   over just the frames the first window reads, and decode that first, short
   window. Replaces any unfinished sentence of that session.
 - ``DecodeWindow``: decode the next window of the session's current sentence
@@ -45,28 +45,18 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from models.base import ModelError
-from models.cpu_format import chosen_format, format_name
-from models.tts.base import (  # the work and chunk types, re-exported for older imports
-    MAX_SENTENCE_CHARS,
-    AudioChunk,
-    DecodeWindow,
-    SynthesizeSentence,
-    TTSAdapter,
-    TTSWork,
-)
-from models.factory import BuildOptions, ModelUnavailable
-from models.tts.espeak_process import EspeakFailed
-from models.tts.phonemes import PhonemeTable, Phonemizer, close_backends
-from models.tts.prior import PREFIX_IDS
-from models.tts.resample import PolyphaseResampler
-from models.tts.stream import SentenceStream
-from models.tts.voice import LatentRequest, TorchVoice
-from models.tts.windows import WindowPlan
+from models.cpu_format import format_name
+from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence, TTSAdapter, TTSWork
+from models.tts.piper.espeak_process import EspeakFailed
+from models.tts.piper.phonemes import PhonemeTable, Phonemizer, close_backends
+from models.tts.piper.prior import PREFIX_IDS
+from models.tts.piper.resample import PolyphaseResampler
+from models.tts.piper.stream import SentenceStream
+from models.tts.piper.voice import LatentRequest, TorchVoice
+from models.tts.piper.windows import WindowPlan
 from protocols.tts_v1 import SAMPLE_RATES
 
 logger = logging.getLogger(__name__)
-
-__all__ = ["MAX_SENTENCE_CHARS", "AudioChunk", "DecodeWindow", "PiperTTS", "SynthesizeSentence", "build"]
 
 # The rates every voice here offers (the resampler makes what the voice lacks).
 SUPPORTED_RATES = SAMPLE_RATES
@@ -94,7 +84,7 @@ class PiperTTS(TTSAdapter):
         prefix_ids: int | None = PREFIX_IDS,
     ) -> None:
         """``prefix_ids``: ids whose durations the first window waits for
-        (``models.tts.prior``); None: the whole sentence's, as one-shot synthesis."""
+        (``models.tts.piper.prior``); None: the whole sentence's, as one-shot synthesis."""
         self.voice = voice
         if prefix_ids is not None and prefix_ids < 1:
             raise ValueError("prefix_ids must be >= 1 or None, got %r" % (prefix_ids,))
@@ -132,7 +122,7 @@ class PiperTTS(TTSAdapter):
     ) -> "PiperTTS":
         """Convert (first time) or load the cached voice; raises ``TTSUnavailable``
         without the ``tts`` extra. ``products``: ``TorchVoice``'s number format."""
-        from models.tts.availability import require_tts
+        from models.tts.piper.availability import require_tts
 
         require_tts()
         return cls(TorchVoice.load(device=device, cache_root=cache_root, products=products), **kwargs)
@@ -297,16 +287,3 @@ class PiperTTS(TTSAdapter):
             stale=stale,
         )
 
-
-def build(path: str | None, options: BuildOptions) -> PiperTTS:
-    """Factory-table entry ``piper-joe-medium``; ``path``: the converted-voice cache
-    folder (default: the user cache). Without the ``tts`` extra: ``ModelUnavailable``."""
-    from models.tts.availability import TTSUnavailable
-
-    kwargs: dict[str, Any] = {"products": chosen_format(options)}
-    if options.max_batch is not None:
-        kwargs["max_batch"] = options.max_batch
-    try:
-        return PiperTTS.load(device=options.device, cache_root=Path(path) if path else None, **kwargs)
-    except TTSUnavailable as exc:
-        raise ModelUnavailable(f"TTS unavailable: {exc}") from exc

@@ -4,7 +4,7 @@ HiFi-GAN windows.
 ``latents`` is VITS inference up to the decoder (text encoder, stochastic
 duration predictor, length regulation, reverse flow), batched over sentences
 with padding masks; a stream takes the prior in two steps (``prior_prefix``,
-``prior_rest``; see ``models.tts.prior``). ``decode`` runs windows of latents
+``prior_rest``; see ``models.tts.piper.prior``). ``decode`` runs windows of latents
 of any lengths in one HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
 whole-sentence path, the reference for parity and streaming tests.
 
@@ -29,13 +29,13 @@ import torch
 from torch import nn
 
 from models.cpu_format import faster_format, native_bf16, steady_ms
-from models.tts.durations import DurationPredictor
-from models.tts.flow import ReverseFlow
-from models.tts.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
-from models.tts.hifigan_matmul import MAX_FRAMES as MATMUL_MAX_FRAMES, DecoderMatmul
-from models.tts.piper_convert import VoiceSpec, load_converted, load_voice_model
-from models.tts.prior import PREFIX_IDS, Segment, SentencePrior, duration_reach, prefix_segment, rest_segment
-from models.tts.text_encoder import TextEncoder
+from models.tts.piper.convert import VoiceSpec, load_converted, load_voice_model
+from models.tts.piper.durations import DurationPredictor
+from models.tts.piper.flow import ReverseFlow
+from models.tts.piper.hifigan import decode_cores, decode_padded, decoder_geometry, receptive_field
+from models.tts.piper.hifigan_matmul import MAX_FRAMES as MATMUL_MAX_FRAMES, DecoderMatmul
+from models.tts.piper.prior import PREFIX_IDS, Segment, SentencePrior, duration_reach, prefix_segment, rest_segment
+from models.tts.piper.text_encoder import TextEncoder
 
 logger = logging.getLogger(__name__)
 

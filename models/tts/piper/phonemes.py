@@ -35,9 +35,9 @@ import threading
 import unicodedata
 from typing import Mapping, Sequence
 
-from models.tts.availability import TTSUnavailable, has_piper_espeak, has_system_espeak
-from models.tts.espeak_process import EspeakProcess
 from models.tts.graphemes import chunks
+from models.tts.piper.availability import TTSUnavailable, has_piper_espeak, has_system_espeak
+from models.tts.piper.espeak_process import EspeakProcess
 
 logger = logging.getLogger(__name__)
 

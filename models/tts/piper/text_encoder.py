@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul, product
+from models.tts.piper.conv_matmul import ConvAsMatmul, product
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul, product
-from models.tts.hifigan import LEAKY_SLOPE, DecoderGeometry, ResBlock2, level_spans
+from models.tts.piper.conv_matmul import ConvAsMatmul, product
+from models.tts.piper.hifigan import LEAKY_SLOPE, DecoderGeometry, ResBlock2, level_spans
 
 
 # Longest window (decoded frames, context included) decoded this way; longer

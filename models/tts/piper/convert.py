@@ -49,8 +49,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.tts.availability import TTSUnavailable
-from models.tts.hifigan import ResBlock2
+from models.tts.piper.availability import TTSUnavailable
+from models.tts.piper.hifigan import ResBlock2
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from models.tts.conv_matmul import ConvAsMatmul
+from models.tts.piper.conv_matmul import ConvAsMatmul
 
 
 class _Coupling:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.tts.prior import SentencePrior
-from models.tts.resample import PolyphaseResampler, ResamplerState
-from models.tts.windows import FlowChunk, Window, WindowPlan, flow_chunk, window_at
+from models.tts.piper.prior import SentencePrior
+from models.tts.piper.resample import PolyphaseResampler, ResamplerState
+from models.tts.piper.windows import FlowChunk, Window, WindowPlan, flow_chunk, window_at
 
 MAX_PCM = 32767.0
 
