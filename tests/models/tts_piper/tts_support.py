@@ -1,4 +1,4 @@
-"""Constants and marks shared by the TTS tests (a uniquely named module, so
+"""Constants and marks shared by the Piper voice's tests (a uniquely named module, so
 ``from tts_support import ...`` cannot pick up another directory's conftest)."""
 
 from __future__ import annotations
