@@ -190,9 +190,6 @@ def gather_cudnn(q, k_pool, v_pool, batch, scale=None):
 # -- FlexAttention on the pool ------------------------------------------------------
 
 _compiled_flex: Callable | None = None
-# Mark the batch dimension dynamic before the first compile (see _mark_batch_dynamic);
-# a switch so a torch version that rejects it can be measured without it.
-FLEX_MARK_DYNAMIC = True
 # Every row attends at least its own chunk, so no query row is fully masked and
 # the kernel may skip its all-masked-row guard.
 _FLEX_BASE_OPTIONS = {"ROWS_GUARANTEED_SAFE": True}
@@ -261,6 +258,9 @@ def _flex_block_mask(batch: KVBatch, Lq: int, num_blocks: int, block_size: int):
 def _mark_batch_dynamic(qt: torch.Tensor, bm) -> None:
     # Compile once for every batch size >= 2 instead of once static, once
     # dynamic: only the grid depends on the batch. (Size 1 is always specialised.)
+    # bench/results/kv_gpu.json: flex's first call took 12.3 s at batch 1, 3.5 s at
+    # 32 and 0.001 s at 128. A torch that rejected the mark would fail flex, which
+    # ``auto`` then does not choose.
     mark = torch._dynamo.maybe_mark_dynamic
     mark(qt, 0)
     for t in (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices):
@@ -281,7 +281,7 @@ def flex(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVB
     options = dict(_FLEX_BASE_OPTIONS)
     if kernel_options:
         options.update(kernel_options)
-    if q.is_cuda and R > 1 and FLEX_MARK_DYNAMIC:
+    if q.is_cuda and R > 1:
         _mark_batch_dynamic(qt, bm)
     out = _flex_fn(q.device)(qt, k, v, block_mask=bm, scale=scale, enable_gqa=Hq != Hkv,
                              kernel_options=options)
