@@ -1,7 +1,7 @@
 """The stochastic duration predictor's inference pass (VITS), without its Python overhead.
 
-``TorchVoice.prior`` runs the duration predictor backwards from noise once per
-sentence, before the first audio. Its math is transformers'
+``TorchVoice.prior_prefix`` and ``prior_rest`` run the duration predictor backwards
+from noise, a sentence's first ids before its first audio. Its math is transformers'
 (``VitsStochasticDurationPredictor`` with ``reverse=True``; VITS skips one flow
 at inference); two things cost time there for no arithmetic:
 

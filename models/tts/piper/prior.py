@@ -27,8 +27,8 @@ prior noise is drawn time-major in blocks of ``NOISE_BLOCK`` frames from the
 sentence's generator, so the noise of frame t does not depend on how many
 frames the sentence has (a [C, T] draw would put frame t of channel c at
 ``c * T + t``): the prefix draws the first blocks, the rest continues from the
-same generator, and the whole-sentence prior (``TorchVoice.prior``) draws the
-same blocks in the same calls, so streamed and whole noise are identical.
+same generator, and the whole-sentence prior (``TorchVoice.prior_prefix`` with no
+prefix) draws the same blocks in the same calls, so streamed and whole noise are identical.
 """
 
 from __future__ import annotations

@@ -87,9 +87,3 @@ class PolyphaseResampler:
         stop = self.output_length(state.received)
         y, base, pending = self._emit(pending, state.base, state.produced, stop)
         return y, ResamplerState(pending, base, state.received, stop)
-
-    def resample(self, x: torch.Tensor) -> torch.Tensor:
-        """The whole signal at once (the reference a stream must match)."""
-        head, state = self.push(self.start(), x)
-        tail, _ = self.finish(state)
-        return torch.cat([head, tail])

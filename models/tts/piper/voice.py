@@ -1,12 +1,13 @@
 """The converted Piper voice as two torch stages: latents once per sentence, then
 HiFi-GAN windows.
 
-``latents`` is VITS inference up to the decoder (text encoder, stochastic
+The latent stage is VITS inference up to the decoder (text encoder, stochastic
 duration predictor, length regulation, reverse flow), batched over sentences
 with padding masks; a stream takes the prior in two steps (``prior_prefix``,
-``prior_rest``; see ``models.tts.piper.prior``). ``decode`` runs windows of latents
-of any lengths in one HiFi-GAN forward (``hifigan.decode_padded``). ``synthesize`` is the plain
-whole-sentence path, the reference for parity and streaming tests.
+``prior_rest``; see ``models.tts.piper.prior``) and runs ``flow`` over just the
+frames its next window reads. ``decode`` runs windows of latents of any lengths
+in one HiFi-GAN forward (``hifigan.decode_padded``). The tests hold all of it to
+the plain whole-sentence path (``tests/models/tts_piper/piper_reference.py``).
 
 Noise is drawn on the CPU from a generator seeded per sentence, so a sentence's
 audio does not depend on what else shares its batch, nor on the device.
@@ -149,18 +150,6 @@ class TorchVoice:
         return cls(model, spec, device, reference, products)
 
     # --- latent stage -----------------------------------------------------------------
-
-    @torch.inference_mode()
-    def latents(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
-        """Decoder input [C, T_i] for each request: ``prior`` then ``flow``."""
-        return self.flow(self.prior(requests))
-
-    @torch.inference_mode()
-    def prior(self, requests: Sequence[LatentRequest]) -> list[torch.Tensor]:
-        """The sampled prior z_p [C, T_i] (before the reverse flow) per request:
-        text encoder, durations over each whole sentence, length regulation;
-        batched with padding. The reference the streamed prior must equal."""
-        return [self._one_frame_if_empty(p).z_p for p in self._start(requests, prefix=None)]
 
     @torch.inference_mode()
     def prior_prefix(self, requests: Sequence[LatentRequest], prefix: int | None = PREFIX_IDS) -> list[SentencePrior]:
@@ -342,12 +331,3 @@ class TorchVoice:
             return decode_cores(self.model.decoder, self.geometry, batch, lengths, cores)
         audio = decode_padded(self.model.decoder, batch, lengths)
         return [audio[b, : lengths[b] * self.hop] for b in range(len(windows))]
-
-    @torch.inference_mode()
-    def decode_whole(self, z: torch.Tensor) -> torch.Tensor:
-        """transformers' own decoder forward over a whole sentence [C, T]."""
-        return self.model.decoder(z[None])[0, 0]
-
-    def synthesize(self, request: LatentRequest) -> torch.Tensor:
-        """Whole-sentence audio [T * hop] in [-1, 1]: latents, then one decode."""
-        return self.decode_whole(self.latents([request])[0])

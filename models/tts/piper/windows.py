@@ -83,17 +83,6 @@ def window_at(plan: WindowPlan, index: int, start: int, total: int) -> Window:
     return Window(index, start, end, max(0, start - plan.context_frames), min(total, end + plan.context_frames))
 
 
-def plan_windows(plan: WindowPlan, total: int) -> list[Window]:
-    """Every window of a ``total``-frame sentence, in order."""
-    out: list[Window] = []
-    start = 0
-    while start < total:
-        w = window_at(plan, len(out), start, total)
-        out.append(w)
-        start = w.end
-    return out
-
-
 @dataclass(frozen=True)
 class FlowChunk:
     start: int  # flow output frames [start, end) to compute

@@ -9,6 +9,7 @@ from models.tts.piper.resample import PolyphaseResampler
 from models.tts.piper.stream import to_pcm16
 from models.tts.piper.voice import LatentRequest
 
+import piper_reference as plain
 from tts_support import SENTENCE, SHORT, needs_tts
 
 pytestmark = needs_tts
@@ -31,8 +32,8 @@ def reference(quiet_tts):
     voice = quiet_tts.voice
     out = {}
     for text in (SENTENCE, SHORT):
-        z = voice.latents([LatentRequest(quiet_tts.phonemize(text), 1.0, 0.0, 0.0)])[0]
-        out[text] = voice.decode_whole(z)
+        z = plain.latents(voice, [LatentRequest(quiet_tts.phonemize(text), 1.0, 0.0, 0.0)])[0]
+        out[text] = plain.decode_whole(voice, z)
     return out
 
 
@@ -70,7 +71,7 @@ def test_24khz_stream_equals_resampling_the_whole_sentence(quiet_tts, reference)
     chunks = _stream(quiet_tts, "b", SENTENCE, rate=24000)
     assert [c.sample_rate for c in chunks] == [24000] * 7
     assert chunks[-1].sentence_samples == sum(c.samples for c in chunks) == 116472
-    whole = PolyphaseResampler(22050, 24000).resample(reference[SENTENCE])
+    whole = plain.resample(PolyphaseResampler(22050, 24000), reference[SENTENCE])
     expected = np.frombuffer(to_pcm16(whole.numpy()), "<i2").astype(np.int32)
     assert int(np.abs(_pcm(chunks) - expected).max()) <= 1
 

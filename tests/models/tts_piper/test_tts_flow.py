@@ -6,6 +6,7 @@ import torch
 from models.tts.piper.flow import ReverseFlow
 from models.tts.piper.windows import flow_chunk
 
+import piper_reference as plain
 from tts_support import SENTENCE, SHORT, needs_tts
 
 pytestmark = needs_tts
@@ -17,7 +18,7 @@ def priors(voice):
     from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
-    return [voice.prior([LatentRequest(tuple(ph.ids(t)), 1.0, 0.667, 0.8, seed=5)])[0] for t in (SENTENCE, SHORT)]
+    return [plain.prior(voice, [LatentRequest(tuple(ph.ids(t)), 1.0, 0.667, 0.8, seed=5)])[0] for t in (SENTENCE, SHORT)]
 
 
 def _reference(voice, z_p):

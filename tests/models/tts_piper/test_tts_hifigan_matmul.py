@@ -5,8 +5,9 @@ import torch
 
 from models.tts.piper.hifigan import decode_cores
 from models.tts.piper.hifigan_matmul import DecoderMatmul, UpsampleAsMatmul
-from models.tts.piper.windows import WindowPlan, plan_windows
+from models.tts.piper.windows import WindowPlan
 
+import piper_reference as plain
 from tts_support import SENTENCE, needs_tts
 
 
@@ -45,8 +46,8 @@ def test_windows_equal_the_module_decode_alone_and_padded(voice):
     from models.tts.piper.voice import LatentRequest
 
     ph = Phonemizer(voice.spec.espeak_voice, voice.spec.phoneme_id_map)
-    (z,) = voice.latents([LatentRequest(tuple(ph.ids(SENTENCE)), 1.0, 0.667, 0.8, seed=2)])
-    every = plan_windows(WindowPlan(12, 96, 11), z.shape[-1])
+    (z,) = plain.latents(voice, [LatentRequest(tuple(ph.ids(SENTENCE)), 1.0, 0.667, 0.8, seed=2)])
+    every = plain.plan_windows(WindowPlan(12, 96, 11), z.shape[-1])
     windows = every[:4] + every[-1:]  # the growing ones and the sentence's end
     latents = [z[:, w.lo : w.hi] for w in windows]
     cores = [w.core_offset(voice.hop) for w in windows]

@@ -7,6 +7,7 @@ import torch
 
 from models.tts.piper.prior import NOISE_BLOCK, PREFIX_IDS, Segment, prefix_segment, rest_segment
 
+import piper_reference as plain
 from tts_support import SENTENCE, SHORT, needs_tts
 
 
@@ -43,7 +44,7 @@ def requests(voice):
 
 @needs_tts
 def test_prefix_then_rest_equals_the_whole_prior_padded(voice, requests):
-    whole = voice.prior(requests)
+    whole = plain.prior(voice, requests)
     # Both sentences in one padded batch, then both rests in one padded batch.
     parts = voice.prior_prefix(requests)
     long, short = parts
@@ -66,8 +67,8 @@ def test_prefix_then_rest_equals_the_whole_prior_padded(voice, requests):
 
 @needs_tts
 def test_the_prior_does_not_depend_on_the_batch(voice, requests):
-    (alone,) = voice.prior(requests[1:])
-    (_, padded) = voice.prior(requests)
+    (alone,) = plain.prior(voice, requests[1:])
+    (_, padded) = plain.prior(voice, requests)
     assert alone.shape == padded.shape
     assert float((alone - padded).abs().max()) <= 1e-5
 
@@ -92,7 +93,7 @@ def test_streamed_audio_equals_the_one_shot_synthesis_with_noise(voice):
     while not chunks[-1].done:
         chunks += tts.run_batch([DecodeWindow("n", 0, 0)])
     got = np.frombuffer(b"".join(c.pcm for c in chunks), "<i2").astype(np.int32)
-    one_shot = voice.synthesize(LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, 11))
+    one_shot = plain.synthesize(voice, LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, 11))
     want = np.frombuffer(to_pcm16(one_shot.numpy()), "<i2").astype(np.int32)
     assert got.size == want.size
     # Windowed floats differ by ~1e-6 (cropped flow and decoder), which can move a truncation.

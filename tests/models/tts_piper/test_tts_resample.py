@@ -6,6 +6,8 @@ import torch
 
 from models.tts.piper.resample import PolyphaseResampler
 
+import piper_reference as plain
+
 
 def _stream(r, x, sizes):
     state, out, i = r.start(), [], 0
@@ -30,7 +32,7 @@ def test_ratio_and_lengths():
 def test_streamed_chunks_equal_the_whole_signal_resampled():
     r = PolyphaseResampler(22050, 24000)
     x = torch.randn(10000, generator=torch.Generator().manual_seed(0))
-    whole = r.resample(x)
+    whole = plain.resample(r, x)
     assert whole.numel() == 10885
     for sizes in ([1, 5, 3072, 17, 100, 4000], [3072, 6144], [9999], [0, 0, 15, 16, 17]):
         streamed, state = _stream(r, x, sizes)
@@ -50,10 +52,10 @@ def test_outputs_wait_only_for_the_look_ahead():
 
 def test_dc_passes_with_unit_gain_and_a_tone_keeps_its_shape():
     r = PolyphaseResampler(22050, 24000)
-    y = r.resample(torch.ones(2000))
+    y = plain.resample(r, torch.ones(2000))
     assert torch.allclose(y[40:-40], torch.ones_like(y[40:-40]), atol=1e-6)
     t = torch.arange(22050) / 22050
-    y = r.resample(torch.sin(2 * math.pi * 440 * t))
+    y = plain.resample(r, torch.sin(2 * math.pi * 440 * t))
     ref = torch.sin(2 * math.pi * 440 * torch.arange(y.numel()) / 24000)
     assert float((y - ref)[100:-100].abs().max()) < 1e-3
 
@@ -63,5 +65,5 @@ def test_downsampling_works_too():
     assert (r.up, r.down, r.half) == (2, 3, 24)
     x = torch.randn(5000, generator=torch.Generator().manual_seed(1))
     streamed, _ = _stream(r, x, [7, 1000, 33])
-    assert torch.equal(streamed, r.resample(x))
+    assert torch.equal(streamed, plain.resample(r, x))
     assert streamed.numel() == 3334
