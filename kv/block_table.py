@@ -42,15 +42,16 @@ from kv.block_pool import NULL_BLOCK
 class BlockTables:
     """Every row's positional block table, in arrays (see the module docstring)."""
 
-    def __init__(self, sink: int, window: int, chunk: int, pages_per_frame: int, *,
+    def __init__(self, sink: int, window: int, span: int, pages_per_frame: int, *,
                  rows: int = 1, chunk_pages: int | None = None) -> None:
         self.sink = sink
         self.window = window
-        self.chunk = chunk
+        self.span = span
         self.ppf = pages_per_frame
-        # Most stored pages of a row between ticks; rows are this wide plus one chunk.
-        self.max_held = pages_per_frame * retention.max_retained_frames(sink, window, chunk)
-        width = self.max_held + (chunk_pages or pages_per_frame * chunk)
+        # Most stored pages of a row between ticks; rows are this wide plus one chunk
+        # (``chunk_pages``; unknown: the smallest chunk, one span, and ``begin`` widens).
+        self.max_held = pages_per_frame * retention.max_retained_frames(sink, window, span)
+        width = self.max_held + (chunk_pages or pages_per_frame * span)
         self.pages = np.zeros((rows, width), dtype=np.int32)
         self.held = np.zeros(rows, dtype=np.int64)
         self.pending = np.zeros(rows, dtype=np.int64)
@@ -104,7 +105,7 @@ class BlockTables:
         start = self.window_start.item(r)
         # retention.window_start(n1), inlined: single-session commits are hot
         # too (tests check the two agree).
-        stop = self.chunk * ((n1 - self.window) // self.chunk)
+        stop = self.span * ((n1 - self.window) // self.span)
         if stop < self.sink:
             stop = self.sink
         released: list[int] = []
@@ -209,22 +210,22 @@ class BlockTables:
 
     def _window_start(self, n: np.ndarray) -> np.ndarray:
         """``retention.window_start`` of each ``n``, vectorised."""
-        if self.chunk == 1:
+        if self.span == 1:
             return np.maximum(n - self.window, self.sink)
-        return np.maximum(self.chunk * ((n - self.window) // self.chunk), self.sink)
+        return np.maximum(self.span * ((n - self.window) // self.span), self.sink)
 
 
 class BlockTable:
     """One branch's table: a row of a ``BlockTables`` seen as an object.
 
-    ``BlockTable(sink, window, chunk, pages_per_frame)`` is a table of its own
+    ``BlockTable(sink, window, span, pages_per_frame)`` is a table of its own
     (a one-row store); ``BlockTables.view`` rows share their store.
     """
 
     __slots__ = ("_store", "_row")
 
-    def __init__(self, sink: int, window: int, chunk: int, pages_per_frame: int) -> None:
-        self._store = BlockTables(sink, window, chunk, pages_per_frame)
+    def __init__(self, sink: int, window: int, span: int, pages_per_frame: int) -> None:
+        self._store = BlockTables(sink, window, span, pages_per_frame)
         self._row = 0
 
     @classmethod

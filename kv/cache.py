@@ -91,7 +91,7 @@ class PagedKVCache:
         # never keeps (e.g. shared by CFG branches), outside session accounting.
         self.worker_blocks = tuple(reserved)
         self._cross_free = list(range(n_cross - 1, -1, -1))  # a stack; slot 0 first
-        self.tables = BlockTables(g.sink_frames, g.window_frames, g.chunk_frames,
+        self.tables = BlockTables(g.sink_frames, g.window_frames, g.span_frames,
                                   g.pages_per_frame, chunk_pages=g.pages_per_tick)
         self.sessions = SessionRegistry(g.num_branches, max_sessions, self.tables)
         self._num_swapped = 0
@@ -168,8 +168,8 @@ class PagedKVCache:
     def _frames(self, frames: int | None) -> int:
         g = self.geometry
         frames = g.frames_per_tick if frames is None else frames
-        if frames < 1 or frames % g.chunk_frames:
-            raise ValueError(f"a chunk is whole retention chunks of {g.chunk_frames}, got {frames}")
+        if frames < 1 or frames % g.span_frames:
+            raise ValueError(f"a chunk is whole retention spans of {g.span_frames} frames, got {frames}")
         return frames
 
     def begin_chunk(self, session_id: str, frames: int | None = None) -> ChunkSlots | None:

@@ -15,19 +15,19 @@ For ``c`` resident sessions, ``B`` local branches, ``ppf`` pages per frame and
     required(c)      = (scratch + managed_pages(c)) * page_bytes
                        + c * cross_bytes + c * model_state_bytes
 
-``window`` here is the window rounded up to whole chunks (``retention``); the
+``window`` here is the window rounded up to whole spans (``retention``); the
 ``+ 2`` is the null block 0 and the pad block (the write target of padded batch
 rows). ``cross_bytes`` is ``B * num_layers * 2 * cross_tokens * kv_heads *
 head_dim * itemsize``. The pool gets ``scratch + managed_pages(c)`` blocks.
 
 Why these units reproduce the issue's figures (one tick in flight):
 
-* tiny (1 layer, 1 head, head 1, float32, block 1, chunk 1, sink 3, window 3,
+* tiny (1 layer, 1 head, head 1, float32, block 1, span 1, sink 3, window 3,
   T=3, cross 2): page = 1*2*1*1*1*4 = 8 bytes, cross = 1*2*2*1*1*4 = 16 bytes.
   scratch = 3, managed(1) = (6 + 3) + 2 = 11, so required(1) = 14*8 + 16 = 128;
   managed(2) = (12 + 3) + 2 = 17, required(2) = 20*8 + 2*16 = 192.
 * LingBot-World v2 (40 layers, 40 heads, head 128, bf16, block = frame = 1560
-  tokens, sink 9, window 9, chunk 1, T=3, cross 512, state 7,488,000):
+  tokens, sink 9, window 9, span 1, T=3, cross 512, state 7,488,000):
   page = 40*2*1560*40*128*2 = 1,277,952,000 bytes; cross = 40*2*512*40*128*2 =
   419,430,400. scratch = 3, managed(1) = 21 + 2 = 23, so required(1) =
   26*1,277,952,000 + 419,430,400 + 7,488,000 = 33,653,670,400, which is the
@@ -71,7 +71,7 @@ def scratch_pages(g: KVGeometry) -> int:
 
 
 def managed_pages(g: KVGeometry, sessions: int, ticks_in_flight: int = 1) -> int:
-    retained = retention.max_retained_frames(g.sink_frames, g.window_frames, g.chunk_frames)
+    retained = retention.max_retained_frames(g.sink_frames, g.window_frames, g.span_frames)
     in_flight_frames = g.frames_per_tick * ticks_in_flight
     return g.num_branches * (sessions * retained + in_flight_frames) * g.pages_per_frame + 2
 

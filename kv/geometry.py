@@ -8,10 +8,11 @@ Units used throughout ``kv/``:
   ``block_size`` must divide ``tokens_per_frame``, so a frame always occupies
   ``pages_per_frame`` whole blocks and frames never share a block: releasing a
   frame releases whole blocks;
-* a *tick* writes ``frames_per_tick`` frames (LingBot calls this
+* a *tick* writes ``frames_per_tick`` frames, its *chunk* (LingBot calls this
   ``num_frame_per_block``; the capacity formula in the issue calls it
   ``frames_per_block``);
-* retention works in *chunks* of ``chunk_frames`` frames (see ``retention``).
+* retention releases frames in whole *spans* of ``span_frames`` frames (see
+  ``retention``); a tick's chunk is whole spans.
 
 ``page_bytes`` is the size of one block across all layers, K and V together:
 ``num_layers * 2 * block_size * kv_heads * head_dim * itemsize``. Capacity is
@@ -37,7 +38,7 @@ class KVGeometry:
     sink_frames: int
     window_frames: int
     frames_per_tick: int = 1
-    chunk_frames: int = 1
+    span_frames: int = 1
     dtype: torch.dtype = torch.bfloat16
     # Logical branches per session (one block table each), e.g. ("main",) or
     # ("positive", "negative") for classifier-free guidance.
@@ -55,7 +56,7 @@ class KVGeometry:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "kv_heads", "head_dim", "tokens_per_frame", "block_size",
-                     "frames_per_tick", "chunk_frames"):
+                     "frames_per_tick", "span_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("sink_frames", "window_frames", "cross_tokens", "scratch_blocks",
@@ -65,10 +66,10 @@ class KVGeometry:
         if self.tokens_per_frame % self.block_size:
             raise ValueError(
                 f"block_size {self.block_size} must divide tokens_per_frame {self.tokens_per_frame}")
-        if self.frames_per_tick % self.chunk_frames:
+        if self.frames_per_tick % self.span_frames:
             raise ValueError(
                 f"frames_per_tick {self.frames_per_tick} must be a multiple of "
-                f"chunk_frames {self.chunk_frames}")
+                f"span_frames {self.span_frames}")
         if not self.branches or len(set(self.branches)) != len(self.branches):
             raise ValueError(f"branches must be non-empty and distinct, got {self.branches}")
         object.__setattr__(self, "_itemsize", torch.empty((), dtype=self.dtype).element_size())

@@ -228,7 +228,7 @@ def _flex_block_mask(batch: KVBatch, Lq: int, num_blocks: int, block_size: int):
     per = block_size // FLEX_TILE                 # flex tiles per page
     tiles = (tables[:, :, None] * per + torch.arange(per, device=device)).view(R, P * per)
     q_tiles = -(-Lq // FLEX_TILE)
-    # Like torch's own PagedAttention, the index rows span every tile of the pool
+    # Like torch's own PagedAttention, the index rows cover every tile of the pool
     # (entries past the count are ignored); some lowerings check that width.
     full_idx = torch.zeros((R, 1, q_tiles, num_blocks * per), dtype=torch.int32, device=device)
     full_idx[:, :, :, :P * per] = tiles.to(torch.int32)[:, None, None, :]

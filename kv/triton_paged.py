@@ -267,8 +267,8 @@ def choose_tiles(lq: int, head_dim: int, block_size: int) -> Tiles:
     """The default tiles for these shapes (a fixed table, no autotuning).
 
     ========================  ===========================================================
-    ``block_m``               64 for ``head_dim`` <= 64, else 128; 16 / 32 / 64 for shorter query
-                              chunks (``lq`` <= 16 / 32 / 64)
+    ``block_m``               64 for ``head_dim`` <= 64, else 128; 16 / 32 / 64 for fewer
+                              queries (``lq`` <= 16 / 32 / 64)
     ``block_n``               64 when it divides ``block_size``, else 32 or 16 when one does,
                               else 64 (or the page rounded up to a power of two, if smaller)
                               with the keys past the page masked in each page's last tile

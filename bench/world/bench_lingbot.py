@@ -796,7 +796,7 @@ def kv_bytes(adapter: Any, sid: str) -> dict[str, Any]:
     state_bytes = state.nbytes if state is not None else 0
     measured = held * block_bytes + cross_bytes + state_bytes
     formula = session_bytes(g)
-    retained = retention.max_retained_frames(g.sink_frames, g.window_frames, g.chunk_frames)
+    retained = retention.max_retained_frames(g.sink_frames, g.window_frames, g.span_frames)
     return {"session": sid, "committed_frames": cache.committed_frames(sid), "held_blocks": held,
             "retained_frames_formula": retained, "pages_per_frame": g.pages_per_frame,
             "block_bytes_measured": block_bytes, "page_bytes_formula": g.page_bytes,

@@ -4,7 +4,7 @@ from kv.block_table import BlockTable
 
 
 def test_positional_table_with_null_holes():
-    t = BlockTable(sink=1, window=2, chunk=1, pages_per_frame=2)
+    t = BlockTable(sink=1, window=2, span=1, pages_per_frame=2)
     t.begin([1, 2], 1)
     assert t.commit() == []
     t.begin([3, 4], 1)
@@ -20,7 +20,7 @@ def test_positional_table_with_null_holes():
 
 
 def test_abort_leaves_committed_state():
-    t = BlockTable(sink=1, window=1, chunk=1, pages_per_frame=1)
+    t = BlockTable(sink=1, window=1, span=1, pages_per_frame=1)
     t.begin([1], 1)
     t.commit()
     t.begin([2], 1)
@@ -36,7 +36,7 @@ def test_abort_leaves_committed_state():
 
 
 def test_begin_twice_and_wrong_block_count():
-    t = BlockTable(sink=0, window=1, chunk=1, pages_per_frame=2)
+    t = BlockTable(sink=0, window=1, span=1, pages_per_frame=2)
     with pytest.raises(ValueError):
         t.begin([1], 1)
     t.begin([1, 2], 1)
@@ -45,7 +45,7 @@ def test_begin_twice_and_wrong_block_count():
 
 
 def test_clear_and_remap():
-    t = BlockTable(sink=1, window=1, chunk=1, pages_per_frame=1)
+    t = BlockTable(sink=1, window=1, span=1, pages_per_frame=1)
     for blk in (1, 2, 3):
         t.begin([blk], 1)
         t.commit()
@@ -67,14 +67,14 @@ def test_rows_at_once_equal_one_row_at_a_time():
     from kv.block_table import BlockTables
 
     rng = np.random.default_rng(0)
-    for sink, window, chunk, ppf in [(1, 3, 1, 1), (2, 3, 2, 2), (0, 1, 1, 3)]:
-        vec = BlockTables(sink, window, chunk, ppf, rows=6)
-        one = BlockTables(sink, window, chunk, ppf, rows=6)
+    for sink, window, span, ppf in [(1, 3, 1, 1), (2, 3, 2, 2), (0, 1, 1, 3)]:
+        vec = BlockTables(sink, window, span, ppf, rows=6)
+        one = BlockTables(sink, window, span, ppf, rows=6)
         next_id = 1
         for step in range(40):
             rows = rng.choice(6, size=rng.integers(1, 7), replace=False)
             for group in np.array_split(rows, 2):
-                T = chunk * ppf * int(rng.integers(1, 3))
+                T = span * ppf * int(rng.integers(1, 3))
                 blocks = np.arange(next_id, next_id + len(group) * T)
                 next_id += len(blocks)
                 lengths = vec.begin_rows(group, blocks, T)
@@ -85,4 +85,4 @@ def test_rows_at_once_equal_one_row_at_a_time():
             assert released == [b for r in rows.tolist() for b in one.commit(r)]
             for name in ("pages", "held", "pending", "frames", "window_start"):
                 assert np.array_equal(getattr(vec, name), getattr(one, name)), (step, name)
-        assert vec.width > vec.max_held + chunk * ppf   # two-chunk ticks widened the rows
+        assert vec.width > vec.max_held + span * ppf   # two-span chunks widened the rows

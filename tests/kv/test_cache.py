@@ -177,8 +177,8 @@ def test_close_returns_everything():
     assert c.open("a")
 
 
-def test_frames_must_be_whole_chunks():
-    c = PagedKVCache(geometry(chunk_frames=2, frames_per_tick=2), 16, max_sessions=1)
+def test_chunks_must_be_whole_spans():
+    c = PagedKVCache(geometry(span_frames=2, frames_per_tick=2), 16, max_sessions=1)
     c.open("a")
     with pytest.raises(ValueError):
         c.begin_chunk("a", frames=1)

@@ -11,12 +11,12 @@ GIB = 1 << 30
 
 LINGBOT = KVGeometry(
     num_layers=40, kv_heads=40, head_dim=128, dtype=torch.bfloat16,
-    tokens_per_frame=1560, block_size=1560, sink_frames=9, window_frames=9, chunk_frames=1,
+    tokens_per_frame=1560, block_size=1560, sink_frames=9, window_frames=9, span_frames=1,
     frames_per_tick=3, cross_tokens=512, model_state_bytes=7_488_000)
 
 TINY = KVGeometry(
     num_layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, tokens_per_frame=1, block_size=1,
-    chunk_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2)
+    span_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2)
 
 
 def test_page_and_cross_bytes():
@@ -106,7 +106,7 @@ def test_no_memory_limit_plans_the_requested_sessions_and_logs_human_units(caplo
 # Two CFG branches: TINY with branches positive/negative and 40 bytes of model-owned state.
 TINY_CFG = KVGeometry(
     num_layers=1, kv_heads=1, head_dim=1, dtype=torch.float32, tokens_per_frame=1, block_size=1,
-    chunk_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2,
+    span_frames=1, window_frames=3, sink_frames=3, frames_per_tick=3, cross_tokens=2,
     branches=("positive", "negative"), model_state_bytes=40)
 TINY_CFG_SHARED = dataclasses.replace(TINY_CFG, branches_share_worker_slot=True)
 

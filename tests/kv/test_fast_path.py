@@ -22,7 +22,7 @@ from kv.residency import Residency, ResidencyError
 
 GEOMETRIES = {
     "maze": dict(sink_frames=1, window_frames=3),
-    "ppf2_chunk2": dict(tokens_per_frame=4, sink_frames=2, window_frames=3, chunk_frames=2,
+    "ppf2_span2": dict(tokens_per_frame=4, sink_frames=2, window_frames=3, span_frames=2,
                         frames_per_tick=2),
     "cfg_cross": dict(sink_frames=1, window_frames=2, branches=("pos", "neg"), cross_tokens=2),
     "no_sink_tick3": dict(sink_frames=0, window_frames=4, frames_per_tick=3),

@@ -30,13 +30,13 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def drive(device, backend, dtype, *, branches=("main",), frames_per_tick=1, chunk=1, sink=1,
+def drive(device, backend, dtype, *, branches=("main",), frames_per_tick=1, span=1, sink=1,
           window=2, tpf=256, ticks=(("a",), ("a", "b"), ("a", "b", "c"), ("b", "c"), ("a", "b", "c"),
                            ("a", "b", "c"), ("c",))):
     torch.manual_seed(0)
     hq, hkv, d = 4, 2, 16
     g = KVGeometry(num_layers=2, kv_heads=hkv, head_dim=d, tokens_per_frame=tpf, block_size=128,
-                   sink_frames=sink, window_frames=window, chunk_frames=chunk,
+                   sink_frames=sink, window_frames=window, span_frames=span,
                    frames_per_tick=frames_per_tick, dtype=dtype, branches=branches)
     c = PagedKVCache(g, pool_blocks(g, 3, 3), device, max_sessions=3, attention_backend=backend)
     for sid in "abc":
@@ -56,7 +56,7 @@ def drive(device, backend, dtype, *, branches=("main",), frames_per_tick=1, chun
             for r, (sid, branch) in enumerate(batch.rows):
                 start = batch.start_frames[r]
                 frames = written.setdefault((sid, branch, layer), {})
-                kept = retention.kept_frames(start, sink, window, chunk)
+                kept = retention.kept_frames(start, sink, window, span)
                 ks = [frames[f][0] for f in kept] + [k[r]]
                 vs = [frames[f][1] for f in kept] + [v[r]]
                 ref = dense(q[r].cpu(), torch.cat(ks).cpu(), torch.cat(vs).cpu(), scale)
@@ -79,9 +79,9 @@ def test_matches_dense_reference(device, backend, dtype):
 
 @pytest.mark.parametrize("backend", ["gather_sdpa", "flex"])
 def test_branches_and_multi_frame_chunks(device, backend):
-    # CFG branches, 2-frame ticks, window 3 with chunk 2 (window rounds up to 4)
+    # CFG branches, 2-frame ticks, window 3 with span 2 (window rounds up to 4)
     worst, c = drive(device, backend, torch.float32, branches=("positive", "negative"),
-                     frames_per_tick=2, chunk=2, sink=1, window=3, tpf=128,
+                     frames_per_tick=2, span=2, sink=1, window=3, tpf=128,
                      ticks=(("a",), ("a", "b"), ("a", "b", "c"), ("a", "c"), ("a",)))
     assert worst < TOL[torch.float32]
     assert c.committed_frames("a") == 10

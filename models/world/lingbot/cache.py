@@ -1,9 +1,10 @@
 """The LingBot model's kv/ geometry: what it declares and a cache built from it.
 
 One kv *frame* is one latent frame (``tokens_per_frame`` patches, 1560 at 480x832),
-one *tick* is one block of ``num_frames_per_block`` frames, retention works in whole
-blocks. Between blocks a session holds the sink (its first ``sink_size`` frames)
-and the ``rolling_frames`` most recent ones; a block attends to those and itself,
+one *tick* is one block of ``num_frames_per_block`` frames, and retention's span
+(``span_frames``) is one block too: frames leave the window a whole block at a time.
+Between blocks a session holds the sink (its first ``sink_size`` frames) and the
+``rolling_frames`` most recent ones; a block attends to those and itself,
 ``sliding_window_num_frames`` in all (see ``config``)::
 
     after 7 blocks (n = 21), sink 9, rolling 6, block 3:
@@ -35,7 +36,7 @@ def kv_geometry(cfg: LingBotTransformerConfig, latent_height: int, latent_width:
                       head_dim=cfg.attention_head_dim, tokens_per_frame=tokens,
                       block_size=block_size or tokens, sink_frames=cfg.sink_size,
                       window_frames=cfg.rolling_frames, frames_per_tick=cfg.num_frames_per_block,
-                      chunk_frames=cfg.num_frames_per_block, dtype=dtype, cross_tokens=text_tokens,
+                      span_frames=cfg.num_frames_per_block, dtype=dtype, cross_tokens=text_tokens,
                       model_state_bytes=model_state_bytes)
 
 
