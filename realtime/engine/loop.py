@@ -37,12 +37,15 @@ model's batch. (Waiting after every batch with deadlines cost a voice beside a w
 ~20 ms of first audio on 2 CPU cores, bench/results/tts_mixed_cpu.json.)
 
 Inline forwards: a model whose last ``INLINE_WINDOW`` forwards each took at most
-its ``inline_forward_s`` (a policy answering in microseconds) is run by ``submit``
-itself (or by ``run_now``, which makes no job or future either), on the event loop,
-when nothing is queued for it, no control is pending
-and the engine thread is not running anything: the hand-off to the engine thread
-and back would cost more than the forward (two thread wake-ups and ~0.1 ms of
-CPU). Whoever runs a model holds ``_owner``, so one thread at a time still owns
+its ``inline_forward_s`` (a policy answering in microseconds) is run by ``run_now``
+on the event loop, when nothing is queued for it, no control is pending and the
+engine thread is not running anything: the hand-off to the engine thread and back
+would cost more than the forward (two thread wake-ups and ~0.1 ms of CPU).
+``run_now`` is the one inline path: it makes no job, future or batch list unless the
+work fails (a queued tick run inline, the path before it, added 24 us a call around
+an instant policy's forward in memory, bench/results/openpi_app_profile_devbox.json;
+the fleet with it: bench/results/openpi_fleet_lean_devbox.json). ``submit`` always
+queues. Whoever runs a model holds ``_owner``, so one thread at a time still owns
 every model; a forward over the limit sends the model back to the engine thread at
 once. Such a model is never waited for returners either: merging forwards that
 cost microseconds saves nothing.
@@ -105,7 +108,7 @@ T = TypeVar("T")
 DEADLINE_DEFER_MAX_S = 0.5
 
 # How many of a model's last forwards must each be within its ``inline_forward_s``
-# before ``submit`` runs it inline (one slow forward and it is back on the engine thread).
+# before ``run_now`` runs it inline (one slow forward and it is back on the engine thread).
 INLINE_WINDOW = 8
 
 # Sessions per model whose last forward's end the engine keeps (the returner wait): a
@@ -163,7 +166,7 @@ class EngineStats:
 
     batches: int = 0
     works: int = 0
-    inline_works: int = 0  # of works, those run by submit itself (see "Inline forwards")
+    inline_works: int = 0  # of works, those run by ``run_now`` on the event loop (see "Inline forwards")
     failed_works: int = 0
     controls: int = 0
     busy_seconds: float = 0.0
@@ -206,7 +209,7 @@ class Engine:
         self._ticks: dict[str, collections.deque[_Job]] = {n: collections.deque() for n in self._adapters}
         self._controls: collections.deque[_Control] = collections.deque()
         self._cv = threading.Condition()
-        # Held by whoever runs a model or a control: the engine thread, or a submit
+        # Held by whoever runs a model or a control: the engine thread, or run_now
         # running a fast model inline (never both; see "Inline forwards").
         self._owner = threading.Lock()
         self._recent: dict[str, collections.deque[float]] = {
@@ -306,16 +309,13 @@ class Engine:
         validate: Callable[[Any], None] | None = None,
         deadline: float | None = None,
     ) -> asyncio.Future:
-        """``submit`` as a future (call on the event loop): already done when the work ran
-        inline, so a caller can tell whether it is about to wait. Cancelling the future
-        drops the work if it has not started."""
+        """``submit`` as a future (call on the event loop); the engine thread resolves it.
+        Cancelling the future drops the work if it has not started."""
         if model not in self._adapters:
             raise KeyError(model)
         self._raise_if_down()
         loop = asyncio.get_running_loop()
         job = _Job(model, work, session_id, validate, loop.create_future(), loop, deadline=deadline)
-        if self._fast[model] and self._run_inline(job):
-            return job.future
         job.quick = self._quick(model, session_id, job.enqueued)
         with self._cv:
             self._ticks[model].append(job)
@@ -334,23 +334,14 @@ class Engine:
         return job.future
 
     def run_now(self, model: str, work: Any, *, session_id: str | None = None) -> Any:
-        """``work``'s result, computed here and now where ``submit_future`` would run it inline
-        (see "Inline forwards"), or ``NOT_RUN`` where it would queue it (nothing was done:
-        call ``submit_future``). The outcome is the one awaiting ``submit_future`` gives (the
-        result, or the ``ModelError`` / ``EngineDeadError`` it raises), the stats the same,
-        without the job, future and batch it makes (~10 us of an instant policy's call).
+        """``work``'s result, computed here and now if ``model`` runs inline and the engine is
+        idle for it (see "Inline forwards"), or ``NOT_RUN`` (nothing was done: call
+        ``submit_future``). The outcome is the one awaiting ``submit_future`` gives (the
+        result, or the ``ModelError`` / ``EngineDeadError`` it raises), the stats the same.
         No ``validate``: a caller with a postcondition uses ``submit_future``. Event loop only."""
         if not self._fast[model]:
             return NOT_RUN
         self._raise_if_down()
-        return self._inline(model, lambda: self._run_now(model, work, session_id))
-
-    def _run_inline(self, job: _Job) -> bool:
-        """Run ``job`` on this thread if the engine is idle; False (nothing done) if not."""
-        return self._inline(job.model, lambda: self._run_batch([job])) is not NOT_RUN
-
-    def _inline(self, model: str, run: Callable[[], Any]) -> Any:
-        """``run()`` on this thread if the engine is idle for ``model``, else ``NOT_RUN``."""
         queue = self._ticks[model]
         if self._controls or queue or not self._owner.acquire(blocking=False):
             return NOT_RUN
@@ -360,7 +351,7 @@ class Engine:
             if self._controls or queue or not self.healthy:
                 return NOT_RUN
             self.stats.inline_works += 1
-            return run()
+            return self._run_now(model, work, session_id)
         finally:
             self._owner.release()
 
@@ -653,7 +644,7 @@ class Engine:
         model_stats.ticks += len(done)
         for job, _ in done:
             model_stats.tick_seconds.observe(ended - job.enqueued)
-        if self._holds(model) and threading.current_thread() is self._thread:
+        if self._holds(model):
             self._held.extend(done)  # until the next batch's launch
         else:
             _resolve_all(done)
@@ -833,11 +824,6 @@ def hand_off_gil() -> None:
 
 
 def _resolve(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, value: Any) -> None:
-    if loop is not None and asyncio._get_running_loop() is loop:  # an inline forward: no closure, no hop
-        if not fut.done():
-            fut.set_result(value)
-        return
-
     def set_result() -> None:
         if not fut.done():
             fut.set_result(value)
@@ -852,7 +838,7 @@ def _resolve_all(done: Sequence[tuple[_Job, Any]]) -> None:
     times while this thread still works through the batch, and the two threads
     would trade the GIL all the while.
     """
-    if len(done) == 1:  # an inline forward, or a batch of one
+    if len(done) == 1:  # a batch of one
         job, value = done[0]
         _resolve(job.loop, job.future, value)
         return
@@ -880,7 +866,7 @@ def _reject(loop: asyncio.AbstractEventLoop | None, fut: asyncio.Future, exc: Ba
 def _call(loop: asyncio.AbstractEventLoop | None, fn: Callable[[], None]) -> None:
     if loop is None or loop.is_closed():
         return
-    if asyncio._get_running_loop() is loop:  # an inline forward: already on that loop's thread
+    if asyncio._get_running_loop() is loop:  # run_now's failure: already on that loop's thread
         fn()
         return
     try:

@@ -384,6 +384,14 @@ class FastDoubler(Doubler):
         return super().run_batch(works)
 
 
+async def _measured_fast(engine: Engine) -> None:
+    """Submit until the engine runs "fast" inline (forwards preempted by the OS do not count)."""
+    k = 0
+    while engine.run_now("fast", 1, session_id="r") is NOT_RUN and k < 200:
+        await engine.submit("fast", 1, session_id="r")
+        k += 1
+
+
 def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forward():
     from realtime.engine.loop import INLINE_WINDOW
 
@@ -394,45 +402,48 @@ def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forwa
         # Forwards preempted by the OS are not counted, so on a busy host measuring may
         # take a few more than INLINE_WINDOW.
         k = 0
-        while engine.stats.inline_works == 0 and k < 200:
+        while (out := engine.run_now("fast", k, session_id="r")) is NOT_RUN and k < 200:
             assert await engine.submit("fast", k, session_id="r") == 2 * k
             k += 1
+        assert out == 2 * k  # answered here and now
         first = model.threads.index(me)
         assert first >= INLINE_WINDOW and me not in model.threads[:first]
-        assert engine.submit_future("fast", 5, session_id="r").done()  # answered at once
-        assert model.threads[-1] == me
-        model.delay = 0.1  # over inline_forward_s: the forward after it goes to the engine thread
-        for _ in range(3):  # (again if the OS preempted the slow one)
-            await engine.submit("fast", 6, session_id="r")
+        # A submitted tick is queued for the engine thread all the same: one inline path.
+        queued = engine.submit_future("fast", 5, session_id="r")
+        assert not queued.done()
+        assert await queued == 10 and model.threads[-1] != me
+        for _ in range(3):  # (again if the OS preempted the slow one: it did not count)
+            await _measured_fast(engine)
+            model.delay = 0.1  # over inline_forward_s: the forward after it goes to the engine thread
+            slow = engine.run_now("fast", 6, session_id="r")
             model.delay = 0.0
-            await engine.submit("fast", 7, session_id="r")
-            if model.threads[-1] != me:
+            after = engine.run_now("fast", 7, session_id="r")
+            if after is NOT_RUN:
                 break
-            model.delay = 0.1
-        return me, k
+        assert model.threads[-1] == me  # the slow one ran inline, the next did not run at all
+        assert await engine.submit("fast", 7, session_id="r") == 14 and model.threads[-1] != me
+        return slow, after
 
-    me, calls = with_engine(model, main)
-    assert model.threads[-2] == me and model.threads[-1] != me  # the slow one ran inline, the next did not
+    assert with_engine(model, main) == (12, NOT_RUN)
     assert model.ended[-1] == ("r", True)
     assert all(committed for _, committed in model.ended)
 
 
 def test_inline_never_overtakes_a_control_or_a_queued_tick():
-    from realtime.engine.loop import INLINE_WINDOW
-
     model = FastDoubler()
 
     async def main(engine: Engine):
-        for k in range(INLINE_WINDOW):
-            await engine.submit("fast", k, session_id="r")
+        await _measured_fast(engine)
         hold = threading.Event()
         order: list[str] = []
         engine.post_control(lambda: (hold.wait(5), order.append("control")))
         await asyncio.sleep(0.05)  # the engine thread is in the control
+        ran = len(model.batches)
+        assert engine.run_now("fast", 100, session_id="a") is NOT_RUN  # behind the control, not here
         pending = engine.submit_future("fast", 100, session_id="a")
-        assert not pending.done()  # queued behind the control, not run here
+        assert engine.run_now("fast", 101, session_id="b") is NOT_RUN  # a tick is queued: this waits its turn too
         second = engine.submit_future("fast", 101, session_id="b")
-        assert not second.done()  # a tick is queued: the next waits its turn too
+        assert len(model.batches) == ran
         hold.set()
         assert await pending == 200 and await second == 202
         order.append("ticks")
@@ -450,6 +461,7 @@ def test_a_model_without_inline_forward_s_always_runs_on_the_engine_thread():
 
     async def main(engine: Engine):
         for k in range(20):
+            assert engine.run_now("doubler", k, session_id="r") is NOT_RUN
             await engine.submit("doubler", 100 + k, session_id="r")
         return threading.get_ident(), engine.stats.inline_works
 
@@ -464,14 +476,6 @@ class FailingEndTick(FastDoubler):
         super().end_tick(session_id, committed)
         if session_id == "bad" and committed:
             raise ValueError("cannot keep it")
-
-
-async def _measured_fast(engine: Engine) -> None:
-    """Submit until the engine runs "fast" inline (forwards preempted by the OS do not count)."""
-    k = 0
-    while engine.run_now("fast", 1, session_id="r") is NOT_RUN and k < 200:
-        await engine.submit("fast", 1, session_id="r")
-        k += 1
 
 
 def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
