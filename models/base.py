@@ -71,7 +71,7 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     # thread and back (realtime/engine/loop.py, "Inline forwards"). 0: always the engine thread.
     inline_forward_s: float = 0.0
     # A session's tick builds on its previous one (a world's KV): when one fails, the
-    # session's ticks queued behind it are dropped before they run (realtime/engine/loop.py).
+    # session's ticks queued behind it are dropped before they run (realtime/engine/forward.py).
     chained_ticks: bool = False
 
     @abc.abstractmethod

@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fleets: dict[str, Any] = {}
     log("served: one robot")
     fleets["1"] = {"batched": served(fast, 1, args.seconds, size, args.batch_wait_ms)}
-    # The same robot with the engine's GIL hand-off off (realtime/engine/loop.py, "GIL hand-off"): A/B in one run.
+    # The same robot with the engine's GIL hand-off off (realtime/engine/overlap.py, "GIL hand-off"): A/B in one run.
     fleets["1"]["no_gil_hand_off"] = served(fast, 1, args.seconds, size, args.batch_wait_ms, gil_hand_off=False)
     log(f"one robot p50 ms: {fleets['1']['batched']['latency_ms']['p50']} with the GIL hand-off, "
         f"{fleets['1']['no_gil_hand_off']['latency_ms']['p50']} without")

@@ -52,3 +52,18 @@ class ModelStats:
     busy_seconds: float = 0.0
     tick_seconds: Buckets = field(default_factory=lambda: Buckets(LATENCY_BUCKETS_S))  # queued -> done
     batch_size: Buckets = field(default_factory=lambda: Buckets(BATCH_BUCKETS))
+
+
+@dataclass
+class EngineStats:
+    """The engine's counters, written by whoever holds its owner lock (the engine thread, or
+    ``Engine.run_now`` on the event loop: one at a time)."""
+
+    batches: int = 0
+    works: int = 0
+    inline_works: int = 0  # of works, those run by ``Engine.run_now`` on the event loop
+    failed_works: int = 0
+    controls: int = 0
+    busy_seconds: float = 0.0
+    batch_sizes: collections.Counter = field(default_factory=collections.Counter)
+    models: dict[str, ModelStats] = field(default_factory=dict)  # per model, made at engine start

@@ -16,11 +16,11 @@ DRAIN_TIMEOUT_S = 20.0
 class EngineConfig:
     device: str = "cpu"
     # How long after a model's batch ends the engine waits for that batch's sessions
-    # to queue their next tick (realtime/engine/loop.py, _take_batch); strangers never wait.
+    # to queue their next tick (realtime/engine/scheduler.py, "Returners"); strangers never wait.
     batch_wait_ms: float = 20.0
     # CPU models' number format by name (models.factory.CPU_FORMATS); None: each model's pick.
     cpu_format: str | None = None
-    # A lone returner's submit hands the engine the GIL (realtime/engine/loop.py, "GIL hand-off").
+    # A lone returner's submit hands the engine the GIL (realtime/engine/overlap.py, "GIL hand-off").
     gil_hand_off: bool = True
     # The interpreter's GIL switch interval while the engine runs (seconds; 0 keeps Python's
     # 5 ms). The engine thread and the event loop share one GIL: a thread woken by the other

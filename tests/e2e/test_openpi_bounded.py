@@ -18,7 +18,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from models.policy import DummyPolicy
 from protocols import openpi as wire
-from realtime.engine.loop import INLINE_WINDOW
+from realtime.engine.scheduler import INLINE_WINDOW
 from tests.e2e.conftest import serve
 from tests.e2e.test_openpi_ws import PATH, TINY_META, policy_app, tiny_obs
 
@@ -45,9 +45,9 @@ def _settled(app, model: str, timeout_s: float = 10.0) -> None:
     assert len(live) == 0 and not live._sockets  # every session released, every socket detached
     assert app.state.client_slots.held("127.0.0.1") == 0
     assert engine.queued(model) == 0 and not engine._controls
-    assert len(engine._recent[model]) <= INLINE_WINDOW
-    assert len(engine._returners[model]) <= 1  # the last batch's sessions, not every session seen
-    assert not engine._ended_at[model]  # every released session forgotten
+    assert engine._sched.measured_forwards(model) <= INLINE_WINDOW
+    assert len(engine._sched.returners(model)) <= 1  # the last batch's sessions, not every session seen
+    assert engine._sched.tracked(model) == 0  # every released session forgotten
     assert set(engine.stats.batch_sizes) <= {1}  # one robot at a time: batches of one
     assert len(wire._DTYPES) <= 256
 

@@ -141,7 +141,7 @@ def test_a_session_that_acts_between_calls_or_left_is_not_waited_for():
         slow_gone = time.perf_counter() - started
         await engine.submit("doubler", 4, session_id="once")  # a first tick: a returner
         await engine.release("doubler", "once")
-        assert "once" not in engine._returners["doubler"] and "once" not in engine._ended_at["doubler"]
+        assert "once" not in engine._sched.returners("doubler") and engine._sched.ended_at("doubler", "once") is None
         started = time.perf_counter()
         await engine.submit("doubler", 5, session_id="other")
         return slow_gone, time.perf_counter() - started
@@ -393,7 +393,7 @@ async def _measured_fast(engine: Engine) -> None:
 
 
 def test_a_fast_model_runs_inline_once_measured_and_goes_back_after_a_slow_forward():
-    from realtime.engine.loop import INLINE_WINDOW
+    from realtime.engine.scheduler import INLINE_WINDOW
 
     model = FastDoubler()
 
@@ -497,7 +497,8 @@ def test_run_now_answers_inline_with_the_same_outcome_and_stats_as_submit():
         assert (engine.stats.works, engine.stats.inline_works, engine.stats.models["fast"].ticks) == (
             works + 1, inline + 1, ticks + 1)
         # its forward's end noted, as for a submitted tick (microseconds after the last: not quick)
-        assert engine._ended_at["fast"]["r"] <= time.perf_counter() and engine._returners["fast"] == frozenset()
+        assert engine._sched.ended_at("fast", "r") <= time.perf_counter()
+        assert engine._sched.returners("fast") == frozenset()
         # A failing forward: not committed, the error that awaiting submit would raise.
         await _measured_fast(engine)  # (again, should a loaded host have stretched a forward)
         with pytest.raises(ModelError, match="ValueError: unlucky"):
@@ -648,7 +649,7 @@ def test_after_a_batch_with_deadlines_its_sessions_are_awaited_before_another_mo
 
 
 def test_a_tick_that_waited_the_defer_limit_is_not_passed_over():
-    from realtime.engine.loop import DEADLINE_DEFER_MAX_S
+    from realtime.engine.scheduler import DEADLINE_DEFER_MAX_S
 
     async def main(engine: Engine, world: Doubler, order: list[str]):
         held = await _hold_the_world(engine, world)

@@ -1,4 +1,4 @@
-"""Held results (realtime/engine/loop.py): a launching model's batch is resolved at the next
+"""Held results (realtime/engine/overlap.py): a launching model's batch is resolved at the next
 batch's launch; a failed tick of a chained model drops the session's queued ticks."""
 
 from __future__ import annotations
