@@ -17,7 +17,7 @@ load from other processes hits them alike:
   before ``realtime.server.inventory.on_spent_thread``; ``served_baseline`` (``--baseline DIR``):
   a plain server running another checkout's code (the code before a change).
 - ``adapter``: ``PiperTTS.run_batch([SynthesizeSentence])`` in this process, from the
-  call to its first chunk (the figure ``bench_tts.py`` reports), on one thread that
+  call to its first window's audio (the figure ``bench_tts.py`` reports), on one thread that
   loads and runs the voice and nothing else, as the engine thread does.
 
 Each run also counts the voluntary context switches of the server's engine-side OpenMP
@@ -175,14 +175,14 @@ class Voice:
 
 
 def adapter_once(tts: Any, text: str, seed: int) -> float:
-    """The bare adapter's first chunk for a sentence that is complete at t0 (seconds)."""
+    """The bare adapter's first audio for a sentence that is complete at t0 (seconds)."""
     from models.tts.base import DecodeWindow, SynthesizeSentence
 
     t0 = time.perf_counter()
-    chunk = tts.run_batch([SynthesizeSentence("bench", 0, 0, text, 1.0, 22050, seed)])[0]
+    audio = tts.run_batch([SynthesizeSentence("bench", 0, 0, text, 1.0, 22050, seed)])[0]
     ttfa = time.perf_counter() - t0
-    while not chunk.done:
-        chunk = tts.run_batch([DecodeWindow("bench", 0, 0)])[0]
+    while not audio.done:
+        audio = tts.run_batch([DecodeWindow("bench", 0, 0)])[0]
     tts.release("bench")
     return ttfa
 

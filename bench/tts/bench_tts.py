@@ -2,7 +2,7 @@
 
 CPU (default): one session at a time, three ~5-second sentences. Time to first
 audio (TTFA) is measured from the moment the sentence completes (the segmenter
-sees the space after its full stop) to the first PCM chunk the adapter returns;
+sees the space after its full stop) to the first window's PCM the adapter returns;
 the real-time factor (RTF) is compute time over audio time for the whole
 sentence. Piper's own ONNX Runtime synthesis (whole sentences) runs in the same
 process, interleaved with ours, as the baseline::
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from bench.report import emit
-from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence
+from models.tts.base import DecodeWindow, SynthesizeSentence, WindowAudio
 from models.tts.piper.adapter import PiperTTS
 from models.tts.piper.phonemes import PhonemeTable
 from models.tts.piper.voice import TorchVoice
@@ -175,13 +175,13 @@ def stream_once(tts: PiperTTS, text: str, sid: str, seed: int, rate: int) -> tup
     seg.push(text)  # everything but the space that shows the sentence has ended
     t0 = time.perf_counter()
     (sentence,) = seg.push(" ")
-    chunk = tts.run_batch([SynthesizeSentence(sid, 0, 0, sentence, 1.0, rate, seed)])[0]
+    audio = tts.run_batch([SynthesizeSentence(sid, 0, 0, sentence, 1.0, rate, seed)])[0]
     ttfa = time.perf_counter() - t0
-    while not chunk.done:
-        chunk = tts.run_batch([DecodeWindow(sid, 0, 0)])[0]
+    while not audio.done:
+        audio = tts.run_batch([DecodeWindow(sid, 0, 0)])[0]
     total = time.perf_counter() - t0
     tts.release(sid)
-    return ttfa, total, chunk.sentence_samples / rate
+    return ttfa, total, audio.sentence_samples / rate
 
 
 def piper_once(piper, text: str) -> tuple[float, float, float]:
@@ -194,10 +194,10 @@ def piper_once(piper, text: str) -> tuple[float, float, float]:
 
 
 def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
-    """Where the first chunk's time goes (p50 ms), along the adapter's path:
+    """Where the first audio's time goes (p50 ms), along the adapter's path:
     phonemes, prior (encoder + the first ids' durations), flow prefix, first window."""
     from models.tts.piper.voice import LatentRequest
-    from models.tts.piper.windows import flow_chunk, window_at
+    from models.tts.piper.windows import flow_span, window_at
 
     voice, parts = tts.voice, {"phonemize": [], "prior": [], "flow_prefix": [], "first_window_decode": []}
     for i in range(repeats):
@@ -208,8 +208,8 @@ def breakdown(tts: PiperTTS, text: str, repeats: int) -> dict[str, float]:
         prior = sentence.z_p  # the frames of the first ids (all of a short sentence)
         t2 = time.perf_counter()
         window = window_at(tts.plan, 0, 0, prior.shape[-1])
-        chunk = flow_chunk(0, window.hi, prior.shape[-1], voice.flow_context)
-        (z,) = voice.flow([prior[:, chunk.lo : chunk.hi]])
+        span = flow_span(0, window.hi, prior.shape[-1], voice.flow_context)
+        (z,) = voice.flow([prior[:, span.lo : span.hi]])
         t3 = time.perf_counter()
         voice.decode([z[:, window.lo : window.hi]], cores=[window.core_offset(voice.hop)])[0].cpu()
         t4 = time.perf_counter()
@@ -313,7 +313,7 @@ class Session:
         self.started = False
         self.finished = False
         self.first_audio: float | None = None
-        self.arrivals: list[tuple[float, int]] = []  # (time, samples before this chunk)
+        self.arrivals: list[tuple[float, int]] = []  # (time, samples before this window)
         self.samples = 0
 
     def next_work(self):
@@ -322,20 +322,20 @@ class Session:
             return SynthesizeSentence(self.sid, 0, self.k, self.sentences[self.k], 1.0, self.rate, self.seed + self.k)
         return DecodeWindow(self.sid, 0, self.k)
 
-    def take(self, chunk: AudioChunk, now: float) -> None:
-        if chunk.samples:
+    def take(self, audio: WindowAudio, now: float) -> None:
+        if audio.samples:
             if self.first_audio is None:
                 self.first_audio = now
             self.arrivals.append((now, self.samples))
-            self.samples += chunk.samples
-        if chunk.done:
+            self.samples += audio.samples
+        if audio.done:
             self.k += 1
             self.started = False
             self.finished = self.k >= len(self.sentences)
 
     def worst_stall(self) -> float:
         """Longest wait a listener would hear: playback starts with the first
-        chunk; a chunk is late if it arrives after the audio before it ran out."""
+        window; a window is late if it arrives after the audio before it ran out."""
         worst = 0.0
         for t, before in self.arrivals:
             deadline = self.first_audio + before / self.rate
@@ -353,8 +353,8 @@ def drive(tts: PiperTTS, sessions: list[Session], mode: str) -> dict[str, Any]:
     if mode == "sequential":
         for s in sessions:
             while not s.finished:
-                (chunk,) = tts.run_batch([s.next_work()])
-                s.take(chunk, time.perf_counter() - t0)
+                (audio,) = tts.run_batch([s.next_work()])
+                s.take(audio, time.perf_counter() - t0)
                 steps += 1
                 batch_sizes.append(1)
     else:
@@ -365,16 +365,16 @@ def drive(tts: PiperTTS, sessions: list[Session], mode: str) -> dict[str, Any]:
             if mode == "batched":
                 for i in range(0, len(active), tts.max_batch):
                     group = active[i : i + tts.max_batch]
-                    chunks = tts.run_batch([s.next_work() for s in group])
+                    answers = tts.run_batch([s.next_work() for s in group])
                     now = time.perf_counter() - t0
-                    for s, c in zip(group, chunks):
-                        s.take(c, now)
+                    for s, audio in zip(group, answers):
+                        s.take(audio, now)
                     steps += 1
                     batch_sizes.append(len(group))
             else:  # round_robin: the same schedule, one work per forward
                 for s in active:
-                    (chunk,) = tts.run_batch([s.next_work()])
-                    s.take(chunk, time.perf_counter() - t0)
+                    (audio,) = tts.run_batch([s.next_work()])
+                    s.take(audio, time.perf_counter() - t0)
                     steps += 1
                     batch_sizes.append(1)
     wall = time.perf_counter() - t0
@@ -411,7 +411,7 @@ def run_sessions(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "benchmark": "tts_sessions",
         "description": "N sessions each stream a paragraph that arrives complete at t0; TTFA is from t0 to the "
-        "session's first PCM chunk; aggregate RTF is wall time over all audio produced. 'batched' runs one "
+        "session's first audio; aggregate RTF is wall time over all audio produced. 'batched' runs one "
         "work per session per step through one run_batch (decoder windows of all sessions in one HiFi-GAN "
         "forward); 'sequential' serves sessions one after another; 'round_robin' interleaves them one work "
         "per forward. Noise on (voice defaults).",

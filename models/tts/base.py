@@ -7,7 +7,7 @@ needs and implements one method:
 * ``segmenter()``: a fresh sentence segmenter for one session's text stream
   (speech starts per complete sentence);
 * ``synthesize_batch(works)``: one step for works of distinct sessions, one
-  ``AudioChunk`` each, in order.
+  ``WindowAudio`` (a decoder window's audio) each, in order.
 
 The work is a sentence at a time, a decoder window at a time::
 
@@ -15,9 +15,9 @@ The work is a sentence at a time, a decoder window at a time::
     DecodeWindow(sid, utt, k)                          -> the next window, until done
 
 ``run_batch`` (the engine thread) wraps ``synthesize_batch`` and checks the
-postconditions for every voice: each chunk echoes its work's ``session_id``,
+postconditions for every voice: each answer echoes its work's ``session_id``,
 ``utterance_index`` and ``sentence_index``, and its PCM holds ``samples`` 16-bit
-samples at a supported rate. So the tick-commit rule holds for TTS too: a chunk
+samples at a supported rate. So the tick-commit rule holds for TTS too: audio
 that answers another sentence fails its batch before the engine commits the
 window (``end_tick(committed=False)`` rewinds it).
 """
@@ -71,7 +71,9 @@ TTSWork = Union[SynthesizeSentence, DecodeWindow]
 
 
 @dataclass(frozen=True)
-class AudioChunk:
+class WindowAudio:
+    """One decoder window's audio, the answer to one work."""
+
     session_id: str
     utterance_index: int
     sentence_index: int
@@ -79,12 +81,12 @@ class AudioChunk:
     pcm: bytes = field(repr=False)  # PCM16 LE mono at sample_rate
     samples: int  # samples in pcm
     sample_rate: int
-    done: bool  # last chunk of the sentence
-    sentence_samples: int  # samples sent for this sentence, this chunk included
+    done: bool  # the sentence's last window
+    sentence_samples: int  # samples sent for this sentence, this window's included
     stale: bool = False  # the sentence is not held any more; nothing was decoded
 
 
-class TTSAdapter(ModelAdapter[TTSWork, AudioChunk]):
+class TTSAdapter(ModelAdapter[TTSWork, WindowAudio]):
     """Base of every streaming voice the engine runs."""
 
     kind = "tts"
@@ -92,31 +94,31 @@ class TTSAdapter(ModelAdapter[TTSWork, AudioChunk]):
     sample_rates: tuple[int, ...] = SAMPLE_RATES
 
     @abc.abstractmethod
-    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
-        """One step for ``works`` (distinct sessions): one chunk each, in order."""
+    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[WindowAudio]:
+        """One step for ``works`` (distinct sessions): one window's audio each, in order."""
 
     def segmenter(self) -> SentenceSegmenter:
         """A fresh segmenter for one session's text stream."""
         return SentenceSegmenter()
 
-    def run_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
-        chunks = self.synthesize_batch(works)
-        if len(chunks) != len(works):
-            raise ModelError(f"tts {self.name} returned {len(chunks)} chunks for {len(works)} works")
-        for work, chunk in zip(works, chunks):
-            check_chunk(work, chunk, self.sample_rates, self.name)
-        return list(chunks)
+    def run_batch(self, works: Sequence[TTSWork]) -> list[WindowAudio]:
+        answers = self.synthesize_batch(works)
+        if len(answers) != len(works):
+            raise ModelError(f"tts {self.name} returned {len(answers)} answers for {len(works)} works")
+        for work, audio in zip(works, answers):
+            check_audio(work, audio, self.sample_rates, self.name)
+        return list(answers)
 
 
-def check_chunk(work: TTSWork, chunk: Any, rates: Sequence[int], name: str) -> None:
-    """``chunk`` answers ``work`` with well-formed PCM16, or a ``ModelError``."""
-    if not isinstance(chunk, AudioChunk):
-        raise ModelError(f"tts {name} returned {type(chunk).__name__}, not an AudioChunk")
-    echoed = (chunk.session_id, chunk.utterance_index, chunk.sentence_index)
+def check_audio(work: TTSWork, audio: Any, rates: Sequence[int], name: str) -> None:
+    """``audio`` answers ``work`` with well-formed PCM16, or a ``ModelError``."""
+    if not isinstance(audio, WindowAudio):
+        raise ModelError(f"tts {name} returned {type(audio).__name__}, not a WindowAudio")
+    echoed = (audio.session_id, audio.utterance_index, audio.sentence_index)
     expected = (work.session_id, work.utterance_index, work.sentence_index)
     if echoed != expected:
         raise ModelError(f"tts {name} answered {echoed} for work {expected}")
-    if not isinstance(chunk.pcm, bytes) or len(chunk.pcm) != 2 * chunk.samples:
-        raise ModelError(f"tts {name}: {chunk.samples} samples need {2 * chunk.samples} PCM16 bytes")
-    if chunk.sample_rate not in rates:
-        raise ModelError(f"tts {name}: sample rate {chunk.sample_rate} not in {list(rates)}")
+    if not isinstance(audio.pcm, bytes) or len(audio.pcm) != 2 * audio.samples:
+        raise ModelError(f"tts {name}: {audio.samples} samples need {2 * audio.samples} PCM16 bytes")
+    if audio.sample_rate not in rates:
+        raise ModelError(f"tts {name}: sample rate {audio.sample_rate} not in {list(rates)}")

@@ -43,7 +43,7 @@ def grapheme_start(text: str, cut: int) -> int:
     return cut
 
 
-def chunks(word: str, size: int) -> list[str]:
+def pieces(word: str, size: int) -> list[str]:
     """``word`` in pieces of at most ``size`` characters, each cut at a grapheme's start."""
     out: list[str] = []
     while len(word) > size:

@@ -21,7 +21,7 @@ import websockets
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from models.policy import DummyPolicy
-from models.tts.base import AudioChunk, DecodeWindow, TTSAdapter, TTSWork
+from models.tts.base import DecodeWindow, TTSAdapter, TTSWork, WindowAudio
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick
 from models.world.tiny import TinyWorld
 from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER
@@ -49,7 +49,7 @@ class Ticks(TTSAdapter):
     def describe(self) -> Mapping[str, Any]:
         return {"kind": self.kind, "name": self.name}
 
-    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
+    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[WindowAudio]:
         time.sleep(self.window_s)
         out = []
         for w in works:
@@ -58,7 +58,7 @@ class Ticks(TTSAdapter):
             done = n >= self.windows
             if done:
                 del self.made[key]
-            out.append(AudioChunk(w.session_id, w.utterance_index, w.sentence_index, n - 1, b"\x01\x00" * 4, 4,
+            out.append(WindowAudio(w.session_id, w.utterance_index, w.sentence_index, n - 1, b"\x01\x00" * 4, 4,
                                   22050, done, 4 * n))
         return out
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from models.tts.base import AudioChunk, TTSAdapter, TTSWork
+from models.tts.base import TTSAdapter, TTSWork, WindowAudio
 from models.world.tiny import TinyWorld
 from realtime.server.app import build_app
 from realtime.server.config import LimitsConfig, ServerConfig, WorldConfig
@@ -44,9 +44,9 @@ class SilentVoice(TTSAdapter):
         return {"kind": self.kind, "name": self.name, "voices": [{"name": "silent", "sample_rate": RATE}],
                 "sample_rates": list(self.sample_rates), "formats": ["pcm16"], "max_batch": self.max_batch}
 
-    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
+    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[WindowAudio]:
         n = RATE // 10
-        return [AudioChunk(w.session_id, w.utterance_index, w.sentence_index, 0, bytes(2 * n), n, RATE, True, n)
+        return [WindowAudio(w.session_id, w.utterance_index, w.sentence_index, 0, bytes(2 * n), n, RATE, True, n)
                 for w in works]
 
 

@@ -11,12 +11,12 @@ Work items (frozen dataclasses of the seam, one per session per engine step):
   sentence, first completes the prior: the text encoder's last layer and the
   durations of the other ids).
 
-Both return an ``AudioChunk``: PCM16 little-endian mono at the sentence's
-``sample_rate``, ``done`` on the sentence's last chunk (which also flushes the
-resampler) and the running sample count for ``audio.done``. A ``DecodeWindow``
-that names a sentence the adapter no longer holds (released, replaced, or
-already finished) returns a ``stale`` chunk with no audio instead of failing
-the batch.
+Both return a ``WindowAudio``: the window's PCM16 little-endian mono at the
+sentence's ``sample_rate``, ``done`` on the sentence's last window (which also
+flushes the resampler) and the running sample count for ``audio.done``. A
+``DecodeWindow`` that names a sentence the adapter no longer holds (released,
+replaced, or already finished) is answered ``stale``, with no audio, instead of
+failing the batch.
 
 ``run_batch`` runs the prior (text encoder, durations) of all its
 ``SynthesizeSentence`` items in one padded batch; then the rest of the prior
@@ -30,7 +30,7 @@ not change anyone's samples (``hifigan.decode_padded``; the flow's convs mask
 their inputs).
 
 The engine drives it through ``models/tts/base.py`` (``TTSAdapter.run_batch``
-checks every chunk against its work); ``realtime/endpoints/tts.py`` documents the wire.
+checks every answer against its work); ``realtime/endpoints/tts.py`` documents the wire.
 
 ``end_tick(sid, committed=False)`` rewinds the last window so the same window
 can be decoded again; ``committed=True`` makes it final.
@@ -46,7 +46,7 @@ import torch
 
 from models.base import ModelError
 from models.cpu_format import format_name
-from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence, TTSAdapter, TTSWork
+from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter, TTSWork, WindowAudio
 from models.tts.piper.espeak_process import EspeakFailed
 from models.tts.piper.phonemes import PhonemeTable, Phonemizer, close_backends
 from models.tts.piper.prior import PREFIX_IDS
@@ -162,13 +162,13 @@ class PiperTTS(TTSAdapter):
 
     # --- the engine seam --------------------------------------------------------------
 
-    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[AudioChunk]:
+    def synthesize_batch(self, works: Sequence[TTSWork]) -> list[WindowAudio]:
         sessions = [w.session_id for w in works]
         if len(set(sessions)) != len(sessions):
             raise ModelError("a tts batch holds two works of one session: %s" % sessions)
         self._start_sentences([w for w in works if isinstance(w, SynthesizeSentence)])
 
-        results: list[AudioChunk | None] = [None] * len(works)
+        results: list[WindowAudio | None] = [None] * len(works)
         jobs = []
         for i, work in enumerate(works):
             stream = self._streams.get(work.session_id)
@@ -177,10 +177,10 @@ class PiperTTS(TTSAdapter):
                 work.sentence_index,
             ):
                 logger.debug("session %s: window for %s is stale", work.session_id, work)
-                results[i] = self._chunk(work, stream=None, pcm=b"", stale=True)
+                results[i] = self._audio(work, stream=None, pcm=b"", stale=True)
             elif stream.done:
                 # An empty sentence (nothing to say) or one already finished.
-                results[i] = self._chunk(work, stream, b"", stale=isinstance(work, DecodeWindow))
+                results[i] = self._audio(work, stream, b"", stale=isinstance(work, DecodeWindow))
             else:
                 window = stream.next_window()
                 jobs.append((i, work, stream, window))
@@ -190,14 +190,14 @@ class PiperTTS(TTSAdapter):
             if rest:
                 self.voice.prior_rest([stream.prior for _, _, stream, _ in rest])
                 jobs = [(i, work, stream, stream.next_window()) for i, work, stream, _ in jobs]
-            flows = [(stream, chunk) for _, _, stream, window in jobs if (chunk := stream.flow_needed(window))]
+            flows = [(stream, span) for _, _, stream, window in jobs if (span := stream.flow_needed(window))]
             if flows:
                 outs = self.voice.flow(
-                    [stream.flow_input(chunk) for stream, chunk in flows],
-                    keep=[(chunk.start - chunk.lo, chunk.end - chunk.lo) for _, chunk in flows],
+                    [stream.flow_input(span) for stream, span in flows],
+                    keep=[(span.start - span.lo, span.end - span.lo) for _, span in flows],
                 )
-                for (stream, chunk), z in zip(flows, outs):
-                    stream.accept_flow(chunk, z)
+                for (stream, span), z in zip(flows, outs):
+                    stream.accept_flow(span, z)
             audio = self.voice.decode(
                 [stream.window_latents(window) for _, _, stream, window in jobs],
                 cores=[window.core_offset(self.voice.hop) for _, _, _, window in jobs],
@@ -206,7 +206,7 @@ class PiperTTS(TTSAdapter):
             host = torch.cat(audio).cpu().split(sizes)  # one device->host copy for the batch
             for (i, work, stream, window), samples in zip(jobs, host):
                 pcm = stream.accept(window, samples)
-                results[i] = self._chunk(work, stream, pcm, window_index=window.index)
+                results[i] = self._audio(work, stream, pcm, window_index=window.index)
         return results  # type: ignore[return-value]
 
     def end_tick(self, session_id: str, committed: bool) -> None:
@@ -270,11 +270,11 @@ class PiperTTS(TTSAdapter):
                 "session %s: sentence %d has %d ids, %d frames known", w.session_id, w.sentence_index, z.length, z.frames
             )
 
-    def _chunk(
+    def _audio(
         self, work: TTSWork, stream: SentenceStream | None, pcm: bytes, stale: bool = False, window_index: int = -1
-    ) -> AudioChunk:
+    ) -> WindowAudio:
         rate = stream.sample_rate if stream is not None else getattr(work, "sample_rate", self.voice.spec.sample_rate)
-        return AudioChunk(
+        return WindowAudio(
             session_id=work.session_id,
             utterance_index=work.utterance_index,
             sentence_index=work.sentence_index,

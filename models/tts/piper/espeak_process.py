@@ -140,11 +140,11 @@ class EspeakProcess:
             if wait <= 0 or not select.select([fd], [], [], wait)[0]:
                 raise EspeakFailed(f"espeak-ng ({self.name}) gave no answer within "
                                    f"{self.call_timeout_s if self._ready else self.start_timeout_s:g} s")
-            chunk = os.read(fd, left)
-            if not chunk:
+            data = os.read(fd, left)
+            if not data:
                 raise EspeakFailed(self._gone())
-            parts.append(chunk)
-            left -= len(chunk)
+            parts.append(data)
+            left -= len(data)
         return b"".join(parts)
 
     def _gone(self) -> str:

@@ -7,7 +7,7 @@ convs of kernel 5, so a coupling's output frame reads its input 8 frames to each
 side (``per_coupling``), 32 through all four (``voice.flow_receptive_field``).
 
 A streamed sentence runs the flow over a segment of the prior that carries that
-context around the frames it keeps (``windows.flow_chunk``). After each
+context around the frames it keeps (``windows.flow_span``). After each
 coupling, fewer frames are still needed: the kept ones plus the reach of the
 couplings left. So the segment is cropped between couplings::
 

@@ -35,7 +35,7 @@ import threading
 import unicodedata
 from typing import Mapping, Sequence
 
-from models.tts.graphemes import chunks
+from models.tts.graphemes import pieces
 from models.tts.piper.availability import TTSUnavailable, has_piper_espeak, has_system_espeak
 from models.tts.piper.espeak_process import EspeakProcess
 
@@ -56,7 +56,7 @@ _LONG_WORD = re.compile(r"\S{%d,}" % (MAX_WORD_CHARS + 1))
 
 
 def _break_long_words(text: str) -> str:
-    return _LONG_WORD.sub(lambda m: " ".join(chunks(m.group(), MAX_WORD_CHARS)), text)
+    return _LONG_WORD.sub(lambda m: " ".join(pieces(m.group(), MAX_WORD_CHARS)), text)
 
 
 def phonemes_to_ids(phonemes: Sequence[str], id_map: Mapping[str, Sequence[int]]) -> list[int]:

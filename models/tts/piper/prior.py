@@ -3,7 +3,7 @@
 VITS samples the prior after the text encoder: the stochastic duration
 predictor (SDP) turns noise into a duration per phoneme id, each id's mean and
 log-variance is repeated for its frames, and noise is added. The first decoder
-window reads only the first ~55 prior frames (``windows.flow_chunk``), i.e. the
+window reads only the first ~55 prior frames (``windows.flow_span``), i.e. the
 first few dozen ids, so the SDP runs over a prefix of the ids before the first
 audio and over the rest before the second window.
 

@@ -15,7 +15,7 @@ The signal is taken as zero before 0 and after its last sample, and it yields
 ``ceil(N*L/M)`` outputs for N inputs. A stream keeps the inputs that later outputs
 still read (``ResamplerState``); each ``push`` emits every output whose inputs
 have all arrived, ``finish`` emits the rest against trailing zeros. Every output
-is the same dot product over the same values whatever the chunking, so a
+is the same dot product over the same values however the input is split, so a
 streamed signal equals the whole signal resampled in one call.
 """
 

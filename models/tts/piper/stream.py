@@ -3,7 +3,7 @@
 The adapter keeps one ``SentenceStream`` per session. It holds the sentence's
 sampled prior (``prior.SentencePrior``: before the first window only the frames
 of its first ids, ``needs_prior`` says when the rest is due) and fills in the
-flow's output as windows need it (``windows.flow_chunk``). Each decoder window moves
+flow's output as windows need it (``windows.flow_span``). Each decoder window moves
 the cursor over the sentence's latent frames (``windows.window_at``), turns the
 window's core audio into PCM16 at the client's rate, and remembers the state
 before the window so an uncommitted tick can be rolled back (``rewind``).
@@ -23,7 +23,7 @@ import torch
 
 from models.tts.piper.prior import SentencePrior
 from models.tts.piper.resample import PolyphaseResampler, ResamplerState
-from models.tts.piper.windows import FlowChunk, Window, WindowPlan, flow_chunk, window_at
+from models.tts.piper.windows import FlowSpan, Window, WindowPlan, flow_span, window_at
 
 MAX_PCM = 32767.0
 
@@ -60,7 +60,7 @@ class SentenceStream:
         self.utterance_index = utterance_index
         self.sentence_index = sentence_index
         self.prior = prior
-        # Decoder input [C, flow_done], grown by the flow as windows need it (flow_chunk).
+        # Decoder input [C, flow_done], grown by the flow as windows need it (flow_span).
         self.latents = prior.z_p[:, :0]
         self.flow_done = 0
         self.flow_context = flow_context
@@ -82,12 +82,12 @@ class SentenceStream:
 
     def needs_prior(self, window: Window) -> bool:
         """Whether ``window`` (from ``next_window``) needs the rest of the prior
-        first: when its flow chunk, context included, reaches past the frames
+        first: when its flow span, context included, reaches past the frames
         known so far (then the window's own bounds may be clipped there too)."""
         if self.prior.complete:
             return False
-        chunk = self.flow_needed(window)  # None: its latents are there (a rewound window)
-        return chunk is not None and chunk.end + self.flow_context > self.frames
+        span = self.flow_needed(window)  # None: its latents are there (a rewound window)
+        return span is not None and span.end + self.flow_context > self.frames
 
     @property
     def samples(self) -> int:
@@ -100,21 +100,21 @@ class SentenceStream:
     def next_window(self) -> Window:
         return window_at(self.plan, self._cursor.window_index, self._cursor.frame, self.frames)
 
-    def flow_needed(self, window: Window) -> FlowChunk | None:
+    def flow_needed(self, window: Window) -> FlowSpan | None:
         """The flow work to run before ``window`` can be decoded, if any."""
-        return flow_chunk(self.flow_done, window.hi, self.frames, self.flow_context, self.prior.complete)
+        return flow_span(self.flow_done, window.hi, self.frames, self.flow_context, self.prior.complete)
 
-    def flow_input(self, chunk: FlowChunk) -> torch.Tensor:
-        return self.prior.z_p[:, chunk.lo : chunk.hi]
+    def flow_input(self, span: FlowSpan) -> torch.Tensor:
+        return self.prior.z_p[:, span.lo : span.hi]
 
-    def accept_flow(self, chunk: FlowChunk, z: torch.Tensor) -> None:
-        """Store the flow output of ``chunk`` (z covers its [start, end) frames)."""
-        if chunk.start != self.flow_done:
-            raise ValueError("flow chunk starts at %d, flow done to %d" % (chunk.start, self.flow_done))
-        if z.shape[-1] != chunk.end - chunk.start:
-            raise ValueError("flow output has %d frames, chunk %d" % (z.shape[-1], chunk.end - chunk.start))
+    def accept_flow(self, span: FlowSpan, z: torch.Tensor) -> None:
+        """Store the flow output of ``span`` (z covers its [start, end) frames)."""
+        if span.start != self.flow_done:
+            raise ValueError("flow span starts at %d, flow done to %d" % (span.start, self.flow_done))
+        if z.shape[-1] != span.end - span.start:
+            raise ValueError("flow output has %d frames, span %d" % (z.shape[-1], span.end - span.start))
         self.latents = torch.cat([self.latents, z], dim=1) if self.flow_done else z
-        self.flow_done = chunk.end
+        self.flow_done = span.end
 
     def window_latents(self, window: Window) -> torch.Tensor:
         if window.hi > self.flow_done:

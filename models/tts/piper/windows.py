@@ -15,7 +15,7 @@ on each side where the sentence has them::
 
 The reverse flow that turns the sampled prior into those latents is local too
 (``flow_context`` frames each side), so it is not run over the whole sentence
-before the first window either. ``flow_chunk`` asks for just what the first
+before the first window either. ``flow_span`` asks for just what the first
 window reads, then everything else in one go when the second window needs it::
 
     prior z_p   |=========================================================|
@@ -26,7 +26,7 @@ window reads, then everything else in one go when the second window needs it::
 
 Two calls keep the flow's extra context work small (about 4 * fctx frames in
 all) while the first audio waits only for a short prefix. While the prior is
-known only for a prefix of the sentence (``prior.py``), each window's chunk
+known only for a prefix of the sentence (``prior.py``), each window's flow span
 covers just what it reads, so the second window can be served from the prefix
 too and the rest of the prior waits for the third.
 
@@ -84,14 +84,16 @@ def window_at(plan: WindowPlan, index: int, start: int, total: int) -> Window:
 
 
 @dataclass(frozen=True)
-class FlowChunk:
+class FlowSpan:
+    """One run of the reverse flow: the frames it outputs and the prior frames it reads."""
+
     start: int  # flow output frames [start, end) to compute
     end: int
     lo: int  # prior frames [lo, hi) it reads
     hi: int
 
 
-def flow_chunk(done: int, need: int, total: int, context: int, whole: bool = True) -> FlowChunk | None:
+def flow_span(done: int, need: int, total: int, context: int, whole: bool = True) -> FlowSpan | None:
     """The flow work before a window that reads latents up to ``need``, when the
     frames [0, done) are already computed: None if nothing is missing; the
     first call covers [0, need), any later one the whole rest [done, total).
@@ -101,4 +103,4 @@ def flow_chunk(done: int, need: int, total: int, context: int, whole: bool = Tru
     if need <= done:
         return None
     end = need if done == 0 or not whole else total
-    return FlowChunk(done, end, max(0, done - context), min(total, end + context))
+    return FlowSpan(done, end, max(0, done - context), min(total, end + context))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from models.base import ModelError
-from models.tts.base import AudioChunk, DecodeWindow, SynthesizeSentence
+from models.tts.base import DecodeWindow, SynthesizeSentence, WindowAudio
 from models.tts.piper.resample import PolyphaseResampler
 from models.tts.piper.stream import to_pcm16
 from models.tts.piper.voice import LatentRequest
@@ -16,14 +16,14 @@ pytestmark = needs_tts
 
 
 def _stream(tts, sid, text, rate=22050, speed=1.0, utt=0, k=0):
-    chunks = tts.run_batch([SynthesizeSentence(sid, utt, k, text, speed, rate)])
-    while not chunks[-1].done:
-        chunks += tts.run_batch([DecodeWindow(sid, utt, k)])
-    return chunks
+    answers = tts.run_batch([SynthesizeSentence(sid, utt, k, text, speed, rate)])
+    while not answers[-1].done:
+        answers += tts.run_batch([DecodeWindow(sid, utt, k)])
+    return answers
 
 
-def _pcm(chunks):
-    return np.frombuffer(b"".join(c.pcm for c in chunks), "<i2").astype(np.int32)
+def _pcm(answers):
+    return np.frombuffer(b"".join(c.pcm for c in answers), "<i2").astype(np.int32)
 
 
 @pytest.fixture(scope="module")
@@ -55,25 +55,25 @@ def test_describe(quiet_tts):
 
 
 def test_a_sentence_streams_in_growing_windows_and_matches_the_whole_decode(quiet_tts, reference):
-    chunks = _stream(quiet_tts, "a", SENTENCE)
+    answers = _stream(quiet_tts, "a", SENTENCE)
     # Windows of 12, 24, 48, then 96 frames; 418 frames in all.
-    assert [c.samples for c in chunks] == [3072, 6144, 12288, 24576, 24576, 24576, 11776]
-    assert [c.window_index for c in chunks] == list(range(7))
-    assert [c.done for c in chunks] == [False] * 6 + [True]
-    assert chunks[-1].sentence_samples == 107008
-    assert chunks[0] == AudioChunk("a", 0, 0, 0, chunks[0].pcm, 3072, 22050, False, 3072)
+    assert [c.samples for c in answers] == [3072, 6144, 12288, 24576, 24576, 24576, 11776]
+    assert [c.window_index for c in answers] == list(range(7))
+    assert [c.done for c in answers] == [False] * 6 + [True]
+    assert answers[-1].sentence_samples == 107008
+    assert answers[0] == WindowAudio("a", 0, 0, 0, answers[0].pcm, 3072, 22050, False, 3072)
     whole = np.frombuffer(to_pcm16(reference[SENTENCE].numpy()), "<i2").astype(np.int32)
     # Windowed floats differ by ~1e-7, which can move a truncation by one step.
-    assert int(np.abs(_pcm(chunks) - whole).max()) <= 1
+    assert int(np.abs(_pcm(answers) - whole).max()) <= 1
 
 
 def test_24khz_stream_equals_resampling_the_whole_sentence(quiet_tts, reference):
-    chunks = _stream(quiet_tts, "b", SENTENCE, rate=24000)
-    assert [c.sample_rate for c in chunks] == [24000] * 7
-    assert chunks[-1].sentence_samples == sum(c.samples for c in chunks) == 116472
+    answers = _stream(quiet_tts, "b", SENTENCE, rate=24000)
+    assert [c.sample_rate for c in answers] == [24000] * 7
+    assert answers[-1].sentence_samples == sum(c.samples for c in answers) == 116472
     whole = plain.resample(PolyphaseResampler(22050, 24000), reference[SENTENCE])
     expected = np.frombuffer(to_pcm16(whole.numpy()), "<i2").astype(np.int32)
-    assert int(np.abs(_pcm(chunks) - expected).max()) <= 1
+    assert int(np.abs(_pcm(answers) - expected).max()) <= 1
 
 
 def test_batching_two_sessions_equals_running_each_alone(quiet_tts):
@@ -83,7 +83,7 @@ def test_batching_two_sessions_equals_running_each_alone(quiet_tts):
     # B starts while A is a window in: the batches mix a SynthesizeSentence
     # with DecodeWindows of different lengths and sample rates.
     got_a = quiet_tts.run_batch([SynthesizeSentence("a2", 0, 0, SHORT, 1.0, 24000)])
-    got_b: list[AudioChunk] = []
+    got_b: list[WindowAudio] = []
     while not (got_a[-1].done and got_b and got_b[-1].done):
         works = []
         if not got_a[-1].done:
@@ -92,8 +92,8 @@ def test_batching_two_sessions_equals_running_each_alone(quiet_tts):
             works.append(SynthesizeSentence("b2", 0, 0, other))
         elif not got_b[-1].done:
             works.append(DecodeWindow("b2", 0, 0))
-        for chunk in quiet_tts.run_batch(works):
-            (got_a if chunk.session_id == "a2" else got_b).append(chunk)
+        for audio in quiet_tts.run_batch(works):
+            (got_a if audio.session_id == "a2" else got_b).append(audio)
     assert [c.samples for c in got_a] == [c.samples for c in alone_a] == [3327, 6687, 13375, 24816]
     assert [c.samples for c in got_b] == [c.samples for c in alone_b]
     assert int(np.abs(_pcm(got_a) - _pcm(alone_a)).max()) <= 1
@@ -112,7 +112,7 @@ def test_uncommitted_window_is_rewound_and_decoded_again(quiet_tts):
 
 def test_stale_windows_come_back_empty(quiet_tts):
     (unknown,) = quiet_tts.run_batch([DecodeWindow("nobody", 0, 0)])
-    assert unknown == AudioChunk("nobody", 0, 0, -1, b"", 0, 22050, True, 0, stale=True)
+    assert unknown == WindowAudio("nobody", 0, 0, -1, b"", 0, 22050, True, 0, stale=True)
     quiet_tts.run_batch([SynthesizeSentence("c", 3, 1, SHORT)])
     (wrong,) = quiet_tts.run_batch([DecodeWindow("c", 3, 0)])
     assert wrong.stale and wrong.samples == 0
@@ -123,15 +123,15 @@ def test_stale_windows_come_back_empty(quiet_tts):
 
 
 def test_finished_sentence_is_dropped_on_commit(quiet_tts):
-    chunks = _stream(quiet_tts, "f", "Yes.")
-    assert chunks[-1].done and not chunks[-1].stale
+    answers = _stream(quiet_tts, "f", "Yes.")
+    assert answers[-1].done and not answers[-1].stale
     quiet_tts.end_tick("f", committed=True)
     assert quiet_tts.run_batch([DecodeWindow("f", 0, 0)])[0].stale
 
 
-def test_nothing_to_say_is_a_done_chunk_without_audio(quiet_tts):
-    (chunk,) = quiet_tts.run_batch([SynthesizeSentence("e", 0, 0, "   ")])
-    assert chunk == AudioChunk("e", 0, 0, -1, b"", 0, 22050, True, 0, stale=False)
+def test_nothing_to_say_is_a_done_window_without_audio(quiet_tts):
+    (audio,) = quiet_tts.run_batch([SynthesizeSentence("e", 0, 0, "   ")])
+    assert audio == WindowAudio("e", 0, 0, -1, b"", 0, 22050, True, 0, stale=False)
 
 
 def test_speed_shortens_the_sentence(quiet_tts):

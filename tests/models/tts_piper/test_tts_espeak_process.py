@@ -119,6 +119,6 @@ def test_the_adapter_fails_the_sentence_whose_phonemes_crashed_and_speaks_the_ne
     with pytest.raises(ModelError) as info:
         quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 3, SHORT)])
     assert str(info.value) == "session s: sentence 3 was not spoken: espeak-ng (piper) was killed by SIGKILL"
-    (chunk,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 4, SHORT)])
-    assert chunk.samples > 0 and chunk.sentence_index == 4
+    (audio,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 4, SHORT)])
+    assert audio.samples > 0 and audio.sentence_index == 4
     quiet_tts.release("s")

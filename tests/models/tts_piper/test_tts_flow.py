@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.tts.piper.flow import ReverseFlow
-from models.tts.piper.windows import flow_chunk
+from models.tts.piper.windows import flow_span
 
 import piper_reference as plain
 from tts_support import SENTENCE, SHORT, needs_tts
@@ -39,20 +39,20 @@ def test_whole_segments_equal_the_reference_alone_and_padded(voice, priors):
         assert float((alone - ref).abs().max()) <= 1e-4
 
 
-def test_cropped_chunks_equal_the_whole_flow(voice, priors):
+def test_cropped_spans_equal_the_whole_flow(voice, priors):
     flow = ReverseFlow(voice.model.flow)
     prior = priors[0]
     total = prior.shape[-1]
     want = _reference(voice, prior)
-    first = flow_chunk(0, 23, total, voice.flow_context)
-    middle = flow_chunk(23, 60, total, voice.flow_context)  # later chunks run to the end
-    chunks = (first, middle)
+    first = flow_span(0, 23, total, voice.flow_context)
+    middle = flow_span(23, 60, total, voice.flow_context)  # later spans run to the end
+    spans = (first, middle)
     # Both in one padded batch, as run_batch does for two sessions.
-    outs = flow([prior[:, c.lo : c.hi] for c in chunks], keep=[(c.start - c.lo, c.end - c.lo) for c in chunks])
-    for c, z in zip(chunks, outs):
+    outs = flow([prior[:, c.lo : c.hi] for c in spans], keep=[(c.start - c.lo, c.end - c.lo) for c in spans])
+    for c, z in zip(spans, outs):
         assert z.shape == (prior.shape[0], c.end - c.start)
         assert float((z - want[:, c.start : c.end]).abs().max()) <= 1e-4
-    # A chunk in the middle of the sentence, context on both sides, cropped to its core.
+    # A span in the middle of the sentence, context on both sides, cropped to its core.
     (mid,) = flow([prior[:, 100:200]], keep=[(32, 68)])
     assert float((mid - want[:, 132:168]).abs().max()) <= 1e-4
     # With a quarter of the context on the right the last kept frames are wrong

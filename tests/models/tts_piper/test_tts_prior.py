@@ -82,17 +82,17 @@ def test_streamed_audio_equals_the_one_shot_synthesis_with_noise(voice):
 
     tts = PiperTTS(voice)
     ids = tts.phonemize(SENTENCE)
-    chunks = tts.run_batch([SynthesizeSentence("n", 0, 0, SENTENCE, 1.0, 22050, 11)])
+    answers = tts.run_batch([SynthesizeSentence("n", 0, 0, SENTENCE, 1.0, 22050, 11)])
     prior = tts._streams["n"].prior
     known = prior.frames
     assert not prior.complete and known >= PREFIX_IDS
-    chunks += tts.run_batch([DecodeWindow("n", 0, 0)])
+    answers += tts.run_batch([DecodeWindow("n", 0, 0)])
     # The second window (core [12, 36), decoded to 47, its flow reading 32 more)
     # comes from the prefix when the prefix has those frames.
     assert prior.complete == (known < 36 + 11 + 32)
-    while not chunks[-1].done:
-        chunks += tts.run_batch([DecodeWindow("n", 0, 0)])
-    got = np.frombuffer(b"".join(c.pcm for c in chunks), "<i2").astype(np.int32)
+    while not answers[-1].done:
+        answers += tts.run_batch([DecodeWindow("n", 0, 0)])
+    got = np.frombuffer(b"".join(c.pcm for c in answers), "<i2").astype(np.int32)
     one_shot = plain.synthesize(voice, LatentRequest(ids, 1.0, tts.noise_scale, tts.noise_w, 11))
     want = np.frombuffer(to_pcm16(one_shot.numpy()), "<i2").astype(np.int32)
     assert got.size == want.size

@@ -42,10 +42,10 @@ def test_a_bfloat16_voice_streams_the_sentence(voice):
 
     def speak(v):
         tts = PiperTTS(v)
-        chunks = tts.run_batch([SynthesizeSentence("s", 0, 0, SENTENCE, 1.0, 22050, 5)])
-        while not chunks[-1].done:
-            chunks += tts.run_batch([DecodeWindow("s", 0, 0)])
-        return np.frombuffer(b"".join(c.pcm for c in chunks), "<i2")
+        answers = tts.run_batch([SynthesizeSentence("s", 0, 0, SENTENCE, 1.0, 22050, 5)])
+        while not answers[-1].done:
+            answers += tts.run_batch([DecodeWindow("s", 0, 0)])
+        return np.frombuffer(b"".join(c.pcm for c in answers), "<i2")
 
     f32, bf16 = speak(voice), speak(TorchVoice(voice.model, voice.spec, products=torch.bfloat16))
     assert abs(bf16.size - f32.size) <= 0.02 * f32.size  # durations may move by a frame here and there

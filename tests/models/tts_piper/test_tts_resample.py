@@ -1,4 +1,4 @@
-"""Streaming polyphase resampling: chunk boundaries are invisible."""
+"""Streaming polyphase resampling: push boundaries are invisible."""
 
 import math
 
@@ -29,7 +29,7 @@ def test_ratio_and_lengths():
     assert [r.output_length(n) for n in (0, 1, 147, 148, 3072)] == [0, 2, 160, 162, 3344]
 
 
-def test_streamed_chunks_equal_the_whole_signal_resampled():
+def test_streamed_pieces_equal_the_whole_signal_resampled():
     r = PolyphaseResampler(22050, 24000)
     x = torch.randn(10000, generator=torch.Generator().manual_seed(0))
     whole = plain.resample(r, x)

@@ -64,8 +64,8 @@ def test_a_sentence_past_the_bound_is_refused_before_its_text_encoder(quiet_tts)
                                "(espeak-ng spells out by name what it cannot read)")
     assert time.perf_counter() - started < 1.0  # phonemes only (~1 ms); the encoder took seconds
     assert MAX_SENTENCE_IDS == 2048
-    (chunk,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 3, SHORT)])
-    assert chunk.samples > 0
+    (audio,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 3, SHORT)])
+    assert audio.samples > 0
     quiet_tts.release("s")
 
 

@@ -33,22 +33,22 @@ def test_receptive_field_read_off_the_model(voice):
     assert voice.flow_context == 32
 
 
-def test_flow_in_two_chunks_equals_the_whole_flow(voice, latents):
-    from models.tts.piper.windows import flow_chunk
+def test_flow_in_two_spans_equals_the_whole_flow(voice, latents):
+    from models.tts.piper.windows import flow_span
 
     (z, _), (req, _) = latents
     (prior,) = plain.prior(voice, [req])
-    first = flow_chunk(0, 23, prior.shape[-1], voice.flow_context)
-    rest = flow_chunk(23, 47, prior.shape[-1], voice.flow_context)
-    # Both chunks in one padded batch, as run_batch does for two sessions.
+    first = flow_span(0, 23, prior.shape[-1], voice.flow_context)
+    rest = flow_span(23, 47, prior.shape[-1], voice.flow_context)
+    # Both spans in one padded batch, as run_batch does for two sessions.
     a, b = voice.flow([prior[:, first.lo : first.hi], prior[:, rest.lo : rest.hi]])
-    chunked = torch.cat([a[:, : first.end], b[:, rest.start - rest.lo :]], dim=1)
-    assert chunked.shape == z.shape
+    spliced = torch.cat([a[:, : first.end], b[:, rest.start - rest.lo :]], dim=1)
+    assert spliced.shape == z.shape
     # Latents reach |z| ~ 40, where float32 steps are ~4e-6: rounding only.
     assert float(z.abs().max()) > 30
-    assert float((chunked - z).abs().max()) <= 1e-4
-    # The audio decoded in windows from chunked latents matches the whole decode.
-    assert float((_windowed(voice, chunked, WindowPlan(12, 48, 11)) - plain.decode_whole(voice, z)).abs().max()) <= 1e-5
+    assert float((spliced - z).abs().max()) <= 1e-4
+    # The audio decoded in windows from spliced latents matches the whole decode.
+    assert float((_windowed(voice, spliced, WindowPlan(12, 48, 11)) - plain.decode_whole(voice, z)).abs().max()) <= 1e-5
     # With too little context the prefix's last frames are simply wrong.
     (short_ctx,) = voice.flow([prior[:, :27]])
     assert float((short_ctx[:, :23] - z[:, :23]).abs().max()) > 1.0

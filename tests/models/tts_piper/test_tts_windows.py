@@ -75,18 +75,18 @@ def test_bad_windows_are_rejected():
 
 
 def test_flow_runs_a_prefix_first_then_the_rest():
-    from models.tts.piper.windows import FlowChunk, flow_chunk
+    from models.tts.piper.windows import FlowSpan, flow_span
 
     # First window reads [0, 23): only that prefix, reading 32 frames past it.
-    assert flow_chunk(0, 23, 418, 32) == FlowChunk(0, 23, 0, 55)
+    assert flow_span(0, 23, 418, 32) == FlowSpan(0, 23, 0, 55)
     # The second window needs frame 46: the whole rest, in one go.
-    assert flow_chunk(23, 47, 418, 32) == FlowChunk(23, 418, 0, 418)
-    assert flow_chunk(100, 150, 418, 32) == FlowChunk(100, 418, 68, 418)
-    assert flow_chunk(418, 418, 418, 32) is None
-    assert flow_chunk(23, 23, 418, 32) is None
-    # A short sentence is covered by the first chunk.
-    assert flow_chunk(0, 20, 20, 32) == FlowChunk(0, 20, 0, 20)
-    # Only a prefix of the prior known (80 frames): each chunk just what its window reads.
-    assert flow_chunk(0, 23, 80, 32, whole=False) == FlowChunk(0, 23, 0, 55)
-    assert flow_chunk(23, 47, 80, 32, whole=False) == FlowChunk(23, 47, 0, 79)
-    assert flow_chunk(47, 47, 80, 32, whole=False) is None
+    assert flow_span(23, 47, 418, 32) == FlowSpan(23, 418, 0, 418)
+    assert flow_span(100, 150, 418, 32) == FlowSpan(100, 418, 68, 418)
+    assert flow_span(418, 418, 418, 32) is None
+    assert flow_span(23, 23, 418, 32) is None
+    # A short sentence is covered by the first span.
+    assert flow_span(0, 20, 20, 32) == FlowSpan(0, 20, 0, 20)
+    # Only a prefix of the prior known (80 frames): each span just what its window reads.
+    assert flow_span(0, 23, 80, 32, whole=False) == FlowSpan(0, 23, 0, 55)
+    assert flow_span(23, 47, 80, 32, whole=False) == FlowSpan(23, 47, 0, 79)
+    assert flow_span(47, 47, 80, 32, whole=False) is None
