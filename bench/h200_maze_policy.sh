@@ -26,7 +26,7 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 limit=$(python3 -c "print(int(${MINUTES} * 60 + 90))")
 echo "== train (${MINUTES} min)"
 # shellcheck disable=SC2086
-timeout "$limit" python3 -m models.policy.maze.train --minutes "$MINUTES" --device "$DEVICE" --out "$RUN" \
+timeout "$limit" python3 -m models.policy.maze.training.train --minutes "$MINUTES" --device "$DEVICE" --out "$RUN" \
     --log-every 15 ${TRAIN_ARGS:-} 2>&1 | tail -n 60
 rc=${PIPESTATUS[0]}; echo "== train rc=$rc"
 [ -f "$RUN/maze_policy.safetensors" ] || exit 1
@@ -34,12 +34,12 @@ cp "$RUN/maze_policy.safetensors" "$OUT/maze_policy.safetensors"
 cp "$RUN/train_log.json" "$OUT/maze_policy_train_log_$NAME.json"
 sweep=(); [ "$SWEEP" -gt 0 ] && sweep=(--sweep "$SWEEP")
 echo "== evaluate new weights"
-timeout 240 python3 -m models.policy.maze.evaluate --weights "$OUT/maze_policy.safetensors" --mazes "$MAZES" \
+timeout 240 python3 -m models.policy.maze.training.evaluate --weights "$OUT/maze_policy.safetensors" --mazes "$MAZES" \
     --device "$DEVICE" ${sweep[@]+"${sweep[@]}"} --out "$OUT/maze_policy_eval_h200_$NAME.json" 2>&1 | grep -v '^ ' | tail -n 20
 echo "== evaluate rc=${PIPESTATUS[0]}"
 if [ "$BEFORE" = 1 ]; then
     echo "== evaluate the shipped weights (same mazes, same machine)"
-    timeout 120 python3 -m models.policy.maze.evaluate --mazes "$MAZES" --device "$DEVICE" \
+    timeout 120 python3 -m models.policy.maze.training.evaluate --mazes "$MAZES" --device "$DEVICE" \
         --out "$OUT/maze_policy_eval_h200_${NAME}_before.json" 2>&1 | grep -v '^ ' | tail -n 10
     echo "== evaluate before rc=${PIPESTATUS[0]}"
 fi

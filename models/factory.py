@@ -34,7 +34,7 @@ KINDS: tuple[str, ...] = ("world", "policy", "tts")
 # and user configs name these models.
 FACTORIES: dict[str, tuple[str, str]] = {
     "maze": ("world", "models.world.maze.adapter:build"),
-    "maze-sim": ("world", "models.world.maze.sim_world:build"),
+    "maze-sim": ("world", "models.maze.sim_world:build"),
     "tiny": ("world", "models.world.tiny:build"),
     "cfg-tiny": ("world", "models.world.cfg.adapter:build"),
     "lingbot": ("world", "models.world.lingbot:build"),

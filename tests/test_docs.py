@@ -73,6 +73,6 @@ def test_the_benchmark_name_check_catches_a_pruned_name():
             "`bench/results/gone.json`, tests/bench/test_docs.py, `python -m bench.docs`, "
             "[x](../../bench/results/pi0_h200.json), `--out bench/results/new.json`, "
             "`pi0_h200_run5.json`, `pi0_h200_run0.json`, `train_log_run1.json`, `config.json`, `_run2.json`")
-    assert _bench_names(text, ROOT / "models" / "policy" / "maze") == [
+    assert _bench_names(text, ROOT / "models" / "policy" / "maze" / "training") == [
         "bench/pi0/profile_expert.py", "bench/h200_lingbot.sh", "bench/results/gone.json",
         "bench.pi0.ab_checkouts", "pi0_h200_run0.json"]

@@ -43,14 +43,14 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from clients.world import WorldClient
 from bench.report import emit
+from models.maze.goals import GOAL_KINDS
+from models.maze.planner import goal_seeds
+from models.maze.sim import MazeSim
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes, call_seed
-from models.policy.maze.evaluate import drive_policy
 from models.policy.maze.model import IMAGE_KEY
 from models.policy.maze.robot import check_metadata, state_layout
-from models.world.maze.goals import GOAL_KINDS
-from models.world.maze.planner import goal_seeds
-from models.world.maze.sim import MazeSim
+from models.policy.maze.training.evaluate import drive_policy
 from protocols.world_v1 import KEY_NAMES
 
 

@@ -56,7 +56,7 @@ class InstantWorld(WorldAdapter):
 
     def __init__(self, delay_ms: float = 0.0) -> None:
         # A real maze view, so the bytes on the wire (and any compression) are as served.
-        from models.world.maze.sim import H, W, MazeSim
+        from models.maze.sim import H, W, MazeSim
 
         self.delay_s = delay_ms / 1000.0  # a stand-in for GPU time: sleeping releases the GIL
         self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=1, fps=15.0)

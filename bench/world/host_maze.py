@@ -64,7 +64,7 @@ class HostPathMaze(MazeWorld):
     def _start(self, ids: list[str], sessions: list[Any]) -> Any:
         # A session's first frame: the simulator's, its page allocated, no forward (the sink's
         # K/V is never read here).
-        from models.world.maze.sim import MazeSim
+        from models.maze.sim import MazeSim
 
         self._begin(ids)
         return MazeSim([s.seed for s in sessions], self.device).render().numpy()

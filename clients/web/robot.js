@@ -27,7 +27,7 @@ const GAP = 6; // px between chunks
 const LABEL = 14; // px of key labels at the left
 // One colour per key row: movement keys warm, look keys cool.
 const KEY_COLOURS = ["#ffb44f", "#ff7f50", "#ff5f6d", "#f75fb0", "#5fb3ff", "#4cc3c3", "#6f8cff", "#4cc38a"];
-// The map window's channels (models/world/maze/seen_map.py: wall, floor, red, yellow, blue object),
+// The map window's channels (models/maze/seen_map.py: wall, floor, red, yellow, blue object),
 // drawn in this order so that an object shows over its wall or floor; unknown cells stay black.
 const MAP_COLOURS = [[150, 156, 166], [52, 58, 68], [230, 60, 50], [240, 200, 40], [60, 110, 240]];
 const ROBOT_COLOUR = [255, 255, 255];

@@ -12,7 +12,7 @@
 // The state is the policy's layout from its metadata: "keys" (cos / sin of the heading,
 // pitch / state_pitch_scale, the keys of the last state_key_history frames, oldest first)
 // or "map" (the same, then state_map_floats floats of the robot's map as seen, which
-// maze-sim sends in its chunk info, models/world/maze/seen_map.py map_info); the heading
+// maze-sim sends in its chunk info, models/maze/seen_map.py map_info); the heading
 // and pitch come from maze-sim's chunk info too. JS's float32 cos / sin may differ from
 // torch's in the last bit, so the page's episodes are the policy's, not bit-equal to the
 // Python robot's. The episode ends when maze-sim says `reached`, after `budget`

@@ -8,9 +8,9 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes
-from models.policy.maze.evaluate import drive_policy
 from models.policy.maze.model import MazeFlowModel, config, save_policy
 from models.policy.maze.robot import check_metadata, main as robot_main, run_episode, state_layout
+from models.policy.maze.training.evaluate import drive_policy
 from tests.e2e.test_openpi_ws import PATH, running
 
 BUDGET = 24  # frames: 6 policy calls an episode keeps the test fast on CPU

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 import torch
 
+from models.maze.planner import goal_sim
+from models.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_POSE, MAP_RADIUS, MAP_SIDE, map_info
+from models.maze.sim import MazeSim
+from models.maze.sim_world import MazeSimWorld, goal_for
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import Episodes, call_seed
 from models.policy.maze.model import KEYS_STATE, policy_state
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.model import MazeDiT, MazeDiTConfig
-from models.world.maze.planner import goal_sim
-from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_POSE, MAP_RADIUS, MAP_SIDE, map_info
-from models.world.maze.sim import MazeSim
-from models.world.maze.sim_world import MazeSimWorld, goal_for
 from models.world.maze.weights import save_weights
 from protocols import openpi
 from protocols.world_v1 import KEY_NAMES

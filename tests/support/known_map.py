@@ -1,10 +1,10 @@
 """One maze as an explorer knows it, in plain Python: the per-maze reference that the batched
-scanner (models/world/maze/scanner.py) is checked against in tests/models/policy_maze/test_scanner.py."""
+scanner (models/maze/scanner.py) is checked against in tests/models/maze/test_scanner.py."""
 
 from __future__ import annotations
 
-from models.world.maze.goals import GoalEpisode
-from models.world.maze.planner import distance_field
+from models.maze.goals import GoalEpisode
+from models.maze.planner import distance_field
 
 SIGHTS = ("cells", "corridors")
 _STEPS = ((1, 0), (-1, 0), (0, 1), (0, -1))

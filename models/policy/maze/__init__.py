@@ -4,9 +4,8 @@
     map_planner.py MapPlanner: value iteration over the map state (the shipped weights' state token)
     episodes.py   Episodes: a batch of goal episodes in the simulator (observe, execute, success)
     adapter.py    MazePolicy(PolicyAdapter): the served policy (key bits per frame)
-    train.py      python -m models.policy.maze.train --minutes N --out DIR [--resume CKPT]
-    evaluate.py   python -m models.policy.maze.evaluate [--mazes 200 --out JSON]
     robot.py      python -m models.policy.maze.robot: the simulator as an openpi-client robot
+    training/     train and evaluate, and their logs (kept out of the wheel)
     MODEL_CARD.md what was trained, how, and how well
 
 ``build(path, options)`` is the factory entry (``models/factory.py`` names it).

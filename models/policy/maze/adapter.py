@@ -18,12 +18,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from models.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
+from models.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
+from models.maze.sim import PITCH_MAX
 from models.policy.base import PolicyWork
 from models.policy.flow import FlowMatchingPolicy
 from models.policy.maze.model import EXECUTE, HISTORY, IMAGE_KEY, VISIT_SATURATE, VISIT_WINDOW, load_policy
-from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS
-from models.world.maze.seen_map import MAP_CHANNELS, MAP_FLOATS, MAP_SIDE
-from models.world.maze.sim import PITCH_MAX
 from protocols.openpi import PolicyMetadata
 from protocols.world_v1 import KEY_NAMES
 
@@ -36,7 +36,7 @@ _STATE_TEXT = {
     "memory": _KEYS_TEXT + "; then (x, y) from the start / maze size, offset from the cell centre (x, y), "
               f"frames spent per cell / {VISIT_SATURATE} (max 1) in the {VISIT_WINDOW}x{VISIT_WINDOW} cells "
               "around the robot's (rows y, world axes)",
-    "map": _KEYS_TEXT + "; then the robot's map as seen (models/world/maze/seen_map.py): cos / sin of the heading "
+    "map": _KEYS_TEXT + "; then the robot's map as seen (models/maze/seen_map.py): cos / sin of the heading "
            f"less its quarter turn, the offset in the cell (ahead, right), and {MAP_CHANNELS} channels (wall, floor, "
            f"then one object per goal colour) of {MAP_SIDE}x{MAP_SIDE} cells around the robot, turned to the heading",
 }

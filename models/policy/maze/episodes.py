@@ -12,7 +12,7 @@ robot's odometry memory; the start cell counts from frame 0) and keep the sky
 panorama of every frame the camera saw (``model.panorama_update``): the
 simulator's frame, or the camera a caller passes to ``step`` (the dream
 passes the world model's frames, so the memory holds what the policy saw).
-For ``map`` they keep the robot's map as seen (``models/world/maze/seen_map.py``'s ``SeenMap``), which
+For ``map`` they keep the robot's map as seen (``models/maze/seen_map.py``'s ``SeenMap``), which
 looks down the corridors after every frame.
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from models.maze.goals import GoalEpisode
+from models.maze.planner import goal_sim
+from models.maze.seen_map import SeenMap
 from models.policy.maze.model import (HISTORY, LAYOUT, PANORAMA_BINS, STATE_LAYOUTS, egocentric, panorama_update,
                                       policy_state, visit_memory)
-from models.world.maze.goals import GoalEpisode
-from models.world.maze.planner import goal_sim
-from models.world.maze.seen_map import SeenMap
 
 BUDGET = 300   # frames; the planner needs at most ~170 (MODEL_CARD.md)
 

@@ -11,7 +11,7 @@ The propagation is value iteration's max-plus step (Tamar et al., *Value Iterati
 of the shortest path (through cells p calls passable) to a rewarded cell within k steps. What
 it plans over is learnt: which cells count as passable and which as the goal is what the
 convolutions and the prompt make of the map, trained end to end with the flow-matching loss.
-The robot sits at the window's centre, heading along its columns (``models/world/maze/seen_map.py``), so the
+The robot sits at the window's centre, heading along its columns (``models/maze/seen_map.py``), so the
 patch around the centre says which way along the map is shorter, relative to the heading.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.world.maze.seen_map import MAP_CHANNELS, MAP_POSE, MAP_RADIUS, MAP_SIDE
+from models.maze.seen_map import MAP_CHANNELS, MAP_POSE, MAP_RADIUS, MAP_SIDE
 
 MAP_ITERATIONS = 40   # cells of path the planner looks along (a target is 4-14 from the start)
 READ = 2              # cells each side of the robot's read out of v and p

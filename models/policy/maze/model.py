@@ -33,7 +33,7 @@ OpenPI metadata advertises it as ``state_layout``):
   the robot's own camera and motion (a start is always a cell centre, so
   odometry gives the cell); none of it is the map.
 * ``map`` (``KEYS_STATE + MAP_FLOATS`` floats): ``keys`` then the robot's map
-  as seen (``models/world/maze/seen_map.py``: the corridors it has looked down and the goal
+  as seen (``models/maze/seen_map.py``: the corridors it has looked down and the goal
   objects whose beacons it has seen, a window around it turned to its
   heading), which ``map_planner.py``'s learnt value iteration reads.
 """
@@ -48,10 +48,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.maze.seen_map import MAP_FLOATS
+from models.maze.sim import FOV, H, PITCH_MAX, W
 from models.policy.flow import FlowActionModel, FlowPolicyConfig
 from models.policy.maze.map_planner import MapPlanner
-from models.world.maze.seen_map import MAP_FLOATS
-from models.world.maze.sim import FOV, H, PITCH_MAX, W
 
 HORIZON = 8          # frames per predicted chunk
 EXECUTE = 4          # frames a robot executes before it observes again

@@ -41,10 +41,10 @@ except ImportError as exc:  # the robot side's one extra dependency
         raise SystemExit("the robot needs openpi-client: pip install -e '.[robot]'") from exc
     raise
 
+from models.maze.goals import GOAL_KINDS
+from models.maze.planner import goal_seeds
 from models.policy.maze.episodes import BUDGET, Episodes, call_seed
 from models.policy.maze.model import IMAGE_KEY, STATE_LAYOUTS
-from models.world.maze.goals import GOAL_KINDS
-from models.world.maze.planner import goal_seeds
 from protocols.world_v1 import KEY_NAMES
 
 log = logging.getLogger("models.policy.maze.robot")

@@ -69,14 +69,14 @@ from kv import CapacityError, KVGeometry, PagedKVCache, Residency, ResidencyErro
 from models.base import ModelError
 from models.cpu_format import chosen_format, format_name, native_bf16
 from models.cpu_lanes import CpuLanes, default_lanes, split_rows
-from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.factory import BuildOptions, FactoryError
-from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
+from models.maze.sim import FPS, H, W, MazeSim
+from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
 from models.world.maze.cpu_dtype import pick_cpu_dtype
+from models.world.maze.frame_graph import FrameRunner, bucket_for, graph_buckets
 from models.world.maze.model import MazeDiT
 from models.world.maze.paged_context import LayerGate, PagedContext
 from models.world.maze.rollout import SamplerConfig, denoise_frame, frame_noise, to_model, to_u8
-from models.world.maze.sim import FPS, H, W, MazeSim
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model, read_metadata
 from models.world.noise import int64_bits
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from kv.triton_paged import HEAD_DIMS, paged_attention_triton, triton_available
-from models.world.maze.sim import H, W
+from models.maze.sim import H, W
 from models.world.maze.model import FrameContext, MazeDiT
 from models.world.maze.rollout import SamplerConfig, denoise_frame, frame_noise, to_u8
 

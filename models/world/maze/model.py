@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.maze.sim import H
 from models.world.maze.attention import attend, frame_causal_mask
-from models.world.maze.sim import H
 from models.world.rows import padded
 
 FRAME = H  # the simulator's square frame, one definition (sim.H == sim.W)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.world.maze.sim import H, W
+from models.maze.sim import H, W
 from models.world.maze.cache import CacheView
 from models.world.maze.model import MazeDiT
 from models.world.noise import normal

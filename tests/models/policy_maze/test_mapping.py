@@ -4,11 +4,11 @@ import math
 
 import torch
 
+from models.maze.planner import goal_seeds
+from models.maze.seen_map import MAP_RADIUS, MAP_SIDE, heading_window
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.map_planner import neighbour_max
 from models.policy.maze.model import STATE_LAYOUTS, MazeFlowModel, config
-from models.world.maze.planner import goal_seeds
-from models.world.maze.seen_map import MAP_RADIUS, MAP_SIDE, heading_window
 
 _AHEAD = ((1, 0), (0, 1), (-1, 0), (0, -1))
 _RIGHT = ((0, 1), (-1, 0), (0, -1), (1, 0))

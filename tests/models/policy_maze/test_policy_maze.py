@@ -13,12 +13,12 @@ from models.policy.base import PolicyWork
 from models.policy.maze import build
 from models.policy.maze.adapter import DEFAULT_WEIGHTS, MazePolicy
 from models.policy.maze.episodes import Episodes
-from models.policy.maze.evaluate import drive_planner, drive_policy, evaluate
 from models.policy.maze.model import (FILM_CHANNELS, HORIZON, PANORAMA_BINS, SKY_ROWS, STATE_DIM, STATE_LAYOUTS, VISIT_SATURATE,
                                       VISIT_WINDOW, MazeFlowModel, bearing_bin, column_bearings, config, egocentric,
                                       layout_of, load_policy, panorama_update, policy_state, save_policy,
                                       visit_memory)
-from models.policy.maze.train import PromptTable, beta_at, main as train_main
+from models.policy.maze.training.evaluate import drive_planner, drive_policy, evaluate
+from models.policy.maze.training.train import PromptTable, beta_at, main as train_main
 from protocols.openpi import Observation, SamplingParams
 
 TINY = config(d_model=32, num_heads=2, num_layers=1, num_inference_steps=3)
@@ -231,7 +231,7 @@ def test_training_smoke_run_and_resume(tmp_path):
 
 def test_target_of_is_the_bearing_and_distance_of_the_named_goal():
     from models.policy.maze.episodes import Episodes
-    from models.policy.maze.train import target_of
+    from models.policy.maze.training.train import target_of
 
     ep = Episodes([0, 1], "marker")
     sim = ep.sim
@@ -254,8 +254,8 @@ def test_robot_reads_the_state_layout_from_the_metadata():
 
 
 def test_training_rounds_are_the_same_made_inline_or_in_workers():
-    from models.policy.maze.train import CHUNK, TRAIN_SEED0, Rounds
-    from models.world.maze.planner import Planner, goal_seeds, goal_sim
+    from models.maze.planner import Planner, goal_seeds, goal_sim
+    from models.policy.maze.training.train import CHUNK, TRAIN_SEED0, Rounds
 
     inline, pooled = Rounds(CHUNK + 4, 0), Rounds(CHUNK + 4, 1)
     try:

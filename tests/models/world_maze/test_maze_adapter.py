@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from models.base import ModelError
+from models.maze.sim import MazeSim
 from models.world.base import WorldTick
 from models.world.maze.adapter import MazeWorld
 from models.world.maze.cache import FrameCache
 from models.world.maze.model import MazeDiTConfig
 from models.world.maze.rollout import SamplerConfig, frame_noise, next_frame, to_model, write_frame
-from models.world.maze.sim import MazeSim
 from models.world.maze.weights import load_model
 
 TINY = MazeDiTConfig(dim=64, depth=2, heads=1)  # the config of conftest.py's `weights`

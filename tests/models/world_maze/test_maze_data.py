@@ -2,8 +2,8 @@
 
 import torch
 
-from models.world.maze.data import ClipStream, hold_still, render_trajectories
-from models.world.maze.sim import MazeSim
+from models.maze.sim import MazeSim
+from models.world.maze.training.data import ClipStream, hold_still, render_trajectories
 
 
 def test_hold_still_repeats_frame_k_with_no_key_and_leaves_other_clips_alone():

@@ -7,7 +7,7 @@ from models.world.maze.attention import frame_causal_mask
 from models.world.maze.cache import FrameCache, window_slot, window_slots
 from models.world.maze.model import FrameContext, MazeDiT, MazeDiTConfig, param_count
 from models.world.maze.rollout import timesteps, to_model, to_u8, write_frame
-from models.world.maze.train import lr_at, noise_levels, noise_plan, own_context
+from models.world.maze.training.train import lr_at, noise_levels, noise_plan, own_context
 from models.world.maze.weights import load_model, read_metadata, save_weights
 
 TINY = MazeDiTConfig(dim=64, depth=2, heads=1)

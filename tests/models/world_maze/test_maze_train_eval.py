@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from models.world.maze import train
-from models.world.maze.evaluate import EvalConfig, Evaluator
 from models.world.maze.rollout import SamplerConfig
+from models.world.maze.training import train
+from models.world.maze.training.evaluate import EvalConfig, Evaluator
 from models.world.maze.weights import load_model, read_metadata
 
 

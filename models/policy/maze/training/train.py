@@ -1,8 +1,8 @@
-"""Train the maze policy: ``python -m models.policy.maze.train --minutes N --out DIR [--resume CKPT]``.
+"""Train the maze policy: ``python -m models.policy.maze.training.train --minutes N --out DIR [--resume CKPT]``.
 
 Imitation of a teacher with DAgger-style relabelling, all on the training device. The
-teacher (``--teacher``) is the planner (``models/world/maze/planner.py``, the true map) or
-the scanner (``models/world/maze/scanner.py``: only what the robot has seen). The
+teacher (``--teacher``) is the planner (``models/maze/planner.py``, the true map) or
+the scanner (``models/maze/scanner.py``: only what the robot has seen). The
 defaults are the shipped weights' recipe (run 8: ``map`` state, scanner, prompt FiLM;
 ``--minutes 7.7 --workers 12`` on the H200, MODEL_CARD.md):
 
@@ -51,16 +51,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
+from models.maze.planner import Planner, distance_field, goal_seeds
+from models.maze.scanner import Scanner
+from models.maze.sim import make_maze
 from models.policy.flow import prompt_buckets
 from models.policy.maze.episodes import Episodes
 from models.policy.maze.model import (EXECUTE, HORIZON, LAYOUT, STATE_LAYOUTS, TARGET_AUX, MazeFlowModel, config,
                                       save_policy)
-from models.world.maze.goals import COLOUR_NAMES, GOAL_KINDS, PROMPTS, GoalEpisode, make_goals
-from models.world.maze.planner import Planner, distance_field, goal_seeds
-from models.world.maze.scanner import Scanner
-from models.world.maze.sim import make_maze
 
-log = logging.getLogger("models.policy.maze.train")
+log = logging.getLogger("models.policy.maze.training.train")
 
 TRAIN_SEED0 = 2_000_000   # training mazes; evaluation uses EVAL_SEED0 (evaluate.py)
 TEACHERS = ("planner", "scanner")
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta-end", type=float, default=0.7, help="share of the run at which beta reaches --beta-min")
     ap.add_argument("--teacher", choices=TEACHERS, default="scanner",
                     help="whose keys label the chunks: the planner (the true map) or the scanner, which knows "
-                         "only what the robot has seen (models/world/maze/scanner.py)")
+                         "only what the robot has seen (models/maze/scanner.py)")
     ap.add_argument("--prompt-film", action=argparse.BooleanOptionalAction, default=True,
                     help="the prompt conditions the image stem (model.py's prompt_film)")
     ap.add_argument("--state", choices=sorted(STATE_LAYOUTS), default=LAYOUT,

@@ -1,6 +1,6 @@
 """The honest evaluation of the maze world model, every figure beside a baseline on the same frames.
 
-``python -m models.world.maze.evaluate [--weights W] [--mazes 256] [--out JSON]``
+``python -m models.world.maze.training.evaluate [--weights W] [--mazes 256] [--out JSON]``
 
 Held-out mazes are seeds ``0..mazes-1`` (training uses seeds >= 1,000,000);
 each gets an 80-frame trajectory from the scripted policy (its own seed). PSNR
@@ -40,16 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.maze.sim import MazeSim
+from models.maze.training.scripted import COMBOS, combo_bits
 from models.world.maze.cache import FrameCache
-from models.world.maze.data import render_trajectories
 from models.world.maze.model import MazeDiT
-from models.world.maze.policy import COMBOS, combo_bits
 from models.world.maze.rollout import SamplerConfig, denoise_frame, next_frame, to_model, to_u8, write_frame
-from models.world.maze.sim import MazeSim
-from models.world.maze.train import psnr
+from models.world.maze.training.data import render_trajectories
+from models.world.maze.training.train import psnr
 from models.world.maze.weights import DEFAULT_WEIGHTS, load_model
 
-log = logging.getLogger("models.world.maze.evaluate")
+log = logging.getLogger("models.world.maze.training.evaluate")
 
 EVAL_POLICY_SEED = 77
 ID_SEED0 = 3_000_000
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EvalConfig(mazes=args.mazes, window=args.window, nokey_frames=args.nokey_frames, id_steps=args.id_steps,
                      sampler=SamplerConfig(steps=args.steps, shift=args.shift, kv_from_last=args.kv_from_last))
     res = Evaluator(model, cfg, dev).run()
-    res["command"] = "python -m models.world.maze.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
+    res["command"] = "python -m models.world.maze.training.evaluate " + " ".join(argv if argv is not None else sys.argv[1:])
     res["device"] = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
     res["torch"] = torch.__version__
     res["dtype"] = str(dtype)

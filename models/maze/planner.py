@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from models.world.maze.goals import GoalEpisode, approach_cells, floor_distances
-from models.world.maze.sim import KI, KJ, KK, KL, KW, MazeSim
+from models.maze.goals import GoalEpisode, approach_cells, floor_distances
+from models.maze.sim import KI, KJ, KK, KL, KW, MazeSim
 
 UNREACHABLE = 10_000
 TURN_ONLY = math.radians(30.0)
@@ -92,8 +92,8 @@ class Planner:
 
 def goal_seeds(seed0: int, count: int) -> list[int]:
     """The first ``count`` seeds from ``seed0`` whose mazes take goals of every kind."""
-    from models.world.maze.goals import has_goals
-    from models.world.maze.sim import make_maze
+    from models.maze.goals import has_goals
+    from models.maze.sim import make_maze
 
     seeds: list[int] = []
     s = seed0
@@ -111,8 +111,8 @@ def goal_sim(seeds: list[int], kind: str | list[str], device: str | torch.device
 
     ``goals``: the episodes if already placed (``make_goals`` of the same seeds and kinds).
     """
-    from models.world.maze.goals import make_goals
-    from models.world.maze.sim import make_maze
+    from models.maze.goals import make_goals
+    from models.maze.sim import make_maze
 
     kinds = [kind] * len(seeds) if isinstance(kind, str) else list(kind)
     if goals is None:

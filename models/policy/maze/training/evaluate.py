@@ -1,4 +1,4 @@
-"""Evaluate the maze policy: ``python -m models.policy.maze.evaluate [--mazes 200] [--out JSON]``.
+"""Evaluate the maze policy: ``python -m models.policy.maze.training.evaluate [--mazes 200] [--out JSON]``.
 
 For each goal kind, ``--mazes`` unseen mazes (seeds ``EVAL_SEED0``..; training
 uses ``TRAIN_SEED0`` upwards) are run with three drivers from the same starts:
@@ -28,13 +28,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from models.maze.goals import GOAL_KINDS
+from models.maze.planner import Planner, goal_seeds
+from models.maze.training.scripted import ScriptedPolicy
 from models.policy.base import PolicyWork
 from models.policy.maze.adapter import MazePolicy
 from models.policy.maze.episodes import BUDGET, Episodes, call_seed
 from models.policy.maze.model import EXECUTE, IMAGE_KEY
-from models.world.maze.goals import GOAL_KINDS
-from models.world.maze.planner import Planner, goal_seeds
-from models.world.maze.policy import ScriptedPolicy
 from protocols.openpi import Observation, SamplingParams
 
 EVAL_SEED0 = 0
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         res["validation_sweep"] = {"mazes_per_kind": args.sweep, "seed0": VALIDATION_SEED0, "rows": table}
     res.update({
         "weights": str(policy.weights.name), "device": args.device, "seconds": round(time.perf_counter() - t0, 1),
-        "command": "python -m models.policy.maze.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m models.policy.maze.training.evaluate " + " ".join(sys.argv[1:] if argv is None else argv),
         "hardware": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
     })

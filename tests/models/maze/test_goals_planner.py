@@ -5,12 +5,12 @@ import hashlib
 import pytest
 import torch
 
-from models.world.maze.data import render_trajectories
-from models.world.maze.goals import (
+from models.maze.goals import (
     COLOUR_NAMES, GOAL_COLOURS, MAX_PATH, MIN_PATH, WALL_REACH, floor_distances, make_goals, parse_prompt, reached,
 )
-from models.world.maze.planner import UNREACHABLE, Planner, goal_seeds, goal_sim
-from models.world.maze.sim import MazeSim, make_maze
+from models.maze.planner import UNREACHABLE, Planner, goal_seeds, goal_sim
+from models.maze.sim import MazeSim, make_maze
+from models.world.maze.training.data import render_trajectories
 
 
 def test_without_goals_the_world_models_training_data_is_bit_identical():

@@ -45,10 +45,10 @@ import torch
 
 from models.base import ModelError
 from models.factory import BuildOptions, FactoryError
+from models.maze.goals import GoalEpisode, make_goals, parse_prompt
+from models.maze.seen_map import SeenMap, map_info
+from models.maze.sim import FPS, H, W, MazeSim, SimState, make_maze
 from models.world.base import WorldAdapter, WorldChunk, WorldGeometry, WorldTick, action_bits
-from models.world.maze.goals import GoalEpisode, make_goals, parse_prompt
-from models.world.maze.seen_map import SeenMap, map_info
-from models.world.maze.sim import FPS, H, W, MazeSim, SimState, make_maze
 
 
 @dataclass

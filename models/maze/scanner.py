@@ -16,15 +16,15 @@ horizontal field of view (beacons are drawn above the walls), and says where the
 
 How often it reaches the goal within the evaluation's budget beside the planner was measured
 once (``bench/results/maze_teacher_ceiling.json``: 0.91 of the planner's episodes);
-``models/policy/maze/train.py --teacher scanner`` imitates it.
+``models/policy/maze/training/train.py --teacher scanner`` imitates it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from models.world.maze.planner import UNREACHABLE, Planner
-from models.world.maze.sim import FOV, KL, MazeSim
+from models.maze.planner import UNREACHABLE, Planner
+from models.maze.sim import FOV, KL, MazeSim
 
 
 def beacon_in_view(sim: MazeSim) -> torch.Tensor:

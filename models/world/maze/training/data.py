@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from models.world.maze.policy import WEIGHTS, ScriptedPolicy
-from models.world.maze.sim import MazeSim
+from models.maze.sim import MazeSim
+from models.maze.training.scripted import WEIGHTS, ScriptedPolicy
 
 TRAIN_SEED0 = 1_000_000   # training mazes; evaluation uses seeds below this
 

@@ -1,7 +1,7 @@
 """The maze robot's map as seen: cells it has looked down, goal objects whose beacons it has seen.
 
 The maze policy's ``map`` state layout (``models/policy/maze/model.py``) sends this map with every observation. It is
-what the scanner teacher (``models/world/maze/scanner.py``) decides from, kept by the
+what the scanner teacher (``models/maze/scanner.py``) decides from, kept by the
 robot from its own looks, never the maze's true map:
 
 * **seen cells**: after every frame, from the cell it stands in, each straight corridor
@@ -35,9 +35,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from models.world.maze.goals import COLOUR_NAMES
-from models.world.maze.scanner import corridor_view
-from models.world.maze.sim import FOV, MAZE_CELLS, MazeSim
+from models.maze.goals import COLOUR_NAMES
+from models.maze.scanner import corridor_view
+from models.maze.sim import FOV, MAZE_CELLS, MazeSim
 
 MAP_RADIUS = MAZE_CELLS - 1              # cells each side of the robot's: any cell of the maze is in view
 MAP_SIDE = 2 * MAP_RADIUS + 1

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from models.world.maze.goals import COLOUR_NAMES, GOAL_COLOURS, WALL_REACH, GoalEpisode
+from models.maze.goals import COLOUR_NAMES, GOAL_COLOURS, WALL_REACH, GoalEpisode
 
 H = W = 64
 FPS = 15.0           # the nominal frame rate (0.11 cells forward, 6 degrees of turn per frame)

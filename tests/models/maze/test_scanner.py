@@ -1,14 +1,14 @@
-"""The scanner teacher (models/world/maze/scanner.py) against the per-maze Python reference in
+"""The scanner teacher (models/maze/scanner.py) against the per-maze Python reference in
 tests/support/known_map.py: the same cells seen, the same distances over the map as seen."""
 
 from __future__ import annotations
 
 import torch
 
+from models.maze.planner import Planner, goal_seeds
+from models.maze.scanner import Scanner, beacon_in_view, corridor_view, known_distances
+from models.maze.sim import KL
 from models.policy.maze.episodes import Episodes
-from models.world.maze.planner import Planner, goal_seeds
-from models.world.maze.scanner import Scanner, beacon_in_view, corridor_view, known_distances
-from models.world.maze.sim import KL
 from tests.support.known_map import KnownMap
 
 

@@ -1,4 +1,4 @@
-"""Train the maze DiT: ``python -m models.world.maze.train --minutes N --out DIR [--resume CKPT]``.
+"""Train the maze DiT: ``python -m models.world.maze.training.train --minutes N --out DIR [--resume CKPT]``.
 
 Objective: flow matching in pixel space with independent per-frame noise levels
 (diffusion forcing). A clip's frame i is ``x_t = (1 - t_i) x0 + t_i eps`` and the
@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from models.world.maze.data import ClipStream, render_trajectories
+from models.maze.training.scripted import POLICY_WEIGHTS
 from models.world.maze.model import MazeDiT, MazeDiTConfig, param_count
-from models.world.maze.policy import POLICY_WEIGHTS
 from models.world.maze.rollout import to_model
+from models.world.maze.training.data import ClipStream, render_trajectories
 from models.world.maze.weights import load_model, save_weights
 
-log = logging.getLogger("models.world.maze.train")
+log = logging.getLogger("models.world.maze.training.train")
 
 EVAL_SEED0 = 500_000       # held-out mazes for the in-training check (evaluate.py uses 0..)
 SHORT_WINDOW = 4
@@ -312,7 +312,7 @@ def _train(args: argparse.Namespace, argv: list[str] | None, out: Path, t_start:
         run_s = time.time() - ts0
         return {
             "final": final,
-            "command": " ".join(["python -m models.world.maze.train"] + (argv if argv is not None else sys.argv[1:])),
+            "command": " ".join(["python -m models.world.maze.training.train"] + (argv if argv is not None else sys.argv[1:])),
             "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
             "params": param_count(model), "config": cfg.to_dict(), "args": vars(args),
             "steps_total": step, "steps_this_run": step - start_step, "run_seconds": run_s,

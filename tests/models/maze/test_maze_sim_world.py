@@ -1,4 +1,4 @@
-"""models/world/maze/sim_world.py: the goal simulator served as a world (factory row maze-sim)."""
+"""models/maze/sim_world.py: the goal simulator served as a world (factory row maze-sim)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from models.factory import BuildOptions, FactoryError, build
+from models.maze.goals import make_goals
+from models.maze.planner import Planner, goal_sim
+from models.maze.seen_map import MAP_POSE, map_from_info
+from models.maze.sim import MazeSim, make_maze
+from models.maze.sim_world import MazeSimWorld
 from models.world.base import WorldTick
-from models.world.maze.goals import make_goals
-from models.world.maze.planner import Planner, goal_sim
-from models.world.maze.sim import MazeSim, make_maze
-from models.world.maze.seen_map import MAP_POSE, map_from_info
-from models.world.maze.sim_world import MazeSimWorld
 from protocols.world_v1 import KEY_NAMES
 
 PROMPT = "go to the red wall"

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from models.world.maze.policy import COMBOS, MAX_HOLD, ScriptedPolicy, combo_bits
-from models.world.maze.sim import MOVE, MazeSim, make_maze
+from models.maze.sim import MOVE, MazeSim, make_maze
+from models.maze.training.scripted import COMBOS, MAX_HOLD, ScriptedPolicy, combo_bits
 
 
 def keys(batch: int, combo: str) -> torch.Tensor:
