@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,9 +150,3 @@ def map_info(state: torch.Tensor) -> dict[str, Any]:
     assert row.shape == (MAP_FLOATS,) and bool(((cells == 0) | (cells == 1)).all())
     return {"pose": [float(v) for v in row[:MAP_POSE]],
             "cells": base64.b64encode(np.packbits(cells.astype(np.uint8)).tobytes()).decode("ascii")}
-
-
-def map_from_info(info: Mapping[str, Any]) -> np.ndarray:
-    """``map_info``'s inverse: the [MAP_FLOATS] float32 row (what clients/web/robot_episode.js decodes)."""
-    bits = np.unpackbits(np.frombuffer(base64.b64decode(info["cells"]), np.uint8))[:MAP_FLOATS - MAP_POSE]
-    return np.concatenate([np.asarray(info["pose"], np.float32), bits.astype(np.float32)])

@@ -9,11 +9,12 @@ import torch
 from models.factory import BuildOptions, FactoryError, build
 from models.maze.goals import make_goals
 from models.maze.planner import Planner, goal_sim
-from models.maze.seen_map import MAP_POSE, map_from_info
+from models.maze.seen_map import MAP_POSE
 from models.maze.sim import MazeSim, make_maze
 from models.maze.sim_world import MazeSimWorld
 from models.world.base import WorldTick
 from protocols.world_v1 import KEY_NAMES
+from tests.support.map_info import map_from_info
 
 PROMPT = "go to the red wall"
 

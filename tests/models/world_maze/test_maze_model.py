@@ -7,7 +7,7 @@ from models.world.maze.attention import frame_causal_mask
 from models.world.maze.cache import FrameCache, window_slot, window_slots
 from models.world.maze.model import FrameContext, MazeDiT, MazeDiTConfig, param_count
 from models.world.maze.rollout import timesteps, to_model, to_u8, write_frame
-from models.world.maze.training.train import lr_at, noise_levels, noise_plan, own_context
+from models.world.maze.training.train import lr_at, noise_plan, own_context
 from models.world.maze.weights import load_model, read_metadata, save_weights
 
 TINY = MazeDiTConfig(dim=64, depth=2, heads=1)
@@ -128,9 +128,9 @@ def test_write_frame_fills_sink_then_ring():
     assert cache.bytes_per_row == 2 * 2 * (3 * 256) * 64 * 4
 
 
-def test_noise_levels():
+def test_noise_plan_levels():
     gen = torch.Generator().manual_seed(0)
-    t = noise_levels(4096, 16, torch.device("cpu"), gen)
+    t, _ = noise_plan(4096, 16, torch.device("cpu"), gen)
     assert t.shape == (4096, 16) and float(t.min()) >= 0 and float(t.max()) <= 1
     assert float(t[:, 0].max()) <= 0.1                         # the sink is always context
     assert abs(float((t[:, 1:] == 1).float().mean()) - 0.1 * (1 - 0.25)) < 0.02  # ~10% of targets

@@ -39,8 +39,6 @@ from protocols.openpi import Observation, SamplingParams
 
 EVAL_SEED0 = 0
 
-Driver = Callable[[Episodes], None]  # runs a batch of episodes to the end
-
 
 def drive_planner(ep: Episodes) -> None:
     planner = Planner(ep.sim)

@@ -65,11 +65,6 @@ def noise_plan(batch: int, frames: int, device: torch.device,
     return torch.where(is_ctx, ctx, t), is_ctx
 
 
-def noise_levels(batch: int, frames: int, device: torch.device, gen: torch.Generator | None = None) -> torch.Tensor:
-    """``noise_plan``'s noise levels alone."""
-    return noise_plan(batch, frames, device, gen)[0]
-
-
 def own_context(model: MazeDiT, x0: torch.Tensor, a: torch.Tensor, t: torch.Tensor, is_ctx: torch.Tensor,
                 share: float, mask, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Replace some clips' context frames with the model's own reconstructions (exposure bias).
