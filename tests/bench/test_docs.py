@@ -1,14 +1,50 @@
-"""bench/docs.py and bench/questions.py: the page matches the results, and the extractors read
-each layout the result files come in."""
+"""bench/docs.py and bench/questions.py: the page matches the results, bench/results holds no
+result that nothing reads, and the extractors read each layout the result files come in."""
 
 from __future__ import annotations
 
-from bench.docs import hardware, main, provenance, render_page, versions
-from bench.questions import Question, Source, curve, fmt, maze_policy, world_serving
+import fnmatch
+import os
+import re
+from pathlib import Path
+
+from bench.docs import PAGE, REPO, RESULTS, hardware, main, provenance, render_page, versions
+from bench.questions import QUESTIONS, Question, Source, curve, fmt, maze_policy, world_serving
+
+RESULT_NAME = re.compile(r"[\w*<>.-]*_[\w*<>.-]*\.json")  # pi0_h200.json, maze_eval*.json, fleet_<cpu>.json
+OUT_ARG = re.compile(r"--out\s+\S+")  # where a command writes is not evidence that the file is still needed
+TEXT = {".md", ".py", ".sh", ".toml"}
 
 
 def test_docs_benchmarks_md_is_what_the_results_say() -> None:
     assert main(["--check"]) == 0, "docs/benchmarks.md is out of date: run python -m bench.docs"
+
+
+def cited_names(text: str) -> set[str]:
+    """The result names ``text`` cites, as fnmatch patterns: ``<cpu>`` and ``*`` match any part."""
+    return {re.sub(r"<[^>]*>", "*", name) for name in RESULT_NAME.findall(OUT_ARG.sub("", text))}
+
+
+def test_cited_names_are_patterns_without_the_out_argument() -> None:
+    text = ("`x_h200_run5.json`, bench/results/x_eval*.json, `x_eval_<candidate>.json`, "
+            "--out bench/results/x_gone.json, `config.json`, bench/results/*.json")
+    assert cited_names(text) == {"x_h200_run5.json", "x_eval*.json", "x_eval_*.json"}
+
+
+def test_every_result_file_is_read_by_a_question_or_cited() -> None:
+    """bench/results keeps the newest run of each question and what a doc, model card, comment or
+    test cites as evidence; a run that nothing reads any more is deleted (git keeps it)."""
+    patterns: set[str] = set()
+    for folder, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            path = Path(folder, name)
+            if path.suffix in TEXT and path != PAGE:
+                patterns |= cited_names(path.read_text(errors="replace"))
+    read = {source.file for question in QUESTIONS for source in question.sources}
+    unread = [path.name for path in sorted(RESULTS.glob("*.json")) if path.name not in read
+              and not any(fnmatch.fnmatchcase(path.name, p) for p in patterns)]
+    assert unread == []
 
 
 def row(variant: str, n: int, total: float) -> dict:
