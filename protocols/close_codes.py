@@ -10,6 +10,13 @@ module; each value is defined once, here.
 
 from __future__ import annotations
 
+# RFC 6455's own: a normal close, and an error inside the server (OpenPI's error close,
+# a tts.v1 voice that cannot load, a dead engine).
+CLOSE_NORMAL = 1000
+CLOSE_INTERNAL = 1011
+# An operator closed the session (DELETE /v1/sessions/...): RFC 6455 "policy violation".
+CLOSE_ADMIN = 1008
+
 # The server is shutting down (SIGTERM, docs/reliability.md "Drain"): the session's
 # in-flight work (a world tick, the utterance being spoken, a policy call) finished and
 # was sent, or the drain deadline passed; either way the socket closes with this code.

@@ -68,14 +68,14 @@ def instrument(trace: Trace) -> None:
     stamp = trace.stamp
     first = threading.local()  # on the engine thread: is this batch a sentence start?
 
-    handle = tts_ws.TTSConnection.handle
+    handle = tts_ws.TTSEndpoint.on_message
 
     async def timed_handle(self, msg):  # type: ignore[no-untyped-def]
         if isinstance(msg, wire.InputDone):
             stamp("done_rx")
         return await handle(self, msg)
 
-    speak = tts_ws.TTSConnection._speak_sentence
+    speak = tts_ws.TTSEndpoint._speak_sentence
 
     async def timed_speak(self, item):  # type: ignore[no-untyped-def]
         stamp("speak")
@@ -129,8 +129,8 @@ def instrument(trace: Trace) -> None:
     wrap(TorchVoice, "prior_prefix", "prior_end")
     wrap(TorchVoice, "flow", "flow_end")
     wrap(TorchVoice, "decode", "decode_end")
-    tts_ws.TTSConnection.handle = timed_handle
-    tts_ws.TTSConnection._speak_sentence = timed_speak
+    tts_ws.TTSEndpoint.on_message = timed_handle
+    tts_ws.TTSEndpoint._speak_sentence = timed_speak
     Connection.send = timed_send
     Engine.submit = timed_submit
     adapter_mod.PiperTTS.synthesize_batch = timed_batch

@@ -49,22 +49,14 @@ from starlette.websockets import WebSocket
 
 from models.policy.base import PolicyAdapter, PolicyResult, PolicyWork
 from protocols import openpi as wire
+from protocols.close_codes import CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON
 from protocols.echo import clipped
-from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
-from realtime.endpoints.connection import (
-    CLOSE_ADMIN,
-    ENGINE_ERRORS,
-    Connection,
-    Failure,
-    LiveSession,
-    LiveSessions,
-    Received,
-    engine_failure,
-    new_session_id,
-    run_handler,
-)
-from realtime.engine import NOT_RUN, Engine
-from realtime.server.limits import GOODBYE_TIMEOUT_S, IDLE, Idle, IdleClock, Slot, client_address, receive_or_idle
+from realtime.endpoints.connection import Received
+from realtime.endpoints.idle import IDLE, Idle, receive_or_idle
+from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, Goodbye, SessionEndpoint, Why, engine_failure
+from sessions import SessionState
+from sessions.registry import SessionRecord, new_session_id
+from realtime.engine import NOT_RUN
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +67,6 @@ MAX_ERROR_CHARS = 1000
 # Session ids one connection may hold (its own, a batch's <conn>/<i>, explicit ones); the
 # next new one ends the connection with too_many_sessions. Each is live until it closes.
 MAX_SESSIONS_PER_CONNECTION = 256
-# A closed connection's sessions while the policy releases them (GET /v1/sessions shows it).
-RELEASING = "releasing"
 # How long a request naming such a session waits for its release before it is refused.
 RELEASE_WAIT_S = 10.0
 # How long it waits for a connection holding the id to end (its robot may have just gone
@@ -84,131 +74,137 @@ RELEASE_WAIT_S = 10.0
 HOLDER_WAIT_S = 1.0
 
 
-class _Refused(Exception):
-    """An error that ends this robot's connection with its message and ``code`` (1011)."""
+class _Refused(Goodbye):
+    """An error that ends this robot's connection with its text and ``close_code`` (1011)."""
 
-    def __init__(self, message: str, code: int = wire.CLOSE_ERROR, reason: str = "") -> None:
-        super().__init__(message)
-        self.code, self.reason = code, reason or _CLOSE_REASON
+    def __init__(self, message: str, close_code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
+        super().__init__(None, message, close_code, reason)
 
 
 async def openpi_endpoint(websocket: WebSocket) -> None:
     """The Starlette WebSocket endpoint. Needs ``app.state.engine`` (a started
     ``Engine``) and ``app.state.inventory`` (an ``Inventory`` with one adapter of
     kind "policy"; the first one is served)."""
-    await run_handler(OpenPIConnection(websocket).run(), websocket.app.state.live_sessions)
+    await OpenPIEndpoint(websocket).serve()
 
 
 KIND = "policy"
 
 
-class OpenPIConnection:
+class OpenPIEndpoint(SessionEndpoint):
+    kind = KIND
+    idle_what = "no request"
+
     def __init__(self, ws: WebSocket) -> None:
-        state = ws.app.state
-        self.conn = Connection(ws)
-        self.engine: Engine = state.engine
-        policies = state.inventory.names(KIND)
+        super().__init__(ws)
+        policies = ws.app.state.inventory.names(KIND)
         self.model: str | None = policies[0] if policies else None
         self.adapter: PolicyAdapter | None = self.engine.adapter(self.model) if self.model else None  # type: ignore[assignment]
-        # Every live session of every connection, app-wide: an explicit id is held by one
-        # connection at a time (event loop only).
-        self.live: LiveSessions = state.live_sessions
         self.conn_id = new_session_id("openpi")
-        self.used: dict[str, LiveSession] = {}  # every session this connection touched
+        self.used: dict[str, SessionRecord] = {}  # every session this connection touched
         self.packer = wire.make_packer()
         self.requests = itertools.count()
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
-        self.busy = False  # a request is being handled (a disconnect then cancels it)
+        self.in_request = False  # a request is being handled (a disconnect then cancels it)
         # Set while no request is being handled and answered (a drain waits for it).
         self.quiet = asyncio.Event()
         self.quiet.set()
-        self.draining = False
-        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
         # The next receive, started while a request waits on the engine (see _watch).
         self.pending: asyncio.Future | None = None
         self.task: asyncio.Task | None = None
-        self.policy_call = state.metrics.policy_call
-        self.client = client_address(ws)
-        self.slots = state.client_slots
-        self.slot: Slot | None = None  # the connection's hold on its client's count
-        self.idle = IdleClock(state.config.limits.idle_timeout_s)
+        self.policy_call = self.metrics.policy_call
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self) -> None:
-        if not await self.conn.accept():
-            return
-        self.live.attach(self)
-        self.task = asyncio.current_task()
-        try:
-            if self.adapter is None:
-                raise _Refused("no robot policy is loaded on this server")
-            if not self.engine.healthy:
-                raise _Refused(f"engine unavailable: {self.engine.dead_reason or 'stopped'}")
-            self.slot = self.slots.take(self.client)
-            if self.slot is None:
-                raise _Refused(f"{wire.TOO_MANY_SESSIONS}: {self.slots.refusal(self.client)}",
-                               CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
-            self.metadata = self.adapter.metadata
-            await self.conn.send(self.packer.pack(self.metadata.to_wire()))
-            log.info("session %s: robot connected to %s", self.conn_id, self.model)
-            while True:
-                message = await self._next()
-                if message is IDLE:
-                    await self._idle_close()
-                    return
-                if message is None or self.draining:
-                    return  # a request that arrives during the drain is not started
-                received = time.perf_counter()
-                # The request runs in this task (no task per request: tens of microseconds
-                # a call).
-                self.busy = True
-                self.quiet.clear()
-                try:
-                    try:
-                        reply = await self.handle(message)
-                    except asyncio.CancelledError:
-                        if self.left:  # cancelled by _on_next_message, not by a server shutdown
-                            self.task.uncancel()
-                            log.info("session %s: robot left during inference", self.conn_id)
-                            return
-                        raise
-                    finally:
-                        self.busy = False
-                    # A robot that does not take its reply within the idle timeout is dropped.
-                    # A reply taken is activity, whether the policy ran inline or in the engine.
-                    if await self.conn.send(reply, timeout=self.idle.reply_timeout_s):
-                        self.idle.touch()
-                finally:
-                    self.quiet.set()
-                self.prev_total_ms = (time.perf_counter() - received) * 1000.0
-        except _Refused as exc:
-            await self._refuse(str(exc), exc.code, exc.reason)
-        except wire.WireError as exc:
-            await self._refuse(f"invalid request: {exc}")
-        except ConnectionError:
-            pass
-        except Exception as exc:  # noqa: BLE001 - a bug must still end only this robot
-            log.exception("session %s: unexpected error", self.conn_id)
-            await self._refuse(f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            if self.pending is not None and not self.pending.done():
-                self.pending.cancel()
-            if self.draining:  # before the handler returns (uvicorn then drops the socket)
-                await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
-            self.quiet.set()
-            self.idle.close()
-            self._release()
-            if self.slot is not None:
-                self.slot.release()
-            self.live.detach(self)
+    @property
+    def log_id(self) -> str:
+        return self.conn_id
 
-    async def _next(self) -> Received | None | Idle:
+    def unavailable(self) -> Goodbye | None:
+        if self.adapter is None:
+            return _Refused("no robot policy is loaded on this server")
+        if not self.engine.healthy:
+            return _Refused(f"engine unavailable: {self.engine.dead_reason or 'stopped'}")
+        return None
+
+    async def opened(self) -> None:
+        assert self.adapter is not None
+        self.task = asyncio.current_task()
+        self.metadata = self.adapter.metadata
+        await self.conn.send(self.packer.pack(self.metadata.to_wire()))
+        log.info("session %s: robot connected to %s", self.conn_id, self.model)
+
+    async def handle(self, message: Received) -> bool:
+        if self.draining:
+            return False  # a request that arrives during the drain is not started
+        assert self.task is not None
+        received = time.perf_counter()
+        # The request runs in this task (no task per request: tens of microseconds a call).
+        self.in_request = True
+        self.quiet.clear()
+        try:
+            try:
+                reply = await self.request(message)
+            except asyncio.CancelledError:
+                if self.left:  # cancelled by _on_next_message, not by a server shutdown
+                    self.task.uncancel()
+                    log.info("session %s: robot left during inference", self.conn_id)
+                    return False
+                raise
+            except wire.WireError as exc:
+                raise _Refused(f"invalid request: {exc}") from None
+            except Goodbye:
+                raise
+            except ConnectionError:
+                return False
+            except Exception as exc:  # noqa: BLE001 - a bug must still end only this robot
+                log.exception("session %s: unexpected error", self.conn_id)
+                raise _Refused(f"internal error: {type(exc).__name__}: {exc}") from None
+            finally:
+                self.in_request = False
+            # A robot that does not take its reply within the idle timeout is dropped.
+            # A reply taken is activity, whether the policy ran inline or in the engine.
+            if await self.conn.send(reply, timeout=self.idle.reply_timeout_s):
+                self.idle.touch()
+        finally:
+            self.quiet.set()
+        self.prev_total_ms = (time.perf_counter() - received) * 1000.0
+        return True
+
+    async def tell(self, code: str | None, message: str, timeout: float | None = None) -> None:
+        # The real client raises the text as it is; the protocol's echoes are clipped, an
+        # exception's may not be.
+        text = clipped(f"{code}: {message}" if code else message, MAX_ERROR_CHARS)
+        await self.conn.send(text, timeout=timeout or self.idle.reply_timeout_s)
+
+    async def wind_down(self, why: Why) -> None:
+        """At a drain, the request in flight, if any, is answered first."""
+        if why is Why.DRAIN:
+            await self.quiet.wait()
+            log.info("session %s: drained", self.conn_id)
+
+    async def ended(self) -> None:
+        if self.pending is not None and not self.pending.done():
+            self.pending.cancel()
+        if self.draining:  # before the handler returns (uvicorn then drops the socket)
+            await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
+        self.quiet.set()
+        self._end_sessions()
+
+    async def engine_dead(self, reason: str) -> None:
+        """The engine died: an idle robot is told now (a request in flight fails on its own)."""
+        if not self.in_request:
+            await self.goodbye(_Refused(f"engine unavailable: {reason}"))
+
+    def dropped(self, reason: str) -> None:
+        log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)
+
+    async def next_message(self) -> Received | None | Idle:
         """The robot's next message (None: it left), or ``IDLE`` if none came within the
         idle timeout (no inference runs meanwhile: this is the only wait between requests).
         A watch started during the previous request (``_watch``) may hold it already."""
         if self.pending is None:
-            return await receive_or_idle(self.idle, self._receive, _never_busy)
+            return await receive_or_idle(self.idle, self.receive, self.busy)
         pending = self.pending
         if self.idle.enabled:
             while not pending.done() and not self.idle.stopped:
@@ -220,17 +216,7 @@ class OpenPIConnection:
         self.idle.touch()
         return message
 
-    async def _idle_close(self) -> None:
-        """No request for the idle timeout: the text ``idle_timeout: ...`` (the real client
-        raises it should it read again) and close CLOSE_IDLE_TIMEOUT, reason "idle timeout"."""
-        self.idle_closing = True  # a drain from now on leaves the close to this one
-        timeout = self.idle.timeout_s
-        log.info("session %s: idle for %g s (no request): closing", self.conn_id, timeout)
-        await self.conn.send(f"{wire.IDLE_TIMEOUT}: no request for {timeout:g} s (the server's idle timeout, "
-                             "--idle-timeout-s)", timeout=GOODBYE_TIMEOUT_S)
-        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
-
-    def _receive(self) -> Any:
+    def receive(self) -> Any:
         # No bound here beyond uvicorn's ws_max_size: decode_request answers an
         # over-limit body (MAX_MESSAGE_BYTES) with a readable error.
         return self.conn.receive(None, None)
@@ -240,7 +226,7 @@ class OpenPIConnection:
         meanwhile, so that a disconnect is noticed at once. A request answered without
         waiting (a fast policy run inline) needs no watch: nothing is left to cancel."""
         if self.pending is None:
-            self.pending = asyncio.ensure_future(self._receive())
+            self.pending = asyncio.ensure_future(self.receive())
             self.pending.add_done_callback(functools.partial(self._on_next_message, self.task))
 
     def _on_next_message(self, task: asyncio.Task, pending: asyncio.Future) -> None:
@@ -249,48 +235,14 @@ class OpenPIConnection:
         engine); a pipelined request stays in ``pending`` and is answered after this one."""
         if pending.cancelled() or pending.exception() is not None:
             return
-        if pending.result() is None and self.busy:
+        if pending.result() is None and self.in_request:
             self.left = True
             task.cancel()
 
-    async def _refuse(self, text: str, code: int = wire.CLOSE_ERROR, reason: str = _CLOSE_REASON) -> None:
-        """The error text, then the close; a robot that does not read is dropped after
-        GOODBYE_TIMEOUT_S (it may have stopped reading on purpose, to keep its slot)."""
-        text = clipped(text, MAX_ERROR_CHARS)  # the protocol's echoes are clipped; an exception's may not be
-        log.info("session %s: closing with error: %s", self.conn_id, text)
-        await self.conn.send(text, timeout=GOODBYE_TIMEOUT_S)
-        await self.conn.close(code, reason)
-
-    async def drain(self) -> None:
-        """Server shutdown: the request in flight, if any, is answered; then close 1001."""
-        self.draining = True
-        self.idle.stop()  # the drain closes this socket, never the idle timeout
-        if self.idle_closing:
-            return  # the idle close under way closes the socket (4408); one close, not two
-        await self.quiet.wait()
-        log.info("session %s: drained", self.conn_id)
-        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
-
-    async def admin_close(self, session_id: str) -> None:
-        """An operator closed one of this connection's sessions: the robot's connection
-        ends with a text frame (the real client raises it) and close CLOSE_ADMIN."""
-        text = f"closed_by_admin: session {session_id} was closed by the server's operator"
-        log.info("session %s: closing: %s", self.conn_id, text)
-        await self.conn.send(text, timeout=GOODBYE_TIMEOUT_S)
-        await self.conn.close(CLOSE_ADMIN, "closed by admin")
-
-    async def engine_dead(self, reason: str) -> None:
-        """The engine died: an idle robot is told now (a request in flight fails on its own)."""
-        if not self.busy:
-            await self._refuse(f"engine unavailable: {reason}")
-
-    def dropped(self, reason: str) -> None:
-        log.info("session %s: policy dropped a robot's state: %s", self.conn_id, reason)
-
-    async def _free(self, sid: str) -> LiveSession | None:
+    async def _free(self, sid: str) -> SessionRecord | None:
         """The live entry holding ``sid`` once waiting is over, None if it is free. A holder
         whose robot has just gone (its connection not yet ended here) is given HOLDER_WAIT_S
-        to end; a released one (``releasing``) is waited for, RELEASE_WAIT_S at most."""
+        to end; a closing one (its state dropped in the policy) is waited for, RELEASE_WAIT_S at most."""
         deadline = time.monotonic() + RELEASE_WAIT_S
         held = self.live.find(KIND, sid)
         while held is not None:
@@ -298,26 +250,26 @@ class OpenPIConnection:
             if left <= 0:
                 return held
             try:
-                wait = left if held.state == RELEASING else min(left, HOLDER_WAIT_S)
+                wait = left if held.state is SessionState.CLOSING else min(left, HOLDER_WAIT_S)
                 await asyncio.wait_for(held.ended.wait(), wait)
             except TimeoutError:
-                if held.state != RELEASING:
+                if held.state is not SessionState.CLOSING:
                     return held  # another robot holds it: in use
             held = self.live.find(KIND, sid)
         return None
 
-    def _release(self) -> None:
-        """Release every session this connection used. Each stays listed (state
-        ``releasing``, no owner) until the policy has released it: see ``_session``."""
+    def _end_sessions(self) -> None:
+        """End every session this connection used. Each stays listed (state
+        ``closing``, no owner) until the policy has released it: see ``_session``."""
         for sid, entry in self.used.items():
             if self.model is None:
                 self.live.remove(entry)
                 continue
-            entry.owner, entry.state = None, RELEASING
-            asyncio.ensure_future(self._released(sid, entry))
+            entry.owner, entry.state = None, SessionState.CLOSING
+            asyncio.ensure_future(self._drop_state(sid, entry))
         log.info("session %s: robot disconnected (%d sessions released)", self.conn_id, len(self.used))
 
-    async def _released(self, sid: str, entry: LiveSession) -> None:
+    async def _drop_state(self, sid: str, entry: SessionRecord) -> None:
         assert self.model is not None
         try:
             await self.engine.release(self.model, sid)
@@ -329,7 +281,7 @@ class OpenPIConnection:
             self.live.remove(entry)
 
     # ------------------------------------------------------------------ requests
-    async def handle(self, message: Received) -> bytes:
+    async def request(self, message: Received) -> bytes:
         """One received message -> the packed reply. Raises ``WireError`` / ``_Refused``."""
         frame: Any = message.data if message.data is not None else message.text
         req = wire.decode_request(frame, self.metadata)
@@ -372,8 +324,7 @@ class OpenPIConnection:
             result: PolicyResult = self.engine.run_now(self.model, work, session_id=sid)
             if result is NOT_RUN:
                 answer = self.engine.submit_future(self.model, work, session_id=sid)
-                if not answer.done():
-                    self._watch()
+                self._watch()
                 result = await answer
         except ENGINE_ERRORS as exc:
             raise _Refused(f"{_REFUSALS[engine_failure(exc)]}: {exc}") from None
@@ -403,11 +354,6 @@ class OpenPIConnection:
                 raise _Refused(f"policy reset failed: {type(exc).__name__}: {exc}") from None
             self.used[s].chunk_index = 0
         log.info("session %s: reset %s", self.conn_id, sids)
-
-
-def _never_busy() -> bool:
-    """Between requests nothing runs for the robot (receive_or_idle's ``busy``)."""
-    return False
 
 
 # The text frame's prefix per engine outcome (the real client raises the text as is).

@@ -25,68 +25,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable
+from typing import Any
 
 from starlette.websockets import WebSocket
 
 from models.tts.base import DecodeWindow, SynthesizeSentence, TTSAdapter
 from protocols import tts_v1 as wire
-from protocols.close_codes import CLOSE_IDLE_TIMEOUT, CLOSE_TRY_AGAIN_LATER, IDLE_TIMEOUT_REASON, TOO_MANY_SESSIONS_REASON
-from realtime.endpoints.connection import (
-    CLOSE_ADMIN,
-    CLOSE_INTERNAL,
+from protocols.close_codes import CLOSE_INTERNAL
+from realtime.endpoints.connection import Received
+from realtime.endpoints.lifecycle import (
     ENGINE_ERRORS,
-    TTS_CODES,
-    Connection,
     Failure,
-    LiveSessions,
-    TooLarge,
+    Goodbye,
+    SessionEndpoint,
+    Why,
     engine_failure,
-    new_session_id,
-    run_handler,
 )
-from realtime.engine import Engine
-from realtime.server.limits import GOODBYE_TIMEOUT_S, IDLE, IdleClock, client_address, receive_or_idle
+from sessions.registry import SessionRecord, new_session_id
+from realtime.endpoints.tts_queue import Drained, Sentence, UtteranceEnd, first_of, plan_drain, take_all
 
 log = logging.getLogger(__name__)
 
 KIND = "tts"
 
 
-@dataclass(frozen=True)
-class _Sentence:
-    utterance_index: int
-    sentence_index: int
-    text: str
-    queued_at: float = field(default_factory=time.perf_counter)  # for time to first audio
+class TTSEndpoint(SessionEndpoint):
+    kind = KIND
+    idle_what = "no message and nothing spoken"
 
-
-@dataclass(frozen=True)
-class _UtteranceEnd:
-    utterance_index: int
-    sentences: int
-
-
-@dataclass(frozen=True)
-class _Drained:
-    """The drain's marker, behind what is left to speak: report ``unfinished`` cancelled."""
-
-    unfinished: tuple[int, ...]
-    reached: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
-
-
-class TTSConnection:
-    def __init__(self, conn: Connection, engine: Engine, model: str, live: LiveSessions, idle: IdleClock) -> None:
-        self.conn = conn
-        self.engine = engine
-        self.model = model
-        self.adapter: TTSAdapter = engine.adapter(model)  # type: ignore[assignment]
-        self.voices = tuple(self.adapter.voices)
-        self.config = wire.SessionConfig(voice=self.voices[0])
+    def __init__(self, ws: WebSocket) -> None:
+        super().__init__(ws)
+        self.model = ""
         self.session_id = new_session_id(KIND)
-        self.live = live
-        self.segmenter = self.adapter.segmenter()
+        self.entry: SessionRecord | None = None
         self.utterance = 0
         self.sentence = 0  # next sentence index in the current utterance
         self.cancelled: set[int] = set()
@@ -97,18 +68,84 @@ class TTSConnection:
         # when the listener runs out, each window's engine deadline (``_needed_by``).
         self.playback: tuple[int, float, float] | None = None
         # Unbounded as a queue, bounded by what feeds it: at most MAX_PENDING_TEXT_CHARS of
-        # sentence text (``queued_chars``) plus one _UtteranceEnd per input.done.
-        self.queue: asyncio.Queue[_Sentence | _UtteranceEnd | _Drained] = asyncio.Queue()
+        # sentence text (``queued_chars``) plus one UtteranceEnd per input.done.
+        self.queue: asyncio.Queue[Sentence | UtteranceEnd | Drained] = asyncio.Queue()
         self.queued_chars = 0
         self.speaking = asyncio.Lock()  # held by the speaker for one sentence or utterance end
-        self.first_audio = conn.ws.app.state.metrics.tts_first_audio
+        self.first_audio = self.metrics.tts_first_audio
         self.told_dead = False  # the client heard the engine is dead
-        self.idle = idle  # touched by each client message and each audio frame or event sent
         self.synthesizing = False  # a window of this session is in the engine (not idle)
         self.speaker: asyncio.Task | None = None
-        self.draining = False
-        self.idle_closing = False  # the idle goodbye is being sent (a drain then does not close)
-        self.ended = asyncio.Event()  # the reader has finished (the socket is gone)
+        self.ended_event = asyncio.Event()  # the reader has finished (the socket is gone)
+
+    @property
+    def log_id(self) -> str:
+        return self.session_id
+
+    def unavailable(self) -> Goodbye | None:
+        state = self.conn.ws.app.state
+        names = state.inventory.names(KIND)
+        if not names:
+            reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
+            why = "; ".join(reasons) or "no voice loaded"
+            return Goodbye(wire.TTS_UNAVAILABLE, f"TTS is unavailable: {why}. Install it with pip install "
+                           "'realtime-sessions[tts]'")
+        if not self.engine.healthy:
+            return Goodbye(wire.INTERNAL_ERROR, f"engine unavailable: {self.engine.dead_reason}")
+        self.model = names[0]
+        return None
+
+    async def opened(self) -> None:
+        self.adapter: TTSAdapter = self.engine.adapter(self.model)  # type: ignore[assignment]
+        self.voices = tuple(self.adapter.voices)
+        self.config = wire.SessionConfig(voice=self.voices[0])
+        self.segmenter = self.adapter.segmenter()
+        self.speaker = asyncio.create_task(self._speak())
+        self.entry = self.live.add(KIND, self.session_id, self.model, owner=self)
+        await self.send(wire.encode(self.config.updated(self.voices)))
+        log.info("session %s: tts session opened on %s", self.session_id, self.model)
+
+    def receive(self) -> Any:
+        return self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
+
+    def busy(self) -> bool:
+        return self.synthesizing
+
+    async def handle(self, frame: Received) -> bool:
+        try:
+            parsed = wire.parse_client(frame.text if frame.text is not None else frame.data, self.voices)
+        except wire.ProtocolError as exc:
+            await self.error(exc.code, exc.message)
+            return True
+        if isinstance(parsed, wire.SessionClose):
+            await self._cancel(notify=False)
+            await self.send(wire.encode(wire.SessionClosed()))
+            return False
+        if self.draining:
+            await self.error(wire.GOING_AWAY, "the server is shutting down: nothing more is spoken; "
+                                              "the socket closes once the utterance being spoken ends")
+            return True
+        await self.on_message(parsed)
+        return True
+
+    async def tell(self, code: str | None, message: str, timeout: float | None = None) -> None:
+        await self.error(code or wire.INTERNAL_ERROR, message, timeout=timeout)
+
+    def stop_output(self) -> None:
+        # A speaker stuck on a client that does not read is stopped before the goodbye.
+        if self.speaker is not None:
+            self.speaker.cancel()
+
+    async def ended(self) -> None:
+        self.ended_event.set()
+        if self.speaker is not None:
+            self.speaker.cancel()
+        if self.entry is not None:
+            # Not awaited: behind a long forward the voice state's drop would hold this handler.
+            self.engine.post_release(self.model, self.session_id)
+            self.live.remove(self.entry)
+            log.info("session %s: tts session closed", self.session_id)
+        await self.conn.close()
 
     async def send(self, text: str, timeout: float | None = None) -> None:
         """One message (``timeout``: dropped if not taken by then; the idle timeout by default)."""
@@ -123,110 +160,32 @@ class TTSConnection:
         """A voice keeps nothing across sentences worth reporting; the next window is stale."""
         log.info("session %s: voice state dropped: %s", self.session_id, reason)
 
-    async def admin_close(self, session_id: str) -> None:
-        """An operator closed the session: ``closed_by_admin``, then the socket closes
-        with CLOSE_ADMIN (the reader then ends the session as on a disconnect)."""
-        await self.error(wire.CLOSED_BY_ADMIN, f"session {session_id} was closed by the server's operator",
-                         timeout=GOODBYE_TIMEOUT_S)
-        await self.conn.close(CLOSE_ADMIN, "closed by admin")
-
     async def engine_dead(self, reason: str) -> None:
         """The engine died: tell the client (once) and close; nothing can be spoken now."""
         async with self.speaking:  # a sentence in flight reports its own failure first
             pass
         if not self.told_dead:
             self.told_dead = True
-            await self.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {reason}")
+            await self.error(wire.INTERNAL_ERROR, f"engine unavailable: {reason}")
         await self.conn.close(CLOSE_INTERNAL)
 
-    async def drain(self) -> None:
-        """Server shutdown: finish the utterance being spoken (module docstring), then
-        close with 1001. The utterance being spoken is the speaker's, or the one at the
-        head of the queue when the speaker is between two of its sentences."""
-        self.draining = True
-        self.idle.stop()  # the drain closes this socket, never the idle timeout
-        if self.idle_closing:
-            return  # the idle close under way closes the socket (4408); one close, not two
-        items = _drain(self.queue)
-        head = next((i.utterance_index for i in items if not isinstance(i, _Drained)), None)
-        finishing = self.current if self.current is not None else head
-        keep = [i for i in items if not isinstance(i, _Drained) and i.utterance_index == finishing]
-        unfinished = {i.utterance_index for i in items if not isinstance(i, _Drained)}
-        if self.sentence > 0 or self.segmenter.buffered.strip():
-            unfinished.add(self.utterance)  # its input.done never came
-        if finishing is not None and not any(isinstance(i, _UtteranceEnd) for i in keep):
-            unfinished.add(finishing)  # cut short after its queued sentences
-        unfinished -= {i.utterance_index for i in keep if isinstance(i, _UtteranceEnd)}
-        unfinished -= self.cancelled  # the client cancelled these itself and heard so
+    async def wind_down(self, why: Why) -> None:
+        """At a drain, finish the utterance being spoken (module docstring). It is the
+        speaker's, or the one at the head of the queue when the speaker is between two of
+        its sentences. An idle or closed session stops where it is."""
+        if why is not Why.DRAIN or self.entry is None:
+            return
+        open_utterance = self.utterance if self.sentence > 0 or self.segmenter.buffered.strip() else None
+        finishing, keep, unfinished = plan_drain(take_all(self.queue), self.current, open_utterance, self.cancelled)
         self.cancelled.update(unfinished - {finishing})
         self.segmenter.clear()
-        self.queued_chars = sum(len(i.text) for i in keep if isinstance(i, _Sentence))
-        marker = _Drained(tuple(sorted(unfinished)))
+        self.queued_chars = sum(len(i.text) for i in keep if isinstance(i, Sentence))
+        marker = Drained(tuple(sorted(unfinished)))
         for item in (*keep, marker):
             self.queue.put_nowait(item)
         log.info("session %s: draining: finishing utterance %s, %d items left to speak", self.session_id,
                  finishing, len(keep))
-        await _first(marker.reached.wait(), self.ended.wait())
-        await self.conn.close(wire.CLOSE_GOING_AWAY, "server shutting down")
-
-    async def run(self) -> None:
-        speaker = self.speaker = asyncio.create_task(self._speak())
-        entry = self.live.add(KIND, self.session_id, self.model, owner=self)
-        await self.send(wire.encode(self.config.updated(self.voices)))
-        log.info("session %s: tts session opened on %s", self.session_id, self.model)
-        try:
-            while True:
-                try:
-                    frame = await receive_or_idle(self.idle, self._receive, lambda: self.synthesizing)
-                except TooLarge as exc:
-                    await self.error(wire.MESSAGE_TOO_LARGE, f"message of {exc.size} bytes; the limit is {exc.limit}")
-                    continue
-                if frame is IDLE:
-                    await self.idle_close()
-                    break
-                if frame is None:
-                    break
-                try:
-                    parsed = wire.parse_client(frame.text if frame.text is not None else frame.data, self.voices)
-                except wire.ProtocolError as exc:
-                    await self.error(exc.code, exc.message)
-                    continue
-                if isinstance(parsed, wire.SessionClose):
-                    await self._cancel(notify=False)
-                    await self.send(wire.encode(wire.SessionClosed()))
-                    break
-                if self.draining:
-                    await self.error(wire.GOING_AWAY, "the server is shutting down: nothing more is spoken; "
-                                                      "the socket closes once the utterance being spoken ends")
-                    continue
-                await self.handle(parsed)
-        finally:
-            self.ended.set()
-            speaker.cancel()
-            # Not awaited: behind a long forward the release would hold this handler.
-            self.engine.post_release(self.model, self.session_id)
-            self.live.remove(entry)
-            self.live.detach(self)
-            log.info("session %s: tts session closed", self.session_id)
-            await self.conn.close()
-
-    def _receive(self) -> Any:
-        return self.conn.receive(wire.MAX_FRAME_BYTES, wire.MAX_FRAME_BYTES)
-
-    async def idle_close(self) -> None:
-        """No message and nothing spoken for the idle timeout: ``idle_timeout``, then close
-        with CLOSE_IDLE_TIMEOUT (the reader then ends the session as on a disconnect). A
-        speaker stuck on a client that does not read is stopped first; such a client takes
-        nothing and is dropped after GOODBYE_TIMEOUT_S."""
-        self.idle_closing = True  # a drain from now on leaves the close to this one
-        timeout = self.idle.timeout_s
-        log.info("session %s: idle for %g s (no message, nothing spoken): closing", self.session_id, timeout)
-        if self.speaker is not None:
-            self.speaker.cancel()
-        await self.conn.send(wire.error(wire.IDLE_TIMEOUT, f"no message and nothing spoken for {timeout:g} s (the "
-                                        "server's idle timeout, --idle-timeout-s): closing"),
-                             timeout=GOODBYE_TIMEOUT_S)
-        await self.conn.close(CLOSE_IDLE_TIMEOUT, IDLE_TIMEOUT_REASON, timeout=GOODBYE_TIMEOUT_S)
+        await first_of(marker.reached.wait(), self.ended_event.wait())
 
     async def _release(self) -> None:
         try:
@@ -236,7 +195,7 @@ class TTSConnection:
         except Exception as exc:  # noqa: BLE001 - nothing is kept between sentences; log and go on
             log.warning("session %s: voice release failed: %r", self.session_id, exc)
 
-    async def handle(self, msg: wire.ClientMessage) -> None:
+    async def on_message(self, msg: wire.ClientMessage) -> None:
         if isinstance(msg, wire.SessionUpdate):
             self.config = self.config.apply(msg)
             await self.send(wire.encode(self.config.updated(self.voices)))
@@ -256,7 +215,7 @@ class TTSConnection:
             before = self.segmenter.buffered
             if not await self._enqueue(self.segmenter.flush(), before, end=True):
                 return
-            self.queue.put_nowait(_UtteranceEnd(self.utterance, self.sentence))
+            self.queue.put_nowait(UtteranceEnd(self.utterance, self.sentence))
             self.utterance += 1
             self.sentence = 0
         elif isinstance(msg, wire.ResponseCancel):
@@ -274,15 +233,15 @@ class TTSConnection:
             return False
         for text in sentences:
             self.queued_chars += len(text)
-            self.queue.put_nowait(_Sentence(self.utterance, self.sentence, text))
+            self.queue.put_nowait(Sentence(self.utterance, self.sentence, text))
             self.sentence += 1
         return True
 
     async def _cancel(self, *, notify: bool) -> None:
         """Barge-in: stop the utterance being spoken and everything queued or buffered."""
-        items = _drain(self.queue)
-        cancelled = {item.utterance_index for item in items if not isinstance(item, _Drained)}
-        for marker in (item for item in items if isinstance(item, _Drained)):
+        items = take_all(self.queue)
+        cancelled = {item.utterance_index for item in items if not isinstance(item, Drained)}
+        for marker in (item for item in items if isinstance(item, Drained)):
             self.queue.put_nowait(marker)  # a drain waits for it
         self.queued_chars = 0
         if self.current is not None:
@@ -316,7 +275,7 @@ class TTSConnection:
     async def _speak(self) -> None:
         while True:
             item = await self.queue.get()
-            if isinstance(item, _Drained):
+            if isinstance(item, Drained):
                 for index in item.unfinished:
                     await self.send(wire.encode(wire.ResponseCancelled(index)))
                 item.reached.set()
@@ -329,14 +288,14 @@ class TTSConnection:
             finally:
                 self.holding = None
 
-    async def _say(self, item: "_Sentence | _UtteranceEnd") -> None:
+    async def _say(self, item: "Sentence | UtteranceEnd") -> None:
         """One item the speaker took: a sentence spoken, or an utterance's ``response.done``."""
-        if isinstance(item, _Sentence):
+        if isinstance(item, Sentence):
             self.queued_chars -= len(item.text)
         async with self.speaking:
             if item.utterance_index in self.cancelled:
                 return
-            if isinstance(item, _UtteranceEnd):
+            if isinstance(item, UtteranceEnd):
                 samples = self.samples.pop(item.utterance_index, 0)
                 await self.send(wire.encode(wire.ResponseDone(item.utterance_index, item.sentences, samples)))
                 return
@@ -352,7 +311,7 @@ class TTSConnection:
             finally:
                 self.current = None
 
-    async def _speak_sentence(self, item: _Sentence) -> None:
+    async def _speak_sentence(self, item: Sentence) -> None:
         config = self.config
         utt, k = item.utterance_index, item.sentence_index
         await self.send(wire.encode(wire.AudioStart(utt, k, item.text, config.sample_rate)))
@@ -371,7 +330,7 @@ class TTSConnection:
                         return
                     self.told_dead = True
                 if failure is not Failure.CANCELLED:
-                    await self.error(TTS_CODES[failure], f"synthesis failed: {exc}")
+                    await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {exc}")
                 return
             finally:
                 self.synthesizing = False
@@ -393,7 +352,7 @@ class TTSConnection:
 
     def _needed_by(self, utt: int) -> float:
         """When the listener runs out of utterance ``utt``'s audio: the engine's deadline for
-        its next window (realtime/engine/loop.py "Deadlines"); now, before its first audio."""
+        its next window (realtime/engine/scheduler.py, deadlines); now, before its first audio."""
         if self.playback is None or self.playback[0] != utt:
             return time.perf_counter()
         return self.playback[1] + self.playback[2]
@@ -406,56 +365,5 @@ class TTSConnection:
             self.playback = (utt, self.playback[1], self.playback[2] + seconds)
 
 
-async def _first(*waits: Awaitable[object]) -> None:
-    """Wait until the first of ``waits`` is done; cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-
-
-def _drain(queue: asyncio.Queue) -> list:
-    items = []
-    while not queue.empty():
-        items.append(queue.get_nowait())
-    return items
-
-
 async def tts_endpoint(ws: WebSocket) -> None:
-    state = ws.app.state
-    conn = Connection(ws)
-    if not await conn.accept():
-        return
-    names = state.inventory.names(KIND)
-    if not names:
-        reasons = [m["reason"] for m in state.inventory.unavailable.values() if m["kind"] == KIND]
-        why = "; ".join(reasons) or "no voice loaded"
-        await conn.send(wire.error(wire.TTS_UNAVAILABLE, f"TTS is unavailable: {why}. Install it with pip install "
-                                   "'realtime-sessions[tts]'"), timeout=GOODBYE_TIMEOUT_S)
-        await conn.close(CLOSE_INTERNAL)
-        return
-    if not state.engine.healthy:
-        await conn.send(wire.error(TTS_CODES[Failure.ENGINE], f"engine unavailable: {state.engine.dead_reason}"),
-                        timeout=GOODBYE_TIMEOUT_S)
-        await conn.close(CLOSE_INTERNAL)
-        return
-    client = client_address(ws)
-    slot = state.client_slots.take(client)
-    if slot is None:
-        refusal = state.client_slots.refusal(client)
-        log.info("%s: tts session refused: %s", conn.peer, refusal)
-        await conn.send(wire.error(wire.TOO_MANY_SESSIONS, refusal), timeout=GOODBYE_TIMEOUT_S)
-        await conn.close(CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
-        return
-    idle: IdleClock | None = None
-    try:
-        idle = IdleClock(state.config.limits.idle_timeout_s)
-        session = TTSConnection(conn, state.engine, names[0], state.live_sessions, idle)
-        state.live_sessions.attach(session)
-        await run_handler(session.run(), state.live_sessions)
-    finally:
-        if idle is not None:
-            idle.close()
-        slot.release()
+    await TTSEndpoint(ws).serve()

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from protocols.echo import shown
-from realtime.endpoints.connection import LiveSessions
+from realtime.endpoints.live import LiveSessions
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ async def close_session(request: Request) -> Response:
     live: LiveSessions = request.app.state.live_sessions
     kind, sid = request.path_params["kind"], request.path_params["session_id"]
     entry = live.find(kind, sid)
-    closer = getattr(entry.owner, "admin_close", None) if entry is not None else None
-    if entry is None or closer is None:
+    owner = entry.owner if entry is not None else None
+    if entry is None or owner is None:
         return JSONResponse({"error": {"code": "no_session", "message": f"no live {kind} session {shown(sid)}"}},
                             status_code=404)
     log.info("session %s: closed by admin (%s)", sid, request.client.host if request.client else "?")
-    await closer(sid)
+    await owner.admin_close(sid)
     return JSONResponse(entry.to_json())
 
 

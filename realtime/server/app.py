@@ -17,7 +17,7 @@ from starlette.staticfiles import StaticFiles
 from realtime import media
 from realtime.server.admin import ROUTES as ADMIN_ROUTES
 from realtime.server.config import ServerConfig
-from realtime.endpoints.connection import LiveSessions
+from realtime.endpoints.live import LiveSessions
 from realtime.engine import Engine
 from realtime.server.limits import SOCKETS_PER_SESSION_SLOT, ClientSlots, SocketGuard
 from realtime.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -30,7 +30,7 @@ from sessions import SessionManager
 
 log = logging.getLogger(__name__)
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "clients" / "web"
+WEB_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
 
 # At shutdown, how long the lifespan waits for the engine thread to end (a daemon thread:
 # a forward still running past the drain deadline does not keep the process alive).

@@ -28,13 +28,13 @@ from prometheus_client.registry import Collector
 from realtime.engine.stats import LATENCY_BUCKETS_S, Buckets
 
 if TYPE_CHECKING:
-    from realtime.endpoints.connection import LiveSessions
+    from realtime.endpoints.live import LiveSessions
     from realtime.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 KINDS = ("world", "policy", "tts")
-# LiveSession.state values (realtime/endpoints/connection.py and the endpoints).
-STATES = ("active", "failed", "cleanup_failed")
+# SessionRecord.state values a live session is counted under (sessions/registry.py).
+STATES = ("active", "failed", "closing", "cleanup_failed")
 FAILURE_CODES = ("model_error", "out_of_memory", "engine_dead")  # models.base.failure_code
 
 

@@ -130,7 +130,7 @@ class _Server(uvicorn.Server):
 
     async def _let_go(self, grace_s: float) -> None:
         """Wait up to ``grace_s`` for the connections' handlers to end, then cancel the
-        rest (each ends quietly: realtime/endpoints/connection.py ``run_handler``)."""
+        rest (each ends quietly: realtime/endpoints/lifecycle.py ``SessionEndpoint.serve``)."""
         tasks = [t for t in self.server_state.tasks if not t.done()]
         if not tasks:
             return

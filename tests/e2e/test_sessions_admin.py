@@ -21,7 +21,7 @@ from protocols.openpi import PolicyMetadata
 from realtime.server.admin import admin_allowed
 from realtime.server.app import build_app
 from realtime.server.config import ServerConfig, WorldConfig
-from realtime.endpoints.connection import CLOSE_ADMIN
+from protocols.close_codes import CLOSE_ADMIN
 from realtime.server.inventory import Inventory
 from tests.e2e.conftest import serve
 

@@ -28,7 +28,8 @@ from openpi_client import msgpack_numpy
 
 from protocols import tts_v1
 from protocols.close_codes import CLOSE_TRY_AGAIN_LATER
-from realtime.server.limits import GOODBYE_TIMEOUT_S, SOCKETS_PER_SESSION_SLOT
+from realtime.endpoints.idle import GOODBYE_TIMEOUT_S
+from realtime.server.limits import SOCKETS_PER_SESSION_SLOT
 from realtime.endpoints.openpi import MAX_SESSIONS_PER_CONNECTION
 from tests.e2e.conftest import serve
 from tests.e2e.test_client_limits import OBS, app, gone, live, run, text, world

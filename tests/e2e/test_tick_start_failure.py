@@ -185,14 +185,14 @@ def test_a_session_whose_tick_could_not_start_resets(server):
 def test_a_bug_in_the_tick_driver_still_fails_the_session_and_ends_it_with_its_client(server, monkeypatch, caplog):
     """Past the tick's start too: whatever the driver raises, the client hears and the
     session does not outlive its socket (the bug itself is logged with its traceback)."""
-    from realtime.endpoints import world as world_ws
+    from realtime.endpoints import world_driver
 
     addr, _ = server
 
     def broken(chunk):
         raise LookupError("injected driver bug")
 
-    monkeypatch.setattr(world_ws, "_metadata", broken)
+    monkeypatch.setattr(world_driver, "_metadata", broken)
     caplog.set_level(logging.INFO)
 
     async def main() -> dict:

@@ -185,14 +185,14 @@ def test_auto_keeps_one_tick_for_a_session_alone_and_two_once_shared():
 
 
 def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypatch):
-    """Next tick first (realtime/endpoints/world.py): a session alone queues tick N+1 as soon as N
+    """Next tick first (realtime/endpoints/world_driver.py): a session alone queues tick N+1 as soon as N
     commits, while chunk N-1 may still be on its way."""
-    import realtime.endpoints.world as world_ws
+    import realtime.endpoints.world_driver as world_driver
 
     app, model = scripted_app()  # auto: one tick in flight for a session alone
     built: dict[int, float] = {}
     sent: dict[int, float] = {}
-    send_chunk, tick = world_ws.WorldConnection._send_chunk, model.tick
+    send_chunk, tick = world_driver.TickDriver._send_chunk, model.tick
 
     async def slow_first_send(self, request, *args, **kwargs):
         if request.chunk_index == 0:
@@ -204,7 +204,7 @@ def test_a_committed_ticks_next_one_is_queued_before_its_chunk_goes_out(monkeypa
         built.setdefault(request.chunk_index, asyncio.get_running_loop().time())
         return tick(request, *args, **kwargs)
 
-    monkeypatch.setattr(world_ws.WorldConnection, "_send_chunk", slow_first_send)
+    monkeypatch.setattr(world_driver.TickDriver, "_send_chunk", slow_first_send)
     model.tick = building
     with serve(app) as addr:
         async def main():

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from models.base import EngineDeadError, ModelError
-from realtime.endpoints.connection import Failure, LiveSessions, engine_failure, new_session_id
+from realtime.endpoints.lifecycle import Failure, engine_failure
+from sessions.registry import new_session_id
+from realtime.endpoints.live import LiveSessions
 from realtime.engine import EngineStopped, TickCancelled
 
 

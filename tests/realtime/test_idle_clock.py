@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from realtime.server.limits import IDLE, IdleClock, receive_or_idle
+from realtime.endpoints.idle import IDLE, IdleClock, receive_or_idle
 
 
 def test_messages_then_idle_after_the_timeout_with_one_timer():

@@ -11,8 +11,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REALTIME = Path(__file__).resolve().parents[2] / "realtime"
 ALLOWED = {"models", "models.base", "models.factory", "models.world.base", "models.tts.base", "models.policy.base"}
 
@@ -58,8 +56,6 @@ def test_no_model_name_in_realtime():
 MAX_MODULE_LINES = 400
 
 
-@pytest.mark.xfail(strict=False, reason="realtime/endpoints/ world.py, tts.py and openpi.py are being split "
-                                        "(the endpoints split); drop this mark once it lands")
 def test_no_module_in_realtime_is_over_400_lines():
     """One concept per module, a few hundred lines each (STYLE.md 1)."""
     sizes = {str(path.relative_to(REALTIME)): len(path.read_text().splitlines()) for path in REALTIME.rglob("*.py")}
