@@ -321,7 +321,7 @@ class TTSEndpoint(SessionEndpoint):
         while True:
             self.synthesizing = True
             try:
-                chunk = await self.engine.submit(self.model, work, session_id=self.session_id,
+                audio = await self.engine.submit(self.model, work, session_id=self.session_id,
                                                  deadline=self._needed_by(utt))
             except ENGINE_ERRORS as exc:
                 failure = engine_failure(exc)
@@ -335,16 +335,16 @@ class TTSEndpoint(SessionEndpoint):
             finally:
                 self.synthesizing = False
                 self.idle.touch()  # its idleness counts from the window's end, not from the last send
-            if utt in self.cancelled or chunk.stale:
+            if utt in self.cancelled or audio.stale:
                 return
-            if chunk.samples:
+            if audio.samples:
                 if samples == 0:
                     self.first_audio.observe(time.perf_counter() - item.queued_at)
-                self._played(utt, chunk.samples / rate)
-                if await self.conn.send(chunk.pcm):
+                self._played(utt, audio.samples / rate)
+                if await self.conn.send(audio.pcm):
                     self.idle.touch()
-            samples = chunk.sentence_samples
-            if chunk.done:
+            samples = audio.sentence_samples
+            if audio.done:
                 break
             work = DecodeWindow(self.session_id, utt, k)
         self.samples[utt] = self.samples.get(utt, 0) + samples
