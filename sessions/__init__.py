@@ -24,12 +24,11 @@ from sessions.reducers import (
     default_reducers,
 )
 from sessions.session import AcceptResult, Session, SessionState, SessionStateError
-from sessions.ticks import ChunkMetadata, TickRequest
+from sessions.ticks import TickRequest
 
 __all__ = [
     "AcceptResult",
     "AppliedIds",
-    "ChunkMetadata",
     "ControlInput",
     "ControlReducer",
     "ErrorCode",

@@ -4,8 +4,9 @@ A tick is a transaction (see DESIGN.md, "Tick lifecycle")::
 
     accept_event ... accept_event      events wait in the pending queue
     begin_tick   -> TickRequest        snapshot: pending events, prompt, prepared controls
-        (engine runs the model; more events may arrive and wait for the next tick)
-    complete_tick(metadata)            metadata == snapshot: commit everything
+        (engine runs the model; its kind's base checks that the result echoes the
+        snapshot's identities; more events may arrive and wait for the next tick)
+    complete_tick(request_id)          that checked result: commit everything
       or fail_tick(reason)             commit nothing, FAILED until reset or close
 
 With ``max_in_flight`` > 1 a tick may begin on top of ticks still in flight (the
@@ -15,7 +16,7 @@ state the earlier ticks will commit. Ticks complete in the order they began; a
 failure abandons every tick in flight::
 
     begin_tick -> t0    begin_tick -> t1 (on top of t0)
-    complete_tick(t0)   complete_tick(t1)          chunk indexes 0, 1
+    complete_tick(t0.request_id)   complete_tick(t1.request_id)   chunk indexes 0, 1
 
 States and the transitions allowed between them::
 
@@ -41,7 +42,7 @@ from sessions.errors import ErrorCode, SessionError
 from sessions.events import SessionEvent, check_prompt
 from sessions.frozen import FrozenDict
 from sessions.reducers import ControlReducer, Prepared
-from sessions.ticks import ChunkMetadata, TickRequest
+from sessions.ticks import TickRequest
 
 log = logging.getLogger(__name__)
 
@@ -367,23 +368,27 @@ class Session:
         finally:
             reducer.restore(saved)
 
-    def complete_tick(self, metadata: ChunkMetadata) -> TickRequest:
-        """Commit the oldest in-flight tick if ``metadata`` matches it; returns its snapshot.
+    def complete_tick(self, request_id: str) -> TickRequest:
+        """Commit the oldest in-flight tick, whose checked result came back for
+        ``request_id``; returns its snapshot.
 
-        A mismatch or a reducer commit failure commits nothing, fails the session
-        (as :meth:`fail_tick`) and raises ``SessionError(SESSION_FAILED)``.
+        The result's four identities were checked once, where it was made: the kind's
+        base, on the engine thread, before the engine kept the model's state for the tick
+        (``models/world/base.py``, ``check_chunk``). The session commits from that result
+        and does not compare them again; ``request_id`` only names the tick it answers.
+        Results come back in the order their ticks began, so any other id is a server bug
+        (``SessionStateError``, nothing changes). A reducer commit failure commits
+        nothing, fails the session (as :meth:`fail_tick`) and raises
+        ``SessionError(SESSION_FAILED)``.
         """
-        if not isinstance(metadata, ChunkMetadata):
-            raise TypeError(f"complete_tick takes ChunkMetadata, got {type(metadata).__name__}")
         if not self._flights:
             # A result for a tick already abandoned by a failure or a close.
             self._check_open(None)
             raise SessionStateError(f"session {self._session_id}: no tick in flight")
         request, prepared = self._flights[0]
-        if not metadata.matches(request):
-            reason = "metadata mismatch: " + "; ".join(metadata.mismatch(request))
-            self.fail_tick(reason)
-            raise SessionError(ErrorCode.SESSION_FAILED, reason)
+        if request_id != request.request_id:
+            raise SessionStateError(f"session {self._session_id}: a result for {request_id!r} while the oldest "
+                                    f"tick in flight is {request.request_id}")
         # All or nothing across reducers: save each before its commit, and put back
         # every saved one (the failing one too, it may be half-written) on failure.
         saved: dict[str, object] = {}

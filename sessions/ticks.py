@@ -1,9 +1,10 @@
-"""Tick snapshots and the metadata that must come back with their results.
+"""Tick snapshots: everything one tick of one session runs on, fixed when the tick begins.
 
-A :class:`TickRequest` is everything one tick of one session runs on, fixed when
-the tick begins. The engine echoes the four identities of the request with its
-output; the session commits the tick only if that :class:`ChunkMetadata` matches
-the snapshot field for field.
+A :class:`TickRequest` carries the tick's four identities (``session_id``, ``request_id``,
+``chunk_index``, ``applied_event_ids``) to the model. Its result must echo them; that is
+checked once, by the kind's base on the engine thread (``models/world/base.py``,
+``check_chunk``), and the session commits from that checked result
+(``Session.complete_tick``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sessions.frozen import FrozenDict
-
-_METADATA_FIELDS = ("session_id", "request_id", "chunk_index", "applied_event_ids")
 
 
 @dataclass(frozen=True)
@@ -35,38 +34,3 @@ class TickRequest:
         object.__setattr__(self, "applied_event_ids", tuple(self.applied_event_ids))
         if not isinstance(self.controls, FrozenDict):
             object.__setattr__(self, "controls", FrozenDict(self.controls))
-
-
-@dataclass(frozen=True)
-class ChunkMetadata:
-    """The identities a tick's result carries back; see :meth:`matches`."""
-
-    session_id: str
-    request_id: str
-    chunk_index: int
-    applied_event_ids: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        # A list from a decoder would otherwise never compare equal to the tuple.
-        object.__setattr__(self, "applied_event_ids", tuple(self.applied_event_ids))
-
-    @classmethod
-    def for_request(cls, req: TickRequest) -> ChunkMetadata:
-        return cls(req.session_id, req.request_id, req.chunk_index, req.applied_event_ids)
-
-    def matches(self, req: TickRequest) -> bool:
-        """True when all four identities equal the snapshot's."""
-        return (
-            self.session_id == req.session_id
-            and self.request_id == req.request_id
-            and self.chunk_index == req.chunk_index
-            and self.applied_event_ids == req.applied_event_ids
-        )
-
-    def mismatch(self, req: TickRequest) -> list[str]:
-        """Human-readable differences from ``req`` (empty when :meth:`matches`)."""
-        return [
-            f"{name} {getattr(self, name)!r} != {getattr(req, name)!r}"
-            for name in _METADATA_FIELDS
-            if getattr(self, name) != getattr(req, name)
-        ]

@@ -25,8 +25,13 @@ needs and implements one method:
 tick postconditions for every world model: each chunk echoes its tick's
 ``session_id``, ``request_id``, ``chunk_index`` and ``applied_event_ids``, and its
 frames are uint8 ``[frames_per_chunk, height, width, 3]``. A chunk that breaks them
-fails its batch with a ``ModelError`` before the engine commits anything, so the
-identity check of the tick transaction lives here, once.
+fails its batch with a ``ModelError`` before anything commits. This is the tick
+transaction's one identity check: the engine keeps the model's state for the tick
+(``end_tick``) only after it, and the session commits from the same checked chunk
+(``Session.complete_tick(chunk.request_id)``) without comparing again, so the two
+commits cannot disagree about which tick they keep. The tick's identities come from
+the session's snapshot through ``tick`` (below); a model that overrides ``tick``
+builds on ``super().tick``.
 
 Frames as they exist: a tick may carry a ``frame_sink`` (the endpoint sets one for a
 session created with ``stream_frames``). A model with ``streams_frames = True``

@@ -37,7 +37,7 @@ from realtime.endpoints.frame_stream import FrameStream, finish_send
 from realtime.endpoints.idle import GOODBYE_TIMEOUT_S
 from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, engine_failure
 from realtime.media import encode_chunk
-from sessions import ChunkMetadata, Session, SessionError, SessionState, TickRequest
+from sessions import Session, SessionError, SessionState, TickRequest
 
 if TYPE_CHECKING:
     from realtime.endpoints.world import WorldEndpoint
@@ -180,7 +180,8 @@ class TickDriver:
                 ahead.popleft()
                 tick_ms = (time.perf_counter() - queued.started) * 1000.0
                 try:
-                    committed = session.complete_tick(_metadata(chunk))
+                    # The base checked the chunk's identities (its one check): commit from it.
+                    committed = session.complete_tick(chunk.request_id)
                 except SessionError as exc:
                     if queued.stream is not None:
                         await queued.stream.finish()
@@ -349,9 +350,3 @@ def _drop(future: asyncio.Future) -> None:
             future.exception()
     else:
         future.cancel()
-
-
-
-def _metadata(chunk: WorldChunk) -> ChunkMetadata:
-    """The identities the model echoed (checked by its base), as the session commits them."""
-    return ChunkMetadata(chunk.session_id, chunk.request_id, chunk.chunk_index, chunk.applied_event_ids)

@@ -189,10 +189,10 @@ def test_a_bug_in_the_tick_driver_still_fails_the_session_and_ends_it_with_its_c
 
     addr, _ = server
 
-    def broken(chunk):
+    def broken(session, request_id):
         raise LookupError("injected driver bug")
 
-    monkeypatch.setattr(world_driver, "_metadata", broken)
+    monkeypatch.setattr(world_driver.Session, "complete_tick", broken)
     caplog.set_level(logging.INFO)
 
     async def main() -> dict:

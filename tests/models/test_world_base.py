@@ -28,8 +28,12 @@ class Painted(WorldAdapter):
         for w in works:
             frames = np.full(self.geometry.frames_shape, w.chunk_index, np.uint8)
             chunk = WorldChunk.answering(w, frames)
-            if self.fault == "request":
+            if self.fault == "session":
+                chunk = WorldChunk("other", w.request_id, w.chunk_index, w.applied_event_ids, frames)
+            elif self.fault == "request":
                 chunk = WorldChunk(w.session_id, "other:0", w.chunk_index, w.applied_event_ids, frames)
+            elif self.fault == "chunk":
+                chunk = WorldChunk(w.session_id, w.request_id, w.chunk_index + 1, w.applied_event_ids, frames)
             elif self.fault == "events":
                 chunk = WorldChunk(w.session_id, w.request_id, w.chunk_index, (), frames)
             elif self.fault == "shape":
@@ -61,7 +65,10 @@ def test_good_chunks_pass_through():
 
 
 @pytest.mark.parametrize("fault, text", [
+    # The tick transaction's one identity check: each of the four fails the batch.
+    ("session", "answered ('other', 's0:0', 3, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
     ("request", "answered ('s0', 'other:0', 3, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
+    ("chunk", "answered ('s0', 's0:0', 4, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
     ("events", "answered ('s0', 's0:0', 3, ()) for tick"),
     ("shape", "frames must be uint8 [2, 4, 6, 3], got uint8 [1, 4, 6, 3]"),
     ("dtype", "frames must be uint8 [2, 4, 6, 3], got float32 [2, 4, 6, 3]"),

@@ -1,50 +1,31 @@
+import dataclasses
+
 import pytest
 
-from sessions import ChunkMetadata, FrozenDict, TickRequest, deep_freeze
+from sessions import FrozenDict, TickRequest, deep_freeze
 
 W, A, NONE = frozenset({"w"}), frozenset({"a", "w"}), frozenset()
 
 
-def request():
-    return TickRequest(
+def request(**kw):
+    fields = dict(
         session_id="s1",
         request_id="s1:4",
         chunk_index=2,
         applied_event_ids=(3, 5),
         prompt="harbour",
-        controls=FrozenDict(
-            {"keys": (W, A, NONE), "camera": deep_freeze({"yaw": [0.5, -1.0]})}
-        ),
+        controls=FrozenDict({"keys": (W, A, NONE), "camera": deep_freeze({"yaw": [0.5, -1.0]})}),
     )
+    return TickRequest(**{**fields, **kw})
 
 
-def test_metadata_for_request_matches():
-    req = request()
-    meta = ChunkMetadata.for_request(req)
-    assert meta == ChunkMetadata("s1", "s1:4", 2, (3, 5))
-    assert meta.matches(req)
-    assert meta.mismatch(req) == []
+def test_list_ids_and_a_plain_dict_are_frozen_on_the_way_in():
+    req = request(applied_event_ids=[3, 5], controls={"keys": (W,)})
+    assert req.applied_event_ids == (3, 5)
+    assert isinstance(req.controls, FrozenDict) and req.controls == {"keys": (W,)}
+    assert req == request(controls=FrozenDict({"keys": (W,)}))
 
 
-def test_metadata_list_ids_are_coerced_to_a_tuple():
-    meta = ChunkMetadata("s1", "s1:4", 2, [3, 5])  # type: ignore[arg-type]
-    assert meta.applied_event_ids == (3, 5)
-    assert meta.matches(request())
-
-
-@pytest.mark.parametrize(
-    ("meta", "diff"),
-    [
-        (ChunkMetadata("s2", "s1:4", 2, (3, 5)), ["session_id 's2' != 's1'"]),
-        (ChunkMetadata("s1", "s1:3", 2, (3, 5)), ["request_id 's1:3' != 's1:4'"]),
-        (ChunkMetadata("s1", "s1:4", 3, (3, 5)), ["chunk_index 3 != 2"]),
-        (ChunkMetadata("s1", "s1:4", 2, (5, 3)), ["applied_event_ids (5, 3) != (3, 5)"]),
-        (
-            ChunkMetadata("s1", "s1:4", 1, (3,)),
-            ["chunk_index 1 != 2", "applied_event_ids (3,) != (3, 5)"],
-        ),
-    ],
-)
-def test_metadata_mismatch_on_any_field(meta, diff):
-    assert not meta.matches(request())
-    assert meta.mismatch(request()) == diff
+def test_a_snapshot_cannot_change():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request().request_id = "s1:5"  # type: ignore[misc]
