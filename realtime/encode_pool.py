@@ -1,7 +1,9 @@
 """JPEG / PNG encoding in worker processes: one message per worker per loop iteration.
 
-Encoder *threads* (media.py's fallback) hold the GIL for PIL's Python around every
-frame, and the engine thread waits for it between its torch calls. Measured on the
+An implementation detail of ``realtime/media.py``'s ``Encoder``: the workers run its plain
+codec, named by ``codec`` (``"module:function"``, imported in each worker), so this module
+imports nothing from media.py. Encoder *threads* (the Encoder's fallback) hold the GIL for
+PIL's Python around every frame, and the engine thread waits for it between its torch calls. Measured on the
 H200 (bench/results/world_jpeg_threads_h200.json, 32 maze sessions): the engine's step went
 from 16.5 ms in rgb8 to 24.6 ms in jpeg, and jpeg served 0.72x the frames of rgb8.
 Worker processes have GILs of their own::
@@ -11,9 +13,9 @@ Worker processes have GILs of their own::
     flush                 that iteration's requests, each to the worker with the fewest
                           frames in flight; one pickled message per worker, written
                           without blocking the loop
-    worker                a fresh interpreter (numpy + PIL; no torch, no CUDA, never the
-                          server's __main__): encodes each request's frames, replies with
-                          the payloads, in order
+    worker                a fresh interpreter (the codec's module: numpy + PIL; no torch,
+                          no CUDA, never the server's __main__): encodes each request's
+                          frames, replies with the payloads, in order
     reply                 read when the socket is readable; each request's future gets
                           its payloads
 
@@ -22,13 +24,14 @@ loop one message per worker and one reply each, not 32 hand-offs.
 
 Nothing is lost to a worker: until every worker has said it is ready, and after one dies,
 stops answering (``STUCK_S``) or sends a bad reply, requests are encoded by the ``fallback``
-(media.py's threads), the in-flight ones included; a failed worker stops the pool's use of
+(the Encoder's threads), the in-flight ones included; a failed worker stops the pool's use of
 processes (logged once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import logging
 import os
@@ -55,14 +58,15 @@ STUCK_S = 5.0
 _SHORT, _LONG = struct.Struct("!i"), struct.Struct("!Q")
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, codec: str) -> None:
     """A worker process (``python -c``, started by ``EncodePool``): encode each job's requests
-    until the pool's end of the socket ``fd`` closes."""
+    with ``codec`` (``"module:function"``, called as ``function(frames, fmt)``) until the pool's
+    end of the socket ``fd`` closes."""
     import signal
     from multiprocessing.connection import Connection
 
-    from realtime.media import encode_frames
-
+    module, _, name = codec.partition(":")
+    encode_frames = getattr(importlib.import_module(module), name)
     # Ctrl-C reaches the whole process group; the server shuts down and closes the socket.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(fd)
@@ -91,13 +95,13 @@ class _Request:
     future: asyncio.Future
 
 
-def _start_worker(fd: int) -> subprocess.Popen:
-    """A fresh interpreter that imports only this module's worker (never the server's
-    ``__main__``, as multiprocessing's spawn would: a script that starts a server at import
-    would start one per worker), with ``fd`` its end of the socket."""
+def _start_worker(fd: int, codec: str) -> subprocess.Popen:
+    """A fresh interpreter that imports only this module's worker and its codec (never the
+    server's ``__main__``, as multiprocessing's spawn would: a script that starts a server at
+    import would start one per worker), with ``fd`` its end of the socket."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where ``realtime`` is
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    return subprocess.Popen([sys.executable, "-c", f"from realtime.encode_pool import serve; serve({fd})"],
+    return subprocess.Popen([sys.executable, "-c", f"from realtime.encode_pool import serve; serve({fd}, {codec!r})"],
                             pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL, close_fds=True)
 
 
@@ -117,9 +121,10 @@ class _Worker:
 
 
 class EncodePool:
-    """``workers`` spawned encoder processes serving the running loop (create it on that loop)."""
+    """``workers`` spawned processes running ``codec`` for the running loop (create it on that
+    loop); ``fallback`` encodes what they cannot."""
 
-    def __init__(self, workers: int, fallback: Fallback) -> None:
+    def __init__(self, workers: int, codec: str, fallback: Fallback) -> None:
         self.loop = asyncio.get_running_loop()
         self._fallback_fn = fallback
         self._pending: list[_Request] = []
@@ -131,7 +136,7 @@ class EncodePool:
             for i in range(workers):
                 ours, theirs = socket.socketpair()
                 try:
-                    proc = _start_worker(theirs.fileno())
+                    proc = _start_worker(theirs.fileno(), codec)
                 finally:
                     theirs.close()
                 ours.setblocking(False)
@@ -148,7 +153,7 @@ class EncodePool:
         return self.failed is None and bool(self._workers) and all(w.ready for w in self._workers)
 
     def encode(self, frames: np.ndarray, fmt: str) -> asyncio.Future:
-        """A future of ``encode_frames(frames, fmt)``, computed by a worker (or the fallback)."""
+        """A future of the codec's payloads for ``frames`` in ``fmt``, from a worker (or the fallback)."""
         future = self.loop.create_future()
         self._pending.append(_Request(frames, fmt, future))
         if not self._scheduled:

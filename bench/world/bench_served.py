@@ -135,14 +135,14 @@ class RowPlan:
     encode_workers: int
     switch_s: float
     sessions: int
-    jpeg_path: str | None  # CUDA frames' jpeg path (device_jpeg.py): forced, or None to measure
+    jpeg_path: str | None  # CUDA frames' jpeg path (realtime/media.py DeviceJpeg): forced, or None to measure
     ticks_in_flight: int = 1  # per session (WorldConfig.session_ticks_in_flight; ``ahead2``, ``auto``: 2)
     ticks_in_flight_alone: int | None = None  # WorldConfig.session_ticks_in_flight_alone (``auto``: 1)
     pin: bool = False  # server threads on --server-cpus, client processes on the rest (``pin``)
 
 
 # ``gil<MS>`` (gil5, gil0.1, ...): that GIL switch interval in ms instead of the engine's.
-MODS = {"inline": "encode on the loop", "gil5": "Python's 5 ms switch interval",
+MODS = {"gil5": "Python's 5 ms switch interval",
         "nvjpeg": "CUDA frames' jpeg on the GPU", "pil": "CUDA frames' jpeg on the CPU pool",
         "ahead2": "two ticks per session in flight: the next queued while one runs (--ticks-in-flight 2)",
         "auto": "two ticks in flight, one for a session alone on the server (--ticks-in-flight auto)",
@@ -193,8 +193,8 @@ def _switch_interval_s(args: argparse.Namespace) -> float:
 
 
 def _plan(args: argparse.Namespace) -> list[RowPlan]:
-    """Every row, in order (``--variants``; after ``--encode-workers`` took effect)."""
-    import realtime.media
+    """Every row, in order (``--variants``)."""
+    from realtime.media import default_workers
     from realtime.server.config import WorldConfig
 
     auto = WorldConfig()  # ``auto``: the server's default ticks in flight (--ticks-in-flight auto)
@@ -207,7 +207,7 @@ def _plan(args: argparse.Namespace) -> list[RowPlan]:
                 or {"nvjpeg", "pil"} <= set(mods) or len(gil) > 1:
             raise SystemExit(f"bad variant {spec!r}: FORMAT[/MOD...][@N,...], MOD one of {sorted(MODS)} "
                              "or gil<MS>")
-        workers = 0 if "inline" in mods else realtime.media.ENCODE_WORKERS
+        workers = default_workers() if args.encode_workers is None else args.encode_workers
         switch = gil[0] / 1000.0 if gil else (_switch_interval_s(args) or sys.getswitchinterval())
         path = "nvjpeg" if "nvjpeg" in mods else "pil" if "pil" in mods else None
         sessions = [int(c) for c in counts.split(",")] if counts else args.sessions
@@ -291,9 +291,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the GIL switch interval the engine sets (EngineConfig.switch_interval_s; "
                              "0 keeps Python's 5 ms)")
     parser.add_argument("--encode-workers", type=int, default=None,
-                        help="realtime.media.ENCODE_WORKERS: jpeg/png encoder threads (0 encodes on the loop)")
+                        help="EncodeConfig.workers: jpeg/png encoder processes (0 encodes on the loop; "
+                             "default: realtime.media.default_workers())")
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="rows to run, each FORMAT[/inline][/gil<MS>][@N,N,...]: inline encodes on the loop, "
+                        help="rows to run, each FORMAT[/gil<MS>][@N,N,...]: "
                              "gil<MS> runs with that switch interval (gil5: Python's 5 ms), @ its own session counts "
                              "(default: --format at --sessions)")
     parser.add_argument("--server-cpus", default="0-3",
@@ -384,15 +385,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every row of ``args`` against one server in this process; the report (see the module doc)."""
     import torch
 
-    import realtime.media
-    from models.world.device_jpeg import DeviceJpeg
+    from realtime.media import DeviceJpeg
     from realtime.server.app import build_app
-    from realtime.server.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
+    from realtime.server.config import EncodeConfig, EngineConfig, LimitsConfig, ServerConfig, WorldConfig
     from realtime.server.inventory import Inventory
     from realtime.server.server import serve_in_thread
 
-    if args.encode_workers is not None:
-        realtime.media.ENCODE_WORKERS = args.encode_workers
     plan = _plan(args)
     # Room for every session of the largest run plus the bare-model sessions.
     model = _build_model(args.model, args.device, args.max_batch, args.steps, 2 * max(r.sessions for r in plan),
@@ -406,6 +404,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = ServerConfig(engine=EngineConfig(device=args.device, batch_wait_ms=args.batch_wait_ms,
                                               switch_interval_s=_switch_interval_s(args)),
                           world=WorldConfig(models=(model.name,), max_batch=args.max_batch, max_sessions=1024),
+                          encode=EncodeConfig(workers=args.encode_workers),
                           limits=LimitsConfig(max_sessions_per_client=0))
     rows: list[dict[str, Any]] = []
 
@@ -440,7 +439,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         all_cpus = sorted(os.sched_getaffinity(0))
         for p in plan:
             variant, fmt, workers, switch_s, n = p.variant, p.format, p.encode_workers, p.switch_s, p.sessions
-            realtime.media.ENCODE_WORKERS = workers
             sys.setswitchinterval(switch_s)
             # Read by each new connection (realtime/endpoints/world.py): this row's sessions get it.
             app.state.config = dataclasses.replace(

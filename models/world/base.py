@@ -33,6 +33,13 @@ commits cannot disagree about which tick they keep. The tick's identities come f
 the session's snapshot through ``tick`` (below); a model that overrides ``tick``
 builds on ``super().tick``.
 
+Models return frames; the server encodes them (realtime/media.py). A chunk's frames
+leave ``run_batch`` as numpy, copied from the device in one go for the batch. The one
+encoding that happens here is the server's own: for the ``jpeg`` ticks whose frames are
+on CUDA, ``run_batch`` hands them to ``device_jpeg`` (the app sets it; media.py says
+why it runs on the engine thread, before the host copy) and puts what it returns in
+``WorldChunk.encoded``.
+
 Frames as they exist: a tick may carry a ``frame_sink`` (the endpoint sets one for a
 session created with ``stream_frames``). A model with ``streams_frames = True``
 calls ``work.frame_sink(first, frames)`` on the engine thread as soon as frames of
@@ -78,7 +85,7 @@ import abc
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -89,13 +96,20 @@ from sessions.reducers import ControlReducer
 
 if TYPE_CHECKING:  # kv imports torch; this seam does not need it at run time
     from kv.residency import Residency
-    from models.world.device_jpeg import DeviceJpeg
 
 # The control schema every world here takes: held keys per frame (sessions/reducers.py).
 KEYS_SCHEMA = "keys.v1"
 
 # Called with (index of the first frame, uint8 frames [n, H, W, 3]) as a chunk's frames exist.
 FrameSink = Callable[[int, np.ndarray], None]
+
+
+class DeviceJpeg(Protocol):
+    """The server's JPEG encoder for frames on the device (``realtime.media.DeviceJpeg``)."""
+
+    def encode(self, frames: Sequence[Any]) -> list[bytes] | None:
+        """JPEG bytes of each CUDA uint8 ``[H, W, 3]`` frame, or None: the server encodes their
+        host copies instead. Engine thread only."""
 
 
 def action_bits(keys: frozenset[str]) -> list[float]:
@@ -167,8 +181,8 @@ class WorldTick:
     options: Mapping[str, Any] = field(default_factory=dict)
     # The session's first image (uint8 [height, width, 3]) on chunk-0 ticks, else None.
     image: np.ndarray | None = field(default=None, repr=False, compare=False)
-    # The wire format the session asked for (world.v1 ``format``): run_batch may encode
-    # ``jpeg`` frames that the model made on CUDA there, in one batch (device_jpeg.py).
+    # The wire format the session asked for (world.v1 ``format``): run_batch has the server's
+    # ``device_jpeg`` encode ``jpeg`` frames that the model made on CUDA, in one batch.
     format: str = "rgb8"
     # Where the chunk's frames go as they exist (engine thread), or None: all at the end.
     frame_sink: FrameSink | None = field(default=None, repr=False, compare=False)
@@ -185,8 +199,9 @@ class WorldChunk:
     # [F, H, W, 3] uint8. ``generate`` may return a torch tensor (e.g. on CUDA);
     # ``run_batch`` hands every chunk on as numpy.
     frames: np.ndarray = field(repr=False)
-    # The frames already encoded in the tick's ``format`` (one payload per frame), or
-    # None: the server encodes them (realtime/media.py).
+    # Set by ``run_batch`` only, never by a model: the frames in the tick's ``format`` as the
+    # server's ``device_jpeg`` made them (one payload per frame), or None: the server
+    # encodes the host frames (realtime/media.py).
     encoded: tuple[bytes, ...] | None = field(default=None, repr=False, compare=False)
     # Facts about the chunk for the client (world.v1 ``chunk.info``), or None: a small JSON
     # object (``protocols.world_v1.info_problem``), e.g. a simulator's pose and goal.
@@ -297,9 +312,9 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             format=format,
         )
 
-    # How ``jpeg`` ticks' CUDA frames are encoded (models/world/device_jpeg.py): made on
-    # the first such batch; a bench or test may set one with a forced path.
-    device_jpeg: "DeviceJpeg | None" = None
+    # The server's encoder for ``jpeg`` ticks' CUDA frames (realtime/media.py), set by the
+    # app; None: they are copied to the host and encoded there like any others.
+    device_jpeg: DeviceJpeg | None = None
 
     def run_batch(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
         streams = [None if w.frame_sink is None else _Streamed(w.frame_sink, self.geometry) for w in works]
@@ -310,6 +325,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             self.launched()  # CUDA frames are still being made: the server may send meanwhile
         if len(chunks) != len(works):
             raise ModelError(f"world {self.name} returned {len(chunks)} chunks for {len(works)} ticks")
+        if any(getattr(c, "encoded", None) is not None for c in chunks):
+            raise ModelError(f"world {self.name} returned encoded frames: models return frames, the server encodes")
         chunks = self._to_host(works, list(chunks))
         for work, chunk in zip(works, chunks):
             check_chunk(work, chunk, self.geometry, self.name)
@@ -324,7 +341,8 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
 
     def _to_host(self, works: Sequence[WorldTick], chunks: list[WorldChunk]) -> list[WorldChunk]:
         """Chunks whose frames are torch tensors -> numpy, in one device-to-host copy; the
-        ``jpeg`` ones on CUDA encoded there first when that path is the faster one."""
+        ``jpeg`` ones on CUDA first through ``device_jpeg``, all in one call. A tick with a
+        frame sink is left out: its frames go out as they exist, encoded by the server."""
         on_device = [i for i, c in enumerate(chunks) if isinstance(c, WorldChunk)
                      and not isinstance(c.frames, np.ndarray) and hasattr(c.frames, "is_cuda")]
         if not on_device:
@@ -336,13 +354,10 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
             f = chunks[i].frames
             if f.dtype != torch.uint8 or tuple(f.shape) != shape:
                 raise ModelError(f"world {self.name}: frames must be uint8 {list(shape)}, got {f.dtype} {list(f.shape)}")
-        jpeg = [i for i in on_device if works[i].format == "jpeg" and chunks[i].frames.is_cuda]
+        jpeg = [i for i in on_device if works[i].format == "jpeg" and works[i].frame_sink is None
+                and chunks[i].frames.is_cuda]
         encoded: dict[int, tuple[bytes, ...]] = {}
-        if jpeg:
-            if self.device_jpeg is None:
-                from models.world.device_jpeg import DeviceJpeg
-
-                self.device_jpeg = DeviceJpeg()
+        if jpeg and self.device_jpeg is not None:
             payloads = self.device_jpeg.encode([f for i in jpeg for f in chunks[i].frames])
             if payloads is not None:
                 per = shape[0]

@@ -10,7 +10,7 @@ import numpy as np
 from models.world.base import WorldGeometry
 from protocols import world_v1 as wire
 from realtime.endpoints.connection import Connection
-from realtime.media import encode_chunk
+from realtime.media import Encoder
 from sessions import TickRequest
 
 
@@ -26,9 +26,10 @@ class FrameStream:
     sees every frame queued.
     """
 
-    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry,
+    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry, encoder: Encoder,
                  after: asyncio.Task | None, taken: Callable[[], None] | None = None) -> None:
         self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
+        self.encoder = encoder
         self.taken = taken  # called when the client took a batch of frames (it is not idle)
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[int, np.ndarray] | None] = asyncio.Queue()
@@ -43,7 +44,7 @@ class FrameStream:
         r, g = self.request, self.geometry
         while (item := await self.queue.get()) is not None:
             first, frames = item
-            payloads = await encode_chunk(frames, self.format)
+            payloads = await self.encoder.encode(frames, self.format)
             header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
                                        frames=len(payloads), format=self.format, height=g.height, width=g.width)
             if await self.conn.send(wire.dumps(header), *payloads) and self.taken is not None:

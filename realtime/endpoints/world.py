@@ -36,6 +36,7 @@ from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, SessionEndpoint
 from sessions.registry import SessionRecord
 from realtime.endpoints.world_driver import StallWatch, TickDriver
 from realtime.endpoints.world_image import decode_image, read_image
+from realtime.media import Encoder
 from sessions import (
     ErrorCode,
     Session,
@@ -66,6 +67,7 @@ class WorldEndpoint(SessionEndpoint):
         self.max_pending: int = state.config.world.max_pending_events
         self.ticks_in_flight: int = state.config.world.session_ticks_in_flight
         self.ticks_in_flight_alone: int | None = state.config.world.session_ticks_in_flight_alone
+        self.encoder: Encoder = state.encoder
         self.session: Session | None = None
         self.entry: SessionRecord | None = None
         self.adapter: WorldAdapter | None = None

@@ -36,7 +36,6 @@ from realtime.endpoints.connection import Connection
 from realtime.endpoints.frame_stream import FrameStream, finish_send
 from realtime.endpoints.idle import GOODBYE_TIMEOUT_S
 from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, engine_failure
-from realtime.media import encode_chunk
 from sessions import Session, SessionError, SessionState, TickRequest
 
 if TYPE_CHECKING:
@@ -253,14 +252,14 @@ class TickDriver:
         try:
             request = session.begin_tick()
             started = time.perf_counter()
-            # The format travels on the tick: the model may encode jpeg on its device.
+            # The format travels on the tick: the server may encode its CUDA jpeg frames there.
             work = adapter.tick(request, self.ep.seed, self.ep.options, format=self.ep.format)
             if self.ep.image is not None and request.chunk_index == 0:
                 work = dataclasses.replace(work, image=self.ep.image)
             # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
             if self.ep.stream_frames:
-                stream = FrameStream(self.ep.conn, request, self.ep.format, adapter.geometry, after=sending,
-                                     taken=self.ep.idle.touch)
+                stream = FrameStream(self.ep.conn, request, self.ep.format, adapter.geometry, self.ep.encoder,
+                                     after=sending, taken=self.ep.idle.touch)
                 work = dataclasses.replace(work, frame_sink=stream.sink)
             try:
                 future = self.ep.engine.submit_future(self.ep.model, work, session_id=session.session_id)
@@ -275,9 +274,9 @@ class TickDriver:
 
     async def _send_chunk(self, request: TickRequest, chunk: WorldChunk, tick_ms: float,
                           stream: "FrameStream | None" = None) -> None:
-        # Encoded by the model on its device (WorldChunk.encoded) or here off the loop
-        # (realtime/media.py); chunk N+1's send starts only after this one's, so chunks
-        # stay in order. A streamed chunk's frames go first.
+        # Encoded in the tick on the device (WorldChunk.encoded) or here off the loop, both by
+        # the app's encoder (realtime/media.py); chunk N+1's send starts only after this
+        # one's, so chunks stay in order. A streamed chunk's frames go first.
         frames = chunk.frames
         try:
             streamed = await stream.finish() if stream is not None else None
@@ -292,7 +291,7 @@ class TickDriver:
         elif chunk.encoded is not None:
             payloads = list(chunk.encoded)
         else:
-            payloads = await encode_chunk(frames, self.ep.format)
+            payloads = await self.ep.encoder.encode(frames, self.ep.format)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.ep.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,

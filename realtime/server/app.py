@@ -60,13 +60,17 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
             # up on the loop.
             adapter.set_drop_listener(
                 lambda sid, why, name=name: loop.call_soon_threadsafe(live.dropped, name, sid, why))
+        encoder: media.Encoder = app.state.encoder
+        for name in inventory.names("world"):
+            # The jpeg of frames a world makes on CUDA is encoded on the engine thread (media.py).
+            inventory.adapters[name].device_jpeg = encoder.device_jpeg
         engine.start()
         if inventory.names("world"):
-            media.start_processes()  # jpeg / png encoders (threads until they are up)
+            encoder.start()  # jpeg / png encoder processes (threads until they are up)
         try:
             yield
         finally:
-            media.stop_processes()
+            encoder.close()
             engine.stop(ENGINE_STOP_TIMEOUT_S)
             for name, adapter in inventory.adapters.items():
                 try:
@@ -94,6 +98,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     app.state.config = config
     app.state.inventory = inventory
     app.state.world_sessions = SessionManager(max_sessions=config.world.max_sessions)
+    app.state.encoder = media.Encoder(config.encode.workers, config.encode.cuda_jpeg)
     app.state.live_sessions = LiveSessions()
     app.state.client_slots = ClientSlots(config.limits.max_sessions_per_client)
     app.state.metrics = ServerMetrics()

@@ -58,6 +58,19 @@ class WorldConfig:
 
 
 @dataclass(frozen=True)
+class EncodeConfig:
+    """How world frames are encoded (realtime/media.py's ``Encoder``)."""
+
+    # jpeg / png encoder processes (threads stand in until they are up, and after one fails);
+    # 0 encodes on the event loop. None: ``realtime.media.default_workers()``, up to 4 with
+    # 4 cores or more, 0 below (what measured faster on each).
+    workers: int | None = None
+    # jpeg of frames a model made on CUDA: "nvjpeg" (on the GPU, in the engine's tick), "pil"
+    # (their host copies, as above), or None: the faster on the first such batch, measured.
+    cuda_jpeg: str | None = None
+
+
+@dataclass(frozen=True)
 class PolicyConfig:
     # "default", a factory-table policy (dummy, name=path) or a user policy as
     # "module:factory" (models.factory.build_policy); empty disables the endpoint.
@@ -114,5 +127,6 @@ class ServerConfig:
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: WorldConfig = field(default_factory=WorldConfig)
+    encode: EncodeConfig = field(default_factory=EncodeConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tts: TTSConfig = field(default_factory=TTSConfig)

@@ -15,6 +15,7 @@ import pytest
 from bench.world.bench_served import InstantWorld, parse_args, run
 from bench.world.served_client import ClientFailure, ClientFleet
 from models.world.tiny import TinyWorld
+from realtime.media import default_workers
 from realtime.server.app import build_app
 from realtime.server.config import ServerConfig, WorldConfig
 from realtime.server.inventory import Inventory
@@ -80,15 +81,18 @@ def test_a_jpeg_session_s_ticks_carry_its_format() -> None:
         fleet.start()
         (result,) = fleet.results().values()
     assert result["frames"] > 0
-    assert model.formats and set(model.formats) == {"jpeg"}  # the model may encode on its device
+    assert model.formats and set(model.formats) == {"jpeg"}  # the server may encode CUDA frames on the device
 
 
 def test_variants_name_a_switch_interval() -> None:
     from bench.world.bench_served import _plan
 
-    rows = _plan(parse_args(["--variants", "rgb8@1", "rgb8/gil0.1@32", "jpeg/inline/gil5@2"]))
+    rows = _plan(parse_args(["--variants", "rgb8@1", "rgb8/gil0.1@32", "jpeg/gil5@2"]))
     assert [(r.variant, r.sessions, r.switch_s, r.encode_workers) for r in rows][1:] == [
-        ("rgb8/gil0.1", 32, 0.0001, rows[0].encode_workers), ("jpeg/inline/gil5", 2, 0.005, 0)]
+        ("rgb8/gil0.1", 32, 0.0001, default_workers()), ("jpeg/gil5", 2, 0.005, default_workers())]
+    # Encoding on the loop is the server's config for the whole run (EncodeConfig.workers), not a row's.
+    (inline,) = _plan(parse_args(["--encode-workers", "0", "--variants", "jpeg@2"]))
+    assert inline.encode_workers == 0
     for bad in ("rgb8/gilx@1", "rgb8/gil1/gil2@1", "rgb8/gil0@1"):
         with pytest.raises(SystemExit, match="bad variant"):
             _plan(parse_args(["--variants", bad]))

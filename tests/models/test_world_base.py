@@ -40,6 +40,8 @@ class Painted(WorldAdapter):
                 chunk = WorldChunk.answering(w, frames[:1])
             elif self.fault == "dtype":
                 chunk = WorldChunk.answering(w, frames.astype(np.float32))
+            elif self.fault == "encoded":
+                chunk = chunk.with_frames(frames, (b"a", b"b"))
             elif self.fault == "info-nan":
                 chunk = dataclasses.replace(chunk, info={"x": float("nan")})
             elif self.fault == "info-big":
@@ -70,6 +72,7 @@ def test_good_chunks_pass_through():
     ("request", "answered ('s0', 'other:0', 3, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
     ("chunk", "answered ('s0', 's0:0', 4, (1, 2)) for tick ('s0', 's0:0', 3, (1, 2))"),
     ("events", "answered ('s0', 's0:0', 3, ()) for tick"),
+    ("encoded", "returned encoded frames: models return frames, the server encodes"),
     ("shape", "frames must be uint8 [2, 4, 6, 3], got uint8 [1, 4, 6, 3]"),
     ("dtype", "frames must be uint8 [2, 4, 6, 3], got float32 [2, 4, 6, 3]"),
     ("count", "returned 2 chunks for 1 ticks"),

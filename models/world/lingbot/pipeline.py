@@ -133,8 +133,8 @@ class LingBotPipeline:
         # Called with a session id whose state the residency dropped (host budget full).
         self.on_drop: Callable[[str], None] | None = None
         # run() returns each block's frames as a uint8 tensor on the device instead of numpy:
-        # the world base then copies a batch to the host at once and may encode jpeg there
-        # (models/world/device_jpeg.py). The adapter turns it on for CUDA.
+        # the world base then copies a batch to the host at once, and the server may encode
+        # jpeg there first (realtime/media.py, DeviceJpeg). The adapter turns it on for CUDA.
         self.device_frames = False
 
     @classmethod
