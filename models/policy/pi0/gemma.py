@@ -15,7 +15,7 @@ layers and the action expert's share one attention per layer), so only the modul
 each and re-points the named parameters at views of it, so a layer runs 2 matmuls
 where it ran 5 and the checkpoint's names still reach the same numbers; the norms
 keep ``1 + weight`` ready for ``F.rms_norm``. The expert's 10 steps x 18 layers are
-small matrices: there, the number of kernels is the cost (bench/results/pi0_h200*.json).
+small matrices: there, the number of kernels is the cost (bench/results/pi0_h200.json).
 """
 
 from __future__ import annotations
