@@ -193,7 +193,7 @@ class BlockPool:
             raise ValueError(f"block id {first_bad} out of range 1..{n - 1}")
         raise ValueError(f"block {first_bad} freed twice")
 
-    def release(self, block_ids: np.ndarray | list[int]) -> None:
+    def free_held(self, block_ids: np.ndarray | list[int]) -> None:
         """``free`` for blocks a block table held: in-range and distinct by construction.
 
         Only the cheap check stays (none of them is free already), so a

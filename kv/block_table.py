@@ -11,7 +11,7 @@ runs::
              0..s-1   s..w-1            w..n-1     n..n+t-1
 
 ``pending`` is the in-flight chunk: ``begin`` sets it, ``commit`` keeps it and
-prunes the window (``retention.released_on_commit``), ``abort`` gives it back.
+prunes the window (``retention.freed_on_commit``), ``abort`` gives it back.
 Block ids only; the caller owns the pool and frees what these methods return.
 
 ``BlockTables`` keeps every row of a cache in numpy arrays, so that a batch is

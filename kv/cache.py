@@ -135,7 +135,7 @@ class PagedKVCache:
                 self.tables.clear(r)
             self._num_swapped -= 1
         else:
-            self._release_blocks(s)
+            self._free_blocks(s)
             if self.geometry.cross_tokens:
                 self._cross_free.extend(s.cross_slots.values())
         self.sessions.remove(session_id)
@@ -144,17 +144,17 @@ class PagedKVCache:
     def reset(self, session_id: str, keep_cross: bool = False) -> None:
         """Drop all self-attention KV (and the in-flight chunk); keep cross caches if asked."""
         s = self._resident(session_id)
-        self._release_blocks(s)
+        self._free_blocks(s)
         if not keep_cross:
             for b in s.branches:
                 s.cross_layers[b] = set()
         log.debug("kv reset session=%s keep_cross=%s", session_id, keep_cross)
 
-    def _release_blocks(self, s: SessionKV) -> None:
+    def _free_blocks(self, s: SessionKV) -> None:
         blocks: list[int] = []
         for r in s.rows:
             blocks.extend(self.tables.clear(r))
-        self.pool.release(blocks)
+        self.pool.free_held(blocks)
         self.sessions.state[s.slot] = IDLE
 
     def _resident(self, session_id: str) -> SessionKV:
@@ -285,11 +285,11 @@ class PagedKVCache:
         s = self._resident(session_id)
         if not s.in_flight:
             raise RuntimeError(f"session {s.session_id!r} has no chunk in flight")
-        released: list[int] = []
+        freed: list[int] = []
         for r in s.rows:
-            released += self.tables.commit(r)
+            freed += self.tables.commit(r)
         self.sessions.state[s.slot] = IDLE
-        self.pool.release(released)
+        self.pool.free_held(freed)
 
     def abort_chunk(self, session_id: str) -> None:
         """Free the chunk's blocks; the committed state is untouched."""
@@ -300,7 +300,7 @@ class PagedKVCache:
         for r in s.rows:
             blocks += self.tables.abort(r)
         self.sessions.state[s.slot] = IDLE
-        self.pool.release(blocks)
+        self.pool.free_held(blocks)
 
     def commit_batch(self, batch: KVBatch) -> None:
         """``commit_chunk`` for every session of the batch, with one pass over the pool."""
@@ -320,9 +320,9 @@ class PagedKVCache:
         if not self.fast_path or not plan.distinct or (state[plan.slots] != IN_FLIGHT).any():
             self._commit_per_row(plan)
             return
-        released = self.tables.commit_rows(plan.rows)
+        freed = self.tables.commit_rows(plan.rows)
         state[plan.slots] = IDLE
-        self.pool.release(released)
+        self.pool.free_held(freed)
 
     def _commit_per_row(self, plan: BatchRows) -> None:
         sessions = [self.sessions[sid] for sid in plan.session_ids]
@@ -331,12 +331,12 @@ class PagedKVCache:
                 raise RuntimeError(f"session {s.session_id!r} has no resident chunk in flight")
         if not plan.distinct:
             raise ValueError("a session appears twice in one batch")
-        released: list[int] = []
+        freed: list[int] = []
         for s in sessions:
             for r in s.rows:
-                released += self.tables.commit(r)
+                freed += self.tables.commit(r)
             self.sessions.state[s.slot] = IDLE
-        self.pool.release(released)
+        self.pool.free_held(freed)
 
     def abort_batch(self, batch: KVBatch) -> None:
         for sid in batch.session_ids:
@@ -417,7 +417,7 @@ class PagedKVCache:
             self._cross_free.extend(slots)
             self.sessions.cross[list(s.rows)] = -1
         st.synchronize()
-        self.pool.release(ids)
+        self.pool.free_held(ids)
         self.sessions.state[s.slot] = SWAPPED
         self._num_swapped += 1
         nbytes = blocks.numel() * blocks.element_size()

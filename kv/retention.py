@@ -49,7 +49,7 @@ def kept_frames(n: int, sink: int, window: int, span: int) -> list[int]:
     return list(range(min(sink, n))) + list(range(start, n))
 
 
-def released_on_commit(n_before: int, n_after: int, sink: int, window: int,
+def freed_on_commit(n_before: int, n_after: int, sink: int, window: int,
                        span: int) -> range:
     """Frames released when the committed count goes from ``n_before`` to ``n_after``.
 

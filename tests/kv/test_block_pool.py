@@ -100,12 +100,12 @@ def test_free_queue_compacts_stale_entries_and_a_full_buffer():
     assert [q.is_free(i) for i in range(6)] == [False, True, True, True, True, True]
 
 
-def test_release_refuses_a_free_block():
+def test_freeing_held_blocks_refuses_a_free_block():
     pool = BlockPool(4)
     pool.allocate(3)
-    pool.release(np.array([2, 1]))
+    pool.free_held(np.array([2, 1]))
     with pytest.raises(ValueError, match="block 1 freed twice"):
-        pool.release([3, 1])
+        pool.free_held([3, 1])
     assert pool.free_ids() == [2, 1]
 
 

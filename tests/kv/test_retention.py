@@ -14,20 +14,20 @@ def test_diagram_example():
 
 def test_sink_zero():
     assert retention.kept_frames(10, 0, 3, 1) == [7, 8, 9]
-    assert retention.released_on_commit(9, 10, 0, 3, 1) == range(6, 7)
+    assert retention.freed_on_commit(9, 10, 0, 3, 1) == range(6, 7)
     assert retention.kept_frames(2, 0, 3, 1) == [0, 1]
 
 
 def test_window_smaller_than_a_span_keeps_the_last_whole_span():
     assert retention.kept_frames(9, 1, 2, 3) == [0, 6, 7, 8]
-    assert retention.released_on_commit(6, 9, 1, 2, 3) == range(3, 6)
+    assert retention.freed_on_commit(6, 9, 1, 2, 3) == range(3, 6)
     assert retention.max_window_frames(2, 3) == 3
 
 
 def test_window_not_a_multiple_of_the_span_rounds_up():
     # window 4, span 3: 6 frames kept, never fewer than 4.
     assert retention.kept_frames(12, 0, 4, 3) == [6, 7, 8, 9, 10, 11]
-    assert retention.released_on_commit(9, 12, 0, 4, 3) == range(3, 6)
+    assert retention.freed_on_commit(9, 12, 0, 4, 3) == range(3, 6)
     assert retention.max_retained_frames(2, 4, 3) == 8
 
 
@@ -35,20 +35,20 @@ def test_exactly_full_then_one_more_chunk():
     sink, window, span = 3, 3, 1
     # exactly sink + window frames: nothing released yet
     assert retention.kept_frames(6, sink, window, span) == [0, 1, 2, 3, 4, 5]
-    assert retention.released_on_commit(3, 6, sink, window, span) == range(3, 3)
+    assert retention.freed_on_commit(3, 6, sink, window, span) == range(3, 3)
     # one more tick of 3 frames releases 3..5
-    assert retention.released_on_commit(6, 9, sink, window, span) == range(3, 6)
+    assert retention.freed_on_commit(6, 9, sink, window, span) == range(3, 6)
     assert retention.kept_frames(9, sink, window, span) == [0, 1, 2, 6, 7, 8]
 
 
 def test_sink_still_filling_releases_nothing():
     assert retention.window_start(3, 9, 9, 1) == 9
-    assert retention.released_on_commit(0, 3, 9, 9, 1) == range(9, 9)
+    assert retention.freed_on_commit(0, 3, 9, 9, 1) == range(9, 9)
     assert retention.kept_frames(3, 9, 9, 1) == [0, 1, 2]
 
 
 def test_window_zero_keeps_only_the_sink():
-    assert retention.released_on_commit(0, 3, 0, 0, 1) == range(0, 3)
+    assert retention.freed_on_commit(0, 3, 0, 0, 1) == range(0, 3)
     assert retention.kept_frames(6, 1, 0, 1) == [0]
 
 
@@ -56,7 +56,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         retention.window_start(1, 0, 1, 0)
     with pytest.raises(ValueError):
-        retention.released_on_commit(5, 4, 0, 1, 1)
+        retention.freed_on_commit(5, 4, 0, 1, 1)
 
 
 @pytest.mark.parametrize("sink,window,span,tick,ppf", [
@@ -78,7 +78,7 @@ def test_block_table_follows_retention(sink, window, span, tick, ppf):
         table.begin(blocks, frames)
         released = table.commit()
         n1 = n0 + frames
-        gone = retention.released_on_commit(n0, n1, sink, window, span)
+        gone = retention.freed_on_commit(n0, n1, sink, window, span)
         assert sorted({owner[b] for b in released}) == list(gone)
         assert len(released) == len(gone) * ppf
         kept = retention.kept_frames(n1, sink, window, span)
