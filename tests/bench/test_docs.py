@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.docs import PAGE, REPO, RESULTS, hardware, main, provenance, render_page, versions
 from bench.questions import QUESTIONS, Question, Source, curve, fmt, maze_policy, world_serving
 
-RESULT_NAME = re.compile(r"[\w*<>.-]*_[\w*<>.-]*\.json")  # pi0_h200.json, maze_eval*.json, fleet_<cpu>.json
+RESULT_NAME = re.compile(r"[\w*<>.-]*_[\w*<>.-]*\.json")  # x_h200.json, x_eval*.json, x_fleet_<cpu>.json
 OUT_ARG = re.compile(r"--out\s+\S+")  # where a command writes is not evidence that the file is still needed
 TEXT = {".md", ".py", ".sh", ".toml"}
 

@@ -27,7 +27,8 @@ then forgets the session, whose next tick restarts the maze from its seed. A
 ``run_batch`` that raises aborts every open transaction of the batch first (same
 rules), so the engine's retry one by one finds nothing in flight.
 
-Defaults per device (``SERVING_DEFAULTS``; measured, bench/results/maze_eval*.json):
+Defaults per device (``SERVING_DEFAULTS``; evaluated in MODEL_CARD.md, bench/results/maze_eval.json
+and maze_eval_cpu_s2w2_*.json):
 CUDA bf16 with 4 steps and a 14-frame window (the training clip); CPU with 2 steps
 and a 2-frame window (the context of a training clip's third frame; on held-out
 mazes it keeps every gate a 4-frame window kept, a few tenths of a dB under it, at
@@ -94,7 +95,7 @@ class ServingDefaults:
 
 
 # Each row is a configuration whose quality gates the model card reports
-# (bench/results/maze_eval*.json); change a row only together with its evaluation.
+# (MODEL_CARD.md, "Evaluation"); change a row only together with its evaluation.
 SERVING_DEFAULTS = {
     "cuda": ServingDefaults(steps=4, window=14),
     "cpu": ServingDefaults(steps=2, window=2),
