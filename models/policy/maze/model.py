@@ -71,7 +71,7 @@ STATE_LAYOUTS: dict[str, int] = {
     "memory": KEYS_STATE + ODOMETRY + VISIT_WINDOW * VISIT_WINDOW + PANORAMA,
     "map": KEYS_STATE + MAP_FLOATS,
 }
-LAYOUT = "map"       # what training makes now (run 7, shipped); weights without the metadata key are "keys"
+LAYOUT = "map"       # what training makes (the shipped weights' layout); weights without the metadata key are "keys"
 STATE_DIM = STATE_LAYOUTS[LAYOUT]
 FILM_CHANNELS = 32   # the stem's first feature maps, which the prompt conditions (prompt_film)
 TARGET_AUX = 3       # target_aux's guess: cos / sin of the target's bearing from the heading, distance / 8
@@ -92,8 +92,8 @@ class MazeFlowModel(FlowActionModel):
 
     ``prompt_film``: the prompt embedding scales and shifts the stem's first feature maps
     (FiLM), so that what the encoder brings out depends on the colour the prompt names. Without
-    it the prompt is one token the action expert attends to beside the image's, and the shipped
-    weights walk to a distractor as often as to the named goal
+    it the prompt is one token the action expert attends to beside the image's, and weights trained
+    that way walked to a distractor as often as to the named goal
     (``bench/results/maze_policy_goals_cpu.json``).
     """
 

@@ -3,6 +3,4 @@ every ``training`` package), run from a clone.
 
     train.py              python -m models.policy.maze.training.train --minutes N --out DIR [--resume CKPT]
     evaluate.py           python -m models.policy.maze.training.evaluate [--mazes 200 --out JSON]
-    train_log_run1.json   the first shipped weights' training log (MODEL_CARD.md)
-    train_log_run4.json   run 4's training log (MODEL_CARD.md)
 """
