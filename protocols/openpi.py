@@ -24,7 +24,21 @@ Our extensions, which the real client never sends and which never change what it
 sees: ``session_id`` (per-robot state across calls), ``{"endpoint": "reset"}``,
 ``sampling_params`` and the batch form ``{"batch": [obs, ...]}``.
 
-This module is pure (msgpack + numpy): decode, validate, encode. The endpoint in
+Client -> server (binary msgpack frames)
+    observation  {<camera key>: uint8 [H, W, 3] ..., <state_key>: [state_dim],
+                 <prompt_key>?, session_id?, sampling_params?, <other keys, passed on>}
+    reset        {"endpoint": "reset", session_id?}
+    batch        {"batch": [observation, ...]}
+
+Server -> client
+    metadata     ``PolicyMetadata.to_wire()``, once, before any request
+    reply        ``infer_reply``, ``batch_reply`` or ``reset_reply``, one per request
+    text frame   an error the real client raises as it is; the socket then closes:
+                 ``invalid request: ...`` for a ``ProtocolError``, ``<code>: ...`` for
+                 one of ``ERROR_CODES``
+
+``parse_client`` raises ``ProtocolError`` naming the offending field. This module is
+pure (msgpack + numpy): decode, validate, encode. The endpoint in
 ``realtime/endpoints/openpi.py`` does the I/O.
 """
 
@@ -40,7 +54,7 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import numpy as np
 
-from protocols import close_codes
+from protocols import close_codes, errors
 from protocols.echo import clipped, shown, shown_all
 
 # A request body above this is refused with an error frame (close 1011). Three
@@ -50,14 +64,16 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # that an over-limit body still reaches the endpoint and gets a readable error;
 # beyond the transport's limit the connection closes with 1009 and no text.
 # Close code after an error frame; the reference server uses the same (INTERNAL_ERROR).
-CLOSE_ERROR = 1011
+CLOSE_ERROR = close_codes.CLOSE_INTERNAL
 # The server drained (SIGTERM): the reply in flight was sent, then the socket closes (the
 # client's next recv raises websockets' ConnectionClosedOK).
 CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
-# Text frames that end a connection for a server limit start with a code, as world.v1
-# and tts.v1 name them (the close codes are protocols/close_codes.py's):
-IDLE_TIMEOUT = "idle_timeout"  # no request for the server's idle timeout; close 4408
-TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of sessions; close 1013
+# Text frames that end a connection for a server limit start with a code, spelled as on
+# world.v1 and tts.v1 (protocols/errors.py; the close codes are protocols/close_codes.py's):
+IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no request for the server's idle timeout; close 4408
+TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address, or this connection, holds its limit; close 1013
+CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...); close 1008
+ERROR_CODES = frozenset({IDLE_TIMEOUT, TOO_MANY_SESSIONS, CLOSED_BY_ADMIN})
 # Observations per batch-form request.
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192
@@ -98,8 +114,9 @@ _UINT8 = np.dtype(np.uint8)
 _FLOAT32 = np.dtype(np.float32)
 
 
-class WireError(ValueError):
-    """A request the endpoint answers with an error frame and close 1011.
+class ProtocolError(ValueError):
+    """A request the endpoint answers with the text frame ``invalid request: <message>``
+    and close 1011.
 
     The message is short and names the offending field; it is sent to the robot."""
 
@@ -127,21 +144,21 @@ def _dtype(spec: Any) -> np.dtype:
     if dtype is not None:
         return dtype
     if not isinstance(spec, str):
-        raise WireError(f"array dtype must be a string, got {type(spec).__name__}")
+        raise ProtocolError(f"array dtype must be a string, got {type(spec).__name__}")
     if len(spec) > MAX_DTYPE_CHARS:
-        raise WireError(f"unknown array dtype {shown(spec)}")
+        raise ProtocolError(f"unknown array dtype {shown(spec)}")
     try:
         # numpy parses a comma string as a record format: it raises SyntaxError, ValueError,
         # TypeError... for a malformed one; each is the client's bad dtype, not a bug here.
         dtype = np.dtype(spec)
     except Exception as exc:  # noqa: BLE001
-        raise WireError(f"unknown array dtype {shown(spec)}") from exc
+        raise ProtocolError(f"unknown array dtype {shown(spec)}") from exc
     if dtype.kind in _REFUSED_KINDS or dtype.fields is not None or dtype.subdtype is not None:
-        raise WireError(f"unsupported array dtype {shown(spec)}")
+        raise ProtocolError(f"unsupported array dtype {shown(spec)}")
     length = dtype.itemsize // 4 if dtype.kind == "U" else dtype.itemsize
     if dtype.kind in "US" and (length == 0 or not spec.endswith(str(length))):
         # numpy wraps a string length past its int range ("<U1073741824" is "<U0"): not what was sent
-        raise WireError(f"unsupported array dtype {shown(spec)}")
+        raise ProtocolError(f"unsupported array dtype {shown(spec)}")
     if len(_DTYPES) < 256:
         _DTYPES[spec] = dtype
     return dtype
@@ -152,7 +169,7 @@ def _decode(obj: dict) -> Any:
     if b"__ndarray__" in obj:
         data, shape = obj.get(b"data"), obj.get(b"shape")
         if not isinstance(data, bytes):
-            raise WireError("array data must be bytes")
+            raise ProtocolError("array data must be bytes")
         return _array(data, _dtype(obj.get(b"dtype")), shape)
     if b"__npgeneric__" in obj:
         return _scalar(_dtype(obj.get(b"dtype")), obj.get(b"data"))
@@ -160,23 +177,23 @@ def _decode(obj: dict) -> Any:
 
 
 def _array(data: bytes | memoryview, dtype: np.dtype, shape: Any) -> np.ndarray:
-    """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``WireError``."""
+    """An ``__ndarray__`` map's fields as a read-only view of ``data``, or a ``ProtocolError``."""
     if type(shape) is not list:
-        raise WireError("array shape must be a list of non-negative ints")
+        raise ProtocolError("array shape must be a list of non-negative ints")
     if len(shape) > MAX_ARRAY_DIMS:
-        raise WireError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
+        raise ProtocolError(f"array shape has {len(shape)} dimensions, at most {MAX_ARRAY_DIMS}")
     count = 1
     for d in shape:
         if type(d) is not int or d < 0:
-            raise WireError("array shape must be a list of non-negative ints")
+            raise ProtocolError("array shape must be a list of non-negative ints")
         # No real array of a bounded body has a longer axis; a zero-size array could
         # otherwise claim [0, 2**63] and make numpy raise instead of us.
         if d > MAX_MESSAGE_BYTES:
-            raise WireError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
+            raise ProtocolError(f"array axis of {d} is over the {MAX_MESSAGE_BYTES} limit")
         count *= d
     if count * dtype.itemsize != len(data):
-        raise WireError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
-                        f"{count * dtype.itemsize}")
+        raise ProtocolError(f"array data has {len(data)} bytes, shape {shape} of {dtype.str} needs "
+                            f"{count * dtype.itemsize}")
     # A view of the immutable received bytes: read-only, as with the reference.
     return np.ndarray(buffer=data, dtype=dtype, shape=shape)
 
@@ -188,25 +205,25 @@ def _scalar(dtype: np.dtype, data: Any) -> np.generic:
     if kind in "iu":
         info = np.iinfo(dtype)
         if type(data) is not int or not info.min <= data <= info.max:
-            raise WireError(f"numpy scalar of dtype {dtype.str} needs an int in [{info.min}, {info.max}]")
+            raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs an int in [{info.min}, {info.max}]")
     elif kind == "b":
         if type(data) is not bool:
-            raise WireError(f"numpy scalar of dtype {dtype.str} needs a bool")
+            raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a bool")
     elif kind == "f":
         if type(data) not in (int, float):
-            raise WireError(f"numpy scalar of dtype {dtype.str} needs a number")
+            raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a number")
         with np.errstate(over="ignore"):  # a float64 value beyond float16's range is inf there too
             return dtype.type(data)
     elif kind in "US":
         expected = str if kind == "U" else bytes
         if type(data) is not expected:
-            raise WireError(f"numpy scalar of dtype {dtype.str} needs a {expected.__name__}")
+            raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a {expected.__name__}")
     else:  # datetimes and the like: item() gives objects msgpack cannot even pack
-        raise WireError(f"numpy scalars of dtype {dtype.str} are not accepted")
+        raise ProtocolError(f"numpy scalars of dtype {dtype.str} are not accepted")
     try:
         return dtype.type(data)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise WireError(f"bad numpy scalar of dtype {dtype.str}") from exc
+        raise ProtocolError(f"bad numpy scalar of dtype {dtype.str}") from exc
 
 
 def make_packer() -> msgpack.Packer:
@@ -220,9 +237,9 @@ def pack(obj: Any) -> bytes:
 
 
 def unpack(data: bytes) -> Any:
-    """Decode one message; anything malformed becomes a ``WireError``."""
+    """Decode one message; anything malformed becomes a ``ProtocolError``."""
     if len(data) > MAX_MESSAGE_BYTES:
-        raise WireError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
+        raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} byte limit")
     if type(data) is bytes:
         flat = _unpack_flat(data)
         if flat is not None:
@@ -234,15 +251,15 @@ def _unpack_msgpack(data: bytes) -> Any:
     """Any message, by msgpack with ``_decode`` as its hook (the one source of errors)."""
     # Every object takes a byte at least: a shorter body cannot hold too many.
     if len(data) > MAX_OBJECTS and _object_count(data, MAX_OBJECTS) > MAX_OBJECTS:
-        raise WireError(f"body holds more than {MAX_OBJECTS} msgpack objects (values, keys, arrays and maps; "
-                        "an array's data is one)")
+        raise ProtocolError(f"body holds more than {MAX_OBJECTS} msgpack objects (values, keys, arrays and maps; "
+                            "an array's data is one)")
     try:
         return msgpack.unpackb(data, object_hook=_decode, strict_map_key=True, raw=False,
                                max_array_len=MAX_LIST_ITEMS, max_map_len=MAX_MAP_ITEMS)
-    except WireError:
+    except ProtocolError:
         raise
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
-        raise WireError(f"body is not valid msgpack ({clipped(str(exc) or type(exc).__name__)})") from None
+        raise ProtocolError(f"body is not valid msgpack ({clipped(str(exc) or type(exc).__name__)})") from None
 
 
 def _object_steps() -> list[int]:
@@ -314,7 +331,7 @@ def _unpack_flat(data: bytes) -> dict[str, Any] | None:
     """
     try:
         return _flat_map(data)
-    except (IndexError, UnicodeDecodeError, struct.error, WireError):
+    except (IndexError, UnicodeDecodeError, struct.error, ProtocolError):
         return None
 
 
@@ -375,7 +392,7 @@ def _flat_str(b: bytes, mv: memoryview, p: int, n: int) -> tuple[str | None, int
 
 def _flat_array(b: bytes, mv: memoryview, p: int, n: int) -> tuple[np.ndarray | None, int]:
     """The rest of a ``pack_array`` map after its head (``_ND_HEAD``): bin, dtype, shape.
-    Checked by ``_array`` (its ``WireError``: None from ``_unpack_flat``, and msgpack's path names it)."""
+    Checked by ``_array`` (its ``ProtocolError``: None from ``_unpack_flat``, and msgpack's path names it)."""
     t = b[p]
     if t == 0xC6:
         size, p = _U32(b, p + 1)[0], p + 5
@@ -561,46 +578,48 @@ class BatchRequest:
 Request = InferRequest | ResetRequest | BatchRequest
 
 
-def decode_request(frame: bytes | str, metadata: PolicyMetadata) -> Request:
-    """One received WebSocket message (bytes, or str for a text frame) -> a request."""
+def parse_client(frame: bytes | str, metadata: PolicyMetadata) -> Request:
+    """Validate one client frame (bytes, or str for a text frame) against the policy's
+    ``metadata``."""
     if isinstance(frame, str):
-        raise WireError("expected a binary msgpack frame, got a text frame")
+        raise ProtocolError("expected a binary msgpack frame, got a text frame")
     return parse_request(unpack(frame), metadata)
 
 
+
 def parse_request(msg: Any, metadata: PolicyMetadata) -> Request:
-    """Classify and validate a decoded message. Raises ``WireError`` naming the field."""
+    """Classify and validate a decoded message. Raises ``ProtocolError`` naming the field."""
     if not isinstance(msg, dict):
-        raise WireError(f"request must be a msgpack map, got {_type_name(msg)}")
+        raise ProtocolError(f"request must be a msgpack map, got {_type_name(msg)}")
     _check_keys(msg, "request")
     if "endpoint" in msg:
         endpoint = msg["endpoint"]
         if not isinstance(endpoint, str):
-            raise WireError(f"endpoint must be a string, got {_describe(endpoint)}")
+            raise ProtocolError(f"endpoint must be a string, got {_describe(endpoint)}")
         if endpoint != RESET_ENDPOINT:
-            raise WireError(f"unknown endpoint {shown(endpoint)} (known: {RESET_ENDPOINT!r})")
+            raise ProtocolError(f"unknown endpoint {shown(endpoint)} (known: {RESET_ENDPOINT!r})")
         extra = set(msg) - {"endpoint", "session_id"}
         if extra:
-            raise WireError(f"reset takes only 'session_id', got {shown_all(sorted(extra))}")
+            raise ProtocolError(f"reset takes only 'session_id', got {shown_all(sorted(extra))}")
         return ResetRequest(_session_id(msg.get("session_id"), "session_id"))
     if "batch" in msg:
         items = msg["batch"]
         if set(msg) != {"batch"}:
-            raise WireError(f"a batch request takes only 'batch', got {shown_all(sorted(set(msg) - {'batch'}))}")
+            raise ProtocolError(f"a batch request takes only 'batch', got {shown_all(sorted(set(msg) - {'batch'}))}")
         if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_ITEMS:
-            raise WireError(f"'batch' must be a list of 1 to {MAX_BATCH_ITEMS} observations")
+            raise ProtocolError(f"'batch' must be a list of 1 to {MAX_BATCH_ITEMS} observations")
         parsed = []
         for i, item in enumerate(items):
             if not isinstance(item, dict):
-                raise WireError(f"batch[{i}] must be a msgpack map, got {_type_name(item)}")
+                raise ProtocolError(f"batch[{i}] must be a msgpack map, got {_type_name(item)}")
             _check_keys(item, f"batch[{i}]")
             if "batch" in item or "endpoint" in item:
-                raise WireError(f"batch[{i}] must be an observation")
+                raise ProtocolError(f"batch[{i}] must be an observation")
             parsed.append(_infer_request(item, metadata, f"batch[{i}]."))
         steps = sum(p.sampling.num_inference_steps or 0 for p in parsed)
         if steps > MAX_REQUEST_STEPS:
-            raise WireError(f"the batch asks for {steps} num_inference_steps in all; one request may ask for at "
-                            f"most {MAX_REQUEST_STEPS}")
+            raise ProtocolError(f"the batch asks for {steps} num_inference_steps in all; one request may ask for at "
+                                f"most {MAX_REQUEST_STEPS}")
         return BatchRequest(tuple(parsed))
     return _infer_request(msg, metadata, "")
 
@@ -619,12 +638,12 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     images: dict[str, np.ndarray] = {}
     for key in metadata.image_keys:
         if key not in msg:
-            raise WireError(f"missing camera {where}{key!r}")
+            raise ProtocolError(f"missing camera {where}{key!r}")
         img = msg[key]
         if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
                 or img.shape != image_shape:
             h, w = metadata.image_resolution
-            raise WireError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
+            raise ProtocolError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
         images[key] = img
 
     if metadata.state_dim > 0 or metadata.state_key in msg:
@@ -635,9 +654,9 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     prompt = msg.get(metadata.prompt_key)
     if prompt is not None:
         if not isinstance(prompt, str):
-            raise WireError(f"{where}{metadata.prompt_key!r} must be a string, got {_type_name(prompt)}")
+            raise ProtocolError(f"{where}{metadata.prompt_key!r} must be a string, got {_type_name(prompt)}")
         if len(prompt) > MAX_PROMPT_CHARS:
-            raise WireError(f"{where}{metadata.prompt_key!r} is over {MAX_PROMPT_CHARS} characters")
+            raise ProtocolError(f"{where}{metadata.prompt_key!r} is over {MAX_PROMPT_CHARS} characters")
         prompt = str(prompt)
 
     extras = {}
@@ -648,8 +667,8 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
             if key in named:
                 continue
             if _looks_like_image(value):
-                raise WireError(f"unknown camera key {where}{shown(key)} (this policy's cameras: "
-                                f"{list(metadata.image_keys)})")
+                raise ProtocolError(f"unknown camera key {where}{shown(key)} (this policy's cameras: "
+                                    f"{list(metadata.image_keys)})")
             extras[key] = value
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
 
@@ -664,13 +683,13 @@ def _state(value: Any, metadata: PolicyMetadata, where: str) -> np.ndarray:
 
 def _state_checked(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarray:
     if value is None:
-        raise WireError(f"missing {name} (float32 [{metadata.state_dim}])")
+        raise ProtocolError(f"missing {name} (float32 [{metadata.state_dim}])")
     if isinstance(value, (list, tuple)) and all(_is_real(v) for v in value):
         value = np.asarray(value, dtype=np.float64)
     if not isinstance(value, np.ndarray) or value.dtype.kind not in "fiu":
-        raise WireError(f"{name} must be a float32 array, got {_describe(value)}")
+        raise ProtocolError(f"{name} must be a float32 array, got {_describe(value)}")
     if value.shape != (metadata.state_dim,):
-        raise WireError(f"{name} must have shape [{metadata.state_dim}], got {list(value.shape)}")
+        raise ProtocolError(f"{name} must have shape [{metadata.state_dim}], got {list(value.shape)}")
     # Any real dtype is accepted (robots often send float64); the policy gets float32.
     if value.dtype == np.float32 and not value.flags.writeable:
         state = value  # the usual case: a read-only view of the received bytes
@@ -681,8 +700,8 @@ def _state_checked(value: Any, metadata: PolicyMetadata, name: str) -> np.ndarra
     if not np.isfinite(state).all():
         bad = int(np.flatnonzero(~np.isfinite(state))[0])
         if np.isfinite(value[bad]):  # finite as sent, past float32's range once converted
-            raise WireError(f"{name} has a value beyond float32's range (|x| > 3.4e38) at index {bad}")
-        raise WireError(f"{name} has a non-finite value (NaN or inf) at index {bad}")
+            raise ProtocolError(f"{name} has a value beyond float32's range (|x| > 3.4e38) at index {bad}")
+        raise ProtocolError(f"{name} has a non-finite value (NaN or inf) at index {bad}")
     return state
 
 
@@ -690,15 +709,15 @@ def _sampling(value: Any, name: str) -> SamplingParams:
     if value is None:
         return _DEFAULT_SAMPLING
     if not isinstance(value, dict):
-        raise WireError(f"{name} must be a map, got {_type_name(value)}")
+        raise ProtocolError(f"{name} must be a map, got {_type_name(value)}")
     unknown = set(value) - {"num_inference_steps", "seed"}
     if unknown:
-        raise WireError(f"unknown {name} {shown_all(sorted(map(str, unknown)))} (known: num_inference_steps, seed)")
+        raise ProtocolError(f"unknown {name} {shown_all(sorted(map(str, unknown)))} (known: num_inference_steps, seed)")
     steps, seed = value.get("num_inference_steps"), value.get("seed")
     if steps is not None and (not _is_int(steps) or not 1 <= steps <= MAX_INFERENCE_STEPS):
-        raise WireError(f"{name}.num_inference_steps must be an int in [1, {MAX_INFERENCE_STEPS}]")
+        raise ProtocolError(f"{name}.num_inference_steps must be an int in [1, {MAX_INFERENCE_STEPS}]")
     if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
-        raise WireError(f"{name}.seed must be an int in [0, 2**63)")
+        raise ProtocolError(f"{name}.seed must be an int in [0, 2**63)")
     return SamplingParams(
         num_inference_steps=None if steps is None else int(steps),
         seed=None if seed is None else int(seed),
@@ -709,14 +728,14 @@ def _session_id(value: Any, name: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not _SESSION_ID.match(value):
-        raise WireError(f"{name} must be 1-128 characters of [A-Za-z0-9_.:@/+-]")
+        raise ProtocolError(f"{name} must be 1-128 characters of [A-Za-z0-9_.:@/+-]")
     return str(value)
 
 
 def _check_keys(msg: dict, name: str) -> None:
     for key in msg:
         if not isinstance(key, str):
-            raise WireError(f"{name} keys must be strings, got {_type_name(key)} key {shown(key)}")
+            raise ProtocolError(f"{name} keys must be strings, got {_type_name(key)} key {shown(key)}")
 
 
 def _looks_like_image(value: Any) -> bool:

@@ -1,20 +1,46 @@
-"""world.v1: the wire format of ``WS /v1/realtime/world`` (see docs/protocols.md).
+"""world.v1: the wire format of ``WS /v1/realtime/world`` (pure Python, no torch; see
+docs/protocols.md).
 
-Text frames carry JSON objects with a ``type``; binary frames carry encoded
-frames, exactly ``frames`` of them right after each ``chunk`` message (or each
-``chunk.frames`` message of a session created with ``stream_frames``). This
-module only parses and builds messages; it knows nothing of sessions or models.
+JSON text frames carry control; each one is an object with a ``type``. Binary frames
+(server to client only) carry encoded frames, exactly ``frames`` of them right after
+each ``chunk`` message (or each ``chunk.frames`` message of a session created with
+``stream_frames``).
+
+Client -> server
+    ``session.create``  {session_id, model?, prompt?, seed?, format?, credits?, options?,
+                        image?, stream_frames?}; an ``image`` is the binary frame that follows
+    ``event``           {event_id, prompt?, controls?}: a new prompt and at most one update
+                        per control track, applied at the next chunk boundary
+    ``credit``          {chunks}: the server may run that many more chunks ahead
+    ``session.reset``   {}
+    ``session.close``   {session_id?}
+
+Server -> client
+    ``session.created`` {session_id, model, height, width, frames_per_chunk, fps, format, credits}
+    ``event.accepted``  {event_id, status}
+    ``chunk.frames``    {session_id, request_id, chunk_index, first, frames, format, height,
+                        width}, then ``frames`` binary frames (``stream_frames`` sessions)
+    ``chunk``           {session_id, request_id, chunk_index, applied_event_ids, frames,
+                        format, height, width, tick_ms, streamed?, info?}, then ``frames``
+                        binary frames
+    ``session.reset``   {session_id, chunk_index, dropped_event_ids}
+    ``session.closed``  {session_id, dropped_event_ids}
+    ``error``           {code, message, event_id?, pending_event_ids?}
+
+``parse_client`` raises ``ProtocolError`` with one of ``ERROR_CODES``; the endpoint
+answers with ``error`` and keeps the session. A field a message does not define is
+refused (a misspelt ``chunks`` would otherwise be dropped without a word). This module
+only parses and builds messages; it knows nothing of sessions or models.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Union
 
-from protocols import close_codes, jsonsafe
+from protocols import close_codes, errors, jsonsafe
 from protocols.echo import listed, shown
 
 PATH = "/v1/realtime/world"
@@ -33,15 +59,6 @@ MAX_IMAGE_BYTES = 8 << 20
 # A chunk's ``info`` (model facts about the chunk, e.g. a simulator's pose and goal): a JSON
 # object of at most this many bytes, checked where the model hands it over (models/world/base.py).
 MAX_CHUNK_INFO_BYTES = 4096
-
-# WebSocket close codes for protocol violations (RFC 6455).
-CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
-CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
-# The server is draining (SIGTERM): the session was closed after its last committed chunk.
-CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
-
-CLIENT_TYPES = ("session.create", "event", "credit", "session.reset", "session.close")
-
 # Limits of an ``event``.
 MAX_PROMPT_CHARS = 2000
 # One entry per track, and there are only a few tracks; the cap bounds the work a
@@ -49,60 +66,70 @@ MAX_PROMPT_CHARS = 2000
 MAX_CONTROLS = 16
 # Event ids are client-chosen; keep them in a range every consumer can store.
 MAX_EVENT_ID = 2**63 - 1
-_EVENT_FIELDS = frozenset({"type", "event_id", "prompt", "controls"})
-# The fields of the other client messages: one a message does not define is refused, like an
-# event's (a misspelt "credit" or "format" would otherwise be dropped without a word).
-_CREATE_FIELDS = frozenset({"type", "session_id", "model", "prompt", "seed", "format", "credits",
-                            "options", "image", "stream_frames"})
-_CREDIT_FIELDS = frozenset({"type", "chunks"})
-_RESET_FIELDS = frozenset({"type"})
-_CLOSE_FIELDS = frozenset({"type", "session_id"})
-_CONTROL_FIELDS = frozenset({"track", "schema", "data"})
+
+# Codes every protocol that has them spells the same (protocols/errors.py); a client of
+# world.v1 finds them here.
+BAD_REQUEST = errors.BAD_REQUEST
+UNKNOWN_TYPE = errors.UNKNOWN_TYPE
+MESSAGE_TOO_LARGE = errors.MESSAGE_TOO_LARGE  # a text frame over MAX_TEXT_BYTES; close CLOSE_TOO_BIG follows
+INTERNAL = errors.INTERNAL  # the engine is unavailable, or a close's cleanup failed (retry session.close)
+CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...)
+IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no message and no chunk taken for the server's idle timeout
+TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address holds its limit of live sessions
+# Codes of world.v1 alone; the session layer raises them too (``sessions.ErrorCode`` is
+# the same codes as one type).
+STALE_EVENT = "stale_event"
+QUEUE_FULL = "queue_full"
+SESSION_EXISTS = "session_exists"
+NO_SESSION = "no_session"
+SESSION_FAILED = "session_failed"
+SESSION_EVICTED = "session_evicted"
+SESSION_CLOSED = "session_closed"
+BUSY = "busy"
+
+ERROR_CODES = frozenset(
+    {
+        BAD_REQUEST,
+        UNKNOWN_TYPE,
+        STALE_EVENT,
+        QUEUE_FULL,
+        SESSION_EXISTS,
+        NO_SESSION,
+        SESSION_FAILED,
+        MESSAGE_TOO_LARGE,
+        INTERNAL,
+        SESSION_EVICTED,
+        SESSION_CLOSED,
+        BUSY,
+        CLOSED_BY_ADMIN,
+        IDLE_TIMEOUT,
+        TOO_MANY_SESSIONS,
+    }
+)
+
+# WebSocket close codes for protocol violations (RFC 6455).
+CLOSE_UNSUPPORTED_DATA = 1003  # a binary frame from the client
+CLOSE_TOO_BIG = 1009  # a frame over MAX_TEXT_BYTES
+# The server is draining (SIGTERM): the session was closed after its last committed chunk.
+CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 
 
-class ErrorCode(str, enum.Enum):
-    """Error codes: every ``error`` message carries one of these (the session layer
-    raises them too, as ``sessions.SessionError``; this is their one definition)."""
+class ProtocolError(ValueError):
+    """A client message that cannot be accepted; answered with an ``error``. ``code`` is
+    one of ``ERROR_CODES``; ``event_id`` is the one the message carries, when it can be
+    read; ``message_type`` is the message's ``type`` when the message was refused for one
+    of its fields (None when the frame is not a message of a known type)."""
 
-    BAD_REQUEST = "bad_request"
-    UNKNOWN_TYPE = "unknown_type"
-    STALE_EVENT = "stale_event"
-    QUEUE_FULL = "queue_full"
-    SESSION_EXISTS = "session_exists"
-    NO_SESSION = "no_session"
-    SESSION_FAILED = "session_failed"
-    MESSAGE_TOO_LARGE = "message_too_large"
-    INTERNAL = "internal"
-    SESSION_EVICTED = "session_evicted"
-    SESSION_CLOSED = "session_closed"
-    BUSY = "busy"
-    CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
-    IDLE_TIMEOUT = "idle_timeout"  # no message and no chunk taken for the server's idle timeout
-    TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of live sessions
-
-
-ERROR_CODES = tuple(code.value for code in ErrorCode)
-# Plain-string names of the codes the server sends outside the session layer
-# (the strings a ``ProtocolError`` carries).
-BAD_REQUEST = ErrorCode.BAD_REQUEST.value
-UNKNOWN_TYPE = ErrorCode.UNKNOWN_TYPE.value
-SESSION_FAILED = ErrorCode.SESSION_FAILED.value
-SESSION_EVICTED = ErrorCode.SESSION_EVICTED.value
-MESSAGE_TOO_LARGE = ErrorCode.MESSAGE_TOO_LARGE.value
-INTERNAL = ErrorCode.INTERNAL.value
-CLOSED_BY_ADMIN = ErrorCode.CLOSED_BY_ADMIN.value
-IDLE_TIMEOUT = ErrorCode.IDLE_TIMEOUT.value
-TOO_MANY_SESSIONS = ErrorCode.TOO_MANY_SESSIONS.value
-
-
-class ProtocolError(Exception):
-    """A client message that cannot be accepted; answered with an ``error``."""
-
-    def __init__(self, code: str, message: str, *, event_id: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, code: str, message: str, *, event_id: int | None = None,
+                 message_type: str | None = None) -> None:
+        super().__init__("%s: %s" % (code, message))
         self.code = code
         self.message = message
         self.event_id = event_id
+        self.message_type = message_type
+
+
+# --- client messages --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,7 @@ class ImageSpec:
 class CreateRequest:
     """``session.create``; ``to_wire`` leaves out what equals the default."""
 
+    type: ClassVar[str] = "session.create"
     session_id: str
     model: str | None = None
     prompt: str | None = None
@@ -132,7 +160,7 @@ class CreateRequest:
     stream_frames: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"type": "session.create", "session_id": self.session_id}
+        msg: dict[str, Any] = {"type": self.type, "session_id": self.session_id}
         if self.stream_frames:
             msg["stream_frames"] = True
         if self.options:
@@ -144,37 +172,6 @@ class CreateRequest:
                 msg[key] = value
         if self.image is not None:
             msg["image"] = self.image.to_wire()
-        return msg
-
-
-@dataclass(frozen=True)
-class Credit:
-    """``credit``: let the server run ``chunks`` more chunks ahead."""
-
-    chunks: int
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": "credit", "chunks": self.chunks}
-
-
-@dataclass(frozen=True)
-class Reset:
-    """``session.reset``."""
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": "session.reset"}
-
-
-@dataclass(frozen=True)
-class Close:
-    """``session.close``; ``session_id`` retries a tombstone from another connection."""
-
-    session_id: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"type": "session.close"}
-        if self.session_id is not None:
-            msg["session_id"] = self.session_id
         return msg
 
 
@@ -196,17 +193,55 @@ class Control:
 class Event:
     """``event``: an optional new prompt and at most one update per control track."""
 
+    type: ClassVar[str] = "event"
     event_id: int
     prompt: str | None = None
     controls: tuple[Control, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"type": "event", "event_id": self.event_id,
+        msg: dict[str, Any] = {"type": self.type, "event_id": self.event_id,
                                "controls": [control.to_wire() for control in self.controls]}
         if self.prompt is not None:
             msg["prompt"] = self.prompt
         return msg
 
+
+@dataclass(frozen=True)
+class Credit:
+    """``credit``: let the server run ``chunks`` more chunks ahead."""
+
+    type: ClassVar[str] = "credit"
+    chunks: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type, "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
+class Reset:
+    """``session.reset``."""
+
+    type: ClassVar[str] = "session.reset"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type}
+
+
+@dataclass(frozen=True)
+class Close:
+    """``session.close``; ``session_id`` retries a tombstone from another connection."""
+
+    type: ClassVar[str] = "session.close"
+    session_id: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"type": self.type}
+        if self.session_id is not None:
+            msg["session_id"] = self.session_id
+        return msg
+
+
+ClientMessage = Union[CreateRequest, Event, Credit, Reset, Close]
 
 # The keys.v1 key names (WASD move, IJKL look), in the order every model reads its 8 action
 # bits; the one definition of that order.
@@ -218,200 +253,28 @@ def keys_control(data: Mapping[str, Any]) -> Control:
     return Control("keys", "keys.v1", dict(data))
 
 
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# --- encoding and server messages -------------------------------------------------------
 
 
-def _has_lone_surrogate(msg: Any) -> bool:
-    """Whether a decoded message holds a surrogate that is not half of a pair (json joins pairs)."""
-    try:
-        json.dumps(msg, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+def encode(message: ClientMessage | Mapping[str, Any]) -> str:
+    """One JSON text frame: a client message, or a server message one of the builders
+    below made. Compact; non-ASCII characters are escaped, as in every world.v1 frame."""
+    obj = message if isinstance(message, Mapping) else message.to_wire()
+    return json.dumps(obj, separators=(",", ":"))
 
 
-def parse(text: str) -> dict[str, Any]:
-    """Decode one client text frame into a JSON object with a known ``type``."""
-    if jsonsafe.over_size(text, MAX_TEXT_BYTES):
-        raise ProtocolError(MESSAGE_TOO_LARGE, f"text frame over {MAX_TEXT_BYTES} bytes")
-    try:
-        msg = jsonsafe.loads(text)
-    except jsonsafe.JSONRejected as exc:
-        raise ProtocolError(BAD_REQUEST, str(exc)) from None
-    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(msg):
-        # JSON's \ud800 escapes decode to a lone surrogate, which no text encoder takes: a
-        # prompt of one was accepted and then failed every tick of its session.
-        eid = msg.get("event_id") if isinstance(msg, dict) and msg.get("type") == "event" else None
-        raise ProtocolError(BAD_REQUEST, "a string holds a lone surrogate (\\ud800-\\udfff without its pair): "
-                                         "not Unicode text", event_id=eid if type(eid) is int else None)
-    if not isinstance(msg, dict):
-        raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
-    kind = msg.get("type")
-    if not isinstance(kind, str):
-        raise ProtocolError(BAD_REQUEST, "a message needs a string 'type'")
-    if kind not in CLIENT_TYPES:
-        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {shown(kind)}")
-    return msg
-
-
-def _refuse_unknown(msg: Mapping[str, Any], what: str, fields: frozenset[str], event_id: int | None = None) -> None:
-    unknown = sorted(str(k) for k in msg if k not in fields)
-    if unknown:
-        raise ProtocolError(BAD_REQUEST, f"unknown {what} fields: {listed(unknown)}", event_id=event_id)
-
-
-def parse_create(msg: Mapping[str, Any], *, default_model: str) -> CreateRequest:
-    _refuse_unknown(msg, "session.create", _CREATE_FIELDS)
-    session_id = msg.get("session_id")
-    if not isinstance(session_id, str) or not session_id:
-        raise ProtocolError(BAD_REQUEST, "session.create needs a non-empty string session_id")
-    model = msg.get("model", default_model)
-    if model is not None and (not isinstance(model, str) or not model):
-        raise ProtocolError(BAD_REQUEST, "model must be a non-empty string (or left out for the default)")
-    prompt = msg.get("prompt")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ProtocolError(BAD_REQUEST, "prompt must be a string")
-    seed = msg.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
-        raise ProtocolError(BAD_REQUEST, "seed must be an integer in [0, 2^31)")
-    fmt = msg.get("format", "jpeg")
-    if fmt not in FORMATS:
-        raise ProtocolError(BAD_REQUEST, f"format must be one of {', '.join(FORMATS)}")
-    credits = _credits(msg.get("credits", DEFAULT_CREDITS), "credits")
-    options = msg.get("options", {})
-    # Only the shape is checked here; the model checks names and ranges (WorldAdapter.check_options).
-    if not isinstance(options, dict) or len(options) > MAX_CREATE_OPTIONS or not all(
-            isinstance(v, (str, int, float)) for v in options.values()):
-        raise ProtocolError(BAD_REQUEST, f"options must be an object of at most {MAX_CREATE_OPTIONS} "
-                                         "string or number values")
-    image = parse_image(msg["image"]) if msg.get("image") is not None else None
-    stream = msg.get("stream_frames", False)
-    if not isinstance(stream, bool):
-        raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
-    return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options,
-                         image, stream)
-
-
-def parse_image(spec: Any) -> ImageSpec:
-    """``{"format": "png"|"jpeg", "bytes": N}`` with 1 <= N <= ``MAX_IMAGE_BYTES``."""
-    if not isinstance(spec, dict) or set(spec) != {"format", "bytes"}:
-        raise ProtocolError(BAD_REQUEST, 'image must be an object {"format": ..., "bytes": N}')
-    fmt, size = spec["format"], spec["bytes"]
-    if fmt not in IMAGE_FORMATS:
-        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {shown(fmt)}")
-    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_BYTES:
-        raise ProtocolError(BAD_REQUEST, f"image bytes must be an integer in [1, {MAX_IMAGE_BYTES}]")
-    return ImageSpec(fmt, size)
-
-
-def parse_close(msg: Mapping[str, Any]) -> Close:
-    """``session.close``: the optional ``session_id`` of a session whose cleanup failed
-    on an earlier connection (a retry by id); None closes this connection's session."""
-    _refuse_unknown(msg, "session.close", _CLOSE_FIELDS)
-    session_id = msg.get("session_id")
-    if session_id is not None and (not isinstance(session_id, str) or not session_id):
-        raise ProtocolError(BAD_REQUEST, "session.close takes an optional non-empty string session_id")
-    return Close(session_id)
-
-
-def parse_credit(msg: Mapping[str, Any]) -> Credit:
-    _refuse_unknown(msg, "credit", _CREDIT_FIELDS)
-    return Credit(_credits(msg.get("chunks"), "chunks", minimum=1))
-
-
-def parse_reset(msg: Mapping[str, Any]) -> Reset:
-    _refuse_unknown(msg, "session.reset", _RESET_FIELDS)
-    return Reset()
-
-
-def parse_event(msg: Mapping[str, Any]) -> Event:
-    """``event``: checks the shape only (a bad field is ``bad_request`` naming it, with
-    ``event_id`` set once that is known); whether a track exists and its data is valid
-    is checked by the session, which owns the control schemas."""
-    if not isinstance(msg, Mapping):
-        raise ProtocolError(BAD_REQUEST, "event must be a JSON object")
-    if "event_id" not in msg:
-        raise ProtocolError(BAD_REQUEST, "event_id is required")
-    eid = msg["event_id"]
-    if type(eid) is not int or not 0 <= eid <= MAX_EVENT_ID:
-        raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {shown(eid)}")
-    _refuse_unknown(msg, "event", _EVENT_FIELDS, eid)
-    prompt = msg.get("prompt")
-    problem = prompt_problem(prompt)
-    if problem is not None:
-        raise ProtocolError(BAD_REQUEST, problem, event_id=eid)
-    raw_controls = msg.get("controls", ())
-    if raw_controls is None:
-        raw_controls = ()
-    if not isinstance(raw_controls, (list, tuple)):
-        raise ProtocolError(BAD_REQUEST, "controls must be a list", event_id=eid)
-    if len(raw_controls) > MAX_CONTROLS:
-        raise ProtocolError(BAD_REQUEST, f"controls: {len(raw_controls)} entries, at most {MAX_CONTROLS}",
-                            event_id=eid)
-    controls: list[Control] = []
-    seen: dict[str, int] = {}
-    for i, raw in enumerate(raw_controls):
-        control = _parse_control(raw, f"controls[{i}]", eid)
-        if control.track in seen:
-            raise ProtocolError(
-                BAD_REQUEST,
-                f"controls[{i}]: track {shown(control.track)} already updated by "
-                f"controls[{seen[control.track]}]; one update per track per event",
-                event_id=eid,
-            )
-        seen[control.track] = i
-        controls.append(control)
-    return Event(eid, prompt, tuple(controls))
-
-
-def _parse_control(raw: Any, where: str, eid: int) -> Control:
-    if not isinstance(raw, Mapping):
-        raise ProtocolError(BAD_REQUEST, f"{where} must be an object", event_id=eid)
-    fields = set(raw)
-    if fields != _CONTROL_FIELDS:
-        missing = sorted(_CONTROL_FIELDS - fields)
-        extra = sorted(str(k) for k in fields - _CONTROL_FIELDS)
-        detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
-                                             f"unknown {listed(extra)}" if extra else "") if part)
-        raise ProtocolError(BAD_REQUEST, f"{where} needs exactly track, schema, data ({detail})", event_id=eid)
-    track, schema, data = raw["track"], raw["schema"], raw["data"]
-    if type(track) is not str or not track:
-        raise ProtocolError(BAD_REQUEST, f"{where}.track must be a non-empty string", event_id=eid)
-    if type(schema) is not str or not schema:
-        raise ProtocolError(BAD_REQUEST, f"{where}.schema must be a non-empty string", event_id=eid)
-    if not isinstance(data, Mapping):
-        raise ProtocolError(BAD_REQUEST, f"{where}.data must be an object", event_id=eid)
-    return Control(track, schema, data)
-
-
-def prompt_problem(prompt: Any, where: str = "prompt") -> str | None:
-    """What is wrong with a prompt (None or a str of at most ``MAX_PROMPT_CHARS``
-    characters), or None if nothing is."""
-    if prompt is None:
-        return None
-    if type(prompt) is not str:
-        return f"{where} must be a string or null, got {type(prompt).__name__}"
-    if len(prompt) > MAX_PROMPT_CHARS:
-        return f"{where}: {len(prompt)} characters, at most {MAX_PROMPT_CHARS}"
-    return None
-
-
-def _credits(value: Any, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CREDITS:
-        raise ProtocolError(BAD_REQUEST, f"{name} must be an integer in [{minimum}, {MAX_CREDITS}]")
-    return value
-
-
-# ---------------------------------------------------------------- server messages
-def dumps(msg: Mapping[str, Any]) -> str:
-    return json.dumps(msg, separators=(",", ":"))
-
-
-def error(code: str, message: str, *, event_id: int | None = None, **extra: Any) -> dict[str, Any]:
+def error(code: str, message: str, *, event_id: int | None = None,
+          pending_event_ids: list[int] | None = None) -> dict[str, Any]:
+    """The ``error`` for ``code`` (one of ``ERROR_CODES``): ``event_id`` when it concerns
+    one event; ``pending_event_ids`` (``session_failed``, ``session_evicted``) the accepted
+    events no chunk applied."""
+    if code not in ERROR_CODES:
+        raise ValueError("unknown error code %r" % code)
     msg: dict[str, Any] = {"type": "error", "code": code, "message": message}
     if event_id is not None:
         msg["event_id"] = event_id
-    msg.update(extra)
+    if pending_event_ids is not None:
+        msg["pending_event_ids"] = pending_event_ids
     return msg
 
 
@@ -490,3 +353,223 @@ def reset_done(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:
 
 def closed(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:
     return {"type": "session.closed", "session_id": session_id, "dropped_event_ids": dropped_event_ids}
+
+
+# --- parsing ----------------------------------------------------------------------------
+
+# The fields each client message defines; any other is refused, naming it.
+_CREATE_FIELDS = frozenset({"type", "session_id", "model", "prompt", "seed", "format", "credits",
+                            "options", "image", "stream_frames"})
+_EVENT_FIELDS = frozenset({"type", "event_id", "prompt", "controls"})
+_CREDIT_FIELDS = frozenset({"type", "chunks"})
+_RESET_FIELDS = frozenset({"type"})
+_CLOSE_FIELDS = frozenset({"type", "session_id"})
+_CONTROL_FIELDS = frozenset({"track", "schema", "data"})
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def parse_client(text: str, *, default_model: str | None = None) -> ClientMessage:
+    """Validate one client text frame. A ``session.create`` that names no ``model`` gets
+    ``default_model``. An error about a message carries the integer ``event_id`` the
+    message holds, if any, so that a client can match the refusal to what it sent."""
+    obj = _load_object(text)
+    kind = obj["type"]
+    try:
+        if kind == CreateRequest.type:
+            return _create(obj, default_model)
+        if kind == Event.type:
+            return _event(obj)
+        if kind == Credit.type:
+            return _credit(obj)
+        if kind == Reset.type:
+            return _reset(obj)
+        return _close(obj)
+    except ProtocolError as exc:
+        exc.message_type = kind
+        eid = obj.get("event_id")
+        # isinstance, not type(...) is int: a bool event_id is echoed back too, as it always was.
+        if exc.event_id is None and isinstance(eid, int):
+            exc.event_id = eid
+        raise
+
+
+def _load_object(text: str) -> Mapping[str, Any]:
+    """One frame as a JSON object with a ``type`` world.v1 has."""
+    if jsonsafe.over_size(text, MAX_TEXT_BYTES):
+        raise ProtocolError(MESSAGE_TOO_LARGE, f"text frame over {MAX_TEXT_BYTES} bytes")
+    try:
+        obj = jsonsafe.loads(text)
+    except jsonsafe.JSONRejected as exc:
+        raise ProtocolError(BAD_REQUEST, str(exc)) from None
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(obj):
+        # JSON's \ud800 escapes decode to a lone surrogate, which no text encoder takes: a
+        # prompt of one was accepted and then failed every tick of its session.
+        eid = obj.get("event_id") if isinstance(obj, dict) and obj.get("type") == Event.type else None
+        raise ProtocolError(BAD_REQUEST, "a string holds a lone surrogate (\\ud800-\\udfff without its pair): "
+                                         "not Unicode text", event_id=eid if type(eid) is int else None)
+    if not isinstance(obj, dict):
+        raise ProtocolError(BAD_REQUEST, "a message must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(BAD_REQUEST, "a message needs a string 'type'")
+    if kind not in _CLIENT_TYPES:
+        raise ProtocolError(UNKNOWN_TYPE, f"unknown message type {shown(kind)}")
+    return obj
+
+
+_CLIENT_TYPES = frozenset(m.type for m in (CreateRequest, Event, Credit, Reset, Close))
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    """Whether a decoded message holds a surrogate that is not half of a pair (json joins pairs)."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _refuse_unknown(obj: Mapping[str, Any], known: frozenset[str], event_id: int | None = None) -> None:
+    unknown = sorted(str(k) for k in obj if k not in known)
+    if unknown:
+        raise ProtocolError(BAD_REQUEST, f"unknown {obj['type']} fields: {listed(unknown)}", event_id=event_id)
+
+
+def _create(obj: Mapping[str, Any], default_model: str | None) -> CreateRequest:
+    _refuse_unknown(obj, _CREATE_FIELDS)
+    session_id = obj.get("session_id")
+    if not isinstance(session_id, str) or not session_id:
+        raise ProtocolError(BAD_REQUEST, "session.create needs a non-empty string session_id")
+    model = obj.get("model", default_model)
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ProtocolError(BAD_REQUEST, "model must be a non-empty string (or left out for the default)")
+    prompt = obj.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ProtocolError(BAD_REQUEST, "prompt must be a string")
+    seed = obj.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+        raise ProtocolError(BAD_REQUEST, "seed must be an integer in [0, 2^31)")
+    fmt = obj.get("format", "jpeg")
+    if fmt not in FORMATS:
+        raise ProtocolError(BAD_REQUEST, f"format must be one of {', '.join(FORMATS)}")
+    credits = _credits(obj.get("credits", DEFAULT_CREDITS), "credits")
+    options = obj.get("options", {})
+    # Only the shape is checked here; the model checks names and ranges (WorldAdapter.check_options).
+    if not isinstance(options, dict) or len(options) > MAX_CREATE_OPTIONS or not all(
+            isinstance(v, (str, int, float)) for v in options.values()):
+        raise ProtocolError(BAD_REQUEST, f"options must be an object of at most {MAX_CREATE_OPTIONS} "
+                                         "string or number values")
+    image = _image(obj["image"]) if obj.get("image") is not None else None
+    stream = obj.get("stream_frames", False)
+    if not isinstance(stream, bool):
+        raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
+    return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options,
+                         image, stream)
+
+
+def _image(spec: Any) -> ImageSpec:
+    """``{"format": "png"|"jpeg", "bytes": N}`` with 1 <= N <= ``MAX_IMAGE_BYTES``."""
+    if not isinstance(spec, dict) or set(spec) != {"format", "bytes"}:
+        raise ProtocolError(BAD_REQUEST, 'image must be an object {"format": ..., "bytes": N}')
+    fmt, size = spec["format"], spec["bytes"]
+    if fmt not in IMAGE_FORMATS:
+        raise ProtocolError(BAD_REQUEST, f"image format must be one of {', '.join(IMAGE_FORMATS)}, got {shown(fmt)}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_IMAGE_BYTES:
+        raise ProtocolError(BAD_REQUEST, f"image bytes must be an integer in [1, {MAX_IMAGE_BYTES}]")
+    return ImageSpec(fmt, size)
+
+
+def _event(obj: Mapping[str, Any]) -> Event:
+    """Checks the shape only (a bad field is ``bad_request`` naming it); whether a track
+    exists and its data is valid is checked by the session, which owns the control schemas."""
+    if "event_id" not in obj:
+        raise ProtocolError(BAD_REQUEST, "event_id is required")
+    eid = obj["event_id"]
+    if type(eid) is not int or not 0 <= eid <= MAX_EVENT_ID:
+        raise ProtocolError(BAD_REQUEST, f"event_id must be an integer in [0, {MAX_EVENT_ID}], got {shown(eid)}")
+    _refuse_unknown(obj, _EVENT_FIELDS, eid)
+    prompt = obj.get("prompt")
+    problem = prompt_problem(prompt)
+    if problem is not None:
+        raise ProtocolError(BAD_REQUEST, problem, event_id=eid)
+    raw_controls = obj.get("controls", ())
+    if raw_controls is None:
+        raw_controls = ()
+    if not isinstance(raw_controls, (list, tuple)):
+        raise ProtocolError(BAD_REQUEST, "controls must be a list", event_id=eid)
+    if len(raw_controls) > MAX_CONTROLS:
+        raise ProtocolError(BAD_REQUEST, f"controls: {len(raw_controls)} entries, at most {MAX_CONTROLS}",
+                            event_id=eid)
+    controls: list[Control] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_controls):
+        control = _control(raw, f"controls[{i}]", eid)
+        if control.track in seen:
+            raise ProtocolError(
+                BAD_REQUEST,
+                f"controls[{i}]: track {shown(control.track)} already updated by "
+                f"controls[{seen[control.track]}]; one update per track per event",
+                event_id=eid,
+            )
+        seen[control.track] = i
+        controls.append(control)
+    return Event(eid, prompt, tuple(controls))
+
+
+def _control(raw: Any, where: str, eid: int) -> Control:
+    if not isinstance(raw, Mapping):
+        raise ProtocolError(BAD_REQUEST, f"{where} must be an object", event_id=eid)
+    fields = set(raw)
+    if fields != _CONTROL_FIELDS:
+        missing = sorted(_CONTROL_FIELDS - fields)
+        extra = sorted(str(k) for k in fields - _CONTROL_FIELDS)
+        detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                             f"unknown {listed(extra)}" if extra else "") if part)
+        raise ProtocolError(BAD_REQUEST, f"{where} needs exactly track, schema, data ({detail})", event_id=eid)
+    track, schema, data = raw["track"], raw["schema"], raw["data"]
+    if type(track) is not str or not track:
+        raise ProtocolError(BAD_REQUEST, f"{where}.track must be a non-empty string", event_id=eid)
+    if type(schema) is not str or not schema:
+        raise ProtocolError(BAD_REQUEST, f"{where}.schema must be a non-empty string", event_id=eid)
+    if not isinstance(data, Mapping):
+        raise ProtocolError(BAD_REQUEST, f"{where}.data must be an object", event_id=eid)
+    return Control(track, schema, data)
+
+
+def _credit(obj: Mapping[str, Any]) -> Credit:
+    _refuse_unknown(obj, _CREDIT_FIELDS)
+    return Credit(_credits(obj.get("chunks"), "chunks", minimum=1))
+
+
+def _reset(obj: Mapping[str, Any]) -> Reset:
+    _refuse_unknown(obj, _RESET_FIELDS)
+    return Reset()
+
+
+def _close(obj: Mapping[str, Any]) -> Close:
+    """The optional ``session_id`` names a session whose cleanup failed on an earlier
+    connection (a retry by id); None closes this connection's session."""
+    _refuse_unknown(obj, _CLOSE_FIELDS)
+    session_id = obj.get("session_id")
+    if session_id is not None and (not isinstance(session_id, str) or not session_id):
+        raise ProtocolError(BAD_REQUEST, "session.close takes an optional non-empty string session_id")
+    return Close(session_id)
+
+
+def prompt_problem(prompt: Any, where: str = "prompt") -> str | None:
+    """What is wrong with a prompt (None or a str of at most ``MAX_PROMPT_CHARS``
+    characters), or None if nothing is."""
+    if prompt is None:
+        return None
+    if type(prompt) is not str:
+        return f"{where} must be a string or null, got {type(prompt).__name__}"
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return f"{where}: {len(prompt)} characters, at most {MAX_PROMPT_CHARS}"
+    return None
+
+
+def _credits(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_CREDITS:
+        raise ProtocolError(BAD_REQUEST, f"{name} must be an integer in [{minimum}, {MAX_CREDITS}]")
+    return value
+

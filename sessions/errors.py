@@ -5,16 +5,38 @@ answered to the client as an ``error`` frame and the server keeps serving. Misus
 of the session API by server code (an illegal state transition, completing a tick
 that was never begun) is a programming error and raises
 :class:`~sessions.session.SessionStateError` instead. The codes themselves are the
-world protocol's (``protocols.world_v1.ErrorCode``), defined there once.
+world protocol's (``protocols.world_v1``), spelled there once; :class:`ErrorCode` is
+them as one type.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-from protocols.world_v1 import ErrorCode
+from protocols import world_v1 as wire
 
 __all__ = ["ErrorCode", "SessionError"]
+
+
+class ErrorCode(str, enum.Enum):
+    """Every world.v1 error code (``wire.ERROR_CODES``), by the name the protocol gives it."""
+
+    BAD_REQUEST = wire.BAD_REQUEST
+    UNKNOWN_TYPE = wire.UNKNOWN_TYPE
+    STALE_EVENT = wire.STALE_EVENT
+    QUEUE_FULL = wire.QUEUE_FULL
+    SESSION_EXISTS = wire.SESSION_EXISTS
+    NO_SESSION = wire.NO_SESSION
+    SESSION_FAILED = wire.SESSION_FAILED
+    MESSAGE_TOO_LARGE = wire.MESSAGE_TOO_LARGE
+    INTERNAL = wire.INTERNAL
+    SESSION_EVICTED = wire.SESSION_EVICTED
+    SESSION_CLOSED = wire.SESSION_CLOSED
+    BUSY = wire.BUSY
+    CLOSED_BY_ADMIN = wire.CLOSED_BY_ADMIN
+    IDLE_TIMEOUT = wire.IDLE_TIMEOUT
+    TOO_MANY_SESSIONS = wire.TOO_MANY_SESSIONS
 
 
 class SessionError(Exception):
@@ -41,10 +63,7 @@ class SessionError(Exception):
 
     def to_wire(self) -> dict[str, Any]:
         """The ``error`` frame: ``{"type", "code", "message"}`` plus ``event_id`` if set."""
-        wire: dict[str, Any] = {"type": "error", "code": self.code.value, "message": self.message}
-        if self.event_id is not None:
-            wire["event_id"] = self.event_id
-        return wire
+        return wire.error(self.code.value, self.message, event_id=self.event_id)
 
 
 def _rebuild(code: ErrorCode, message: str, event_id: int | None) -> SessionError:

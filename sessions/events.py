@@ -1,6 +1,6 @@
 """Session events: immutable, deep-frozen prompt and control updates.
 
-The wire shape of an ``event`` is parsed by ``protocols.world_v1.parse_event``;
+The wire shape of an ``event`` is parsed by ``protocols.world_v1.parse_client``;
 :meth:`SessionEvent.from_wire` turns that message into the session's own type,
 deep-freezing every control's data (so the client's objects can never reach a
 queued event). Whether a track exists and its data is valid, and whether the id is

@@ -27,16 +27,11 @@ def decode_world(frame: Frame) -> str:
     if not frame.is_text:
         return f"close:{world_v1.CLOSE_UNSUPPORTED_DATA}"  # the endpoint's rule, before any parsing
     try:
-        msg = world_v1.parse(frame.data)
-        kind = msg["type"]
-        if kind == "session.create":
-            world_v1.parse_create(msg, default_model="tiny")
-        elif kind == "credit":
-            world_v1.parse_credit(msg)
-        elif kind == "event":
-            event = SessionEvent.from_wire(world_v1.parse_event(msg))
+        msg = world_v1.parse_client(frame.data, default_model="tiny")
+        if isinstance(msg, world_v1.Event):
+            event = SessionEvent.from_wire(msg)
             Session("fuzz", reducers=default_reducers(1)).accept_event(event)  # the track checks
-        return f"ok:{kind}"
+        return f"ok:{msg.type}"
     except world_v1.ProtocolError as exc:
         code, message = exc.code, exc.message
     except SessionError as exc:
@@ -45,7 +40,7 @@ def decode_world(frame: Frame) -> str:
         raise Crash(f"world.v1 decoder raised {type(exc).__name__}: {exc}") from exc
     if code not in world_v1.ERROR_CODES:
         raise Crash(f"undocumented world.v1 error code {code!r}")
-    world_v1.dumps(world_v1.error(code, message)).encode("utf-8")
+    world_v1.encode(world_v1.error(code, message)).encode("utf-8")
     if code == world_v1.MESSAGE_TOO_LARGE:
         return f"close:{world_v1.CLOSE_TOO_BIG}"
     return f"error:{code}"
@@ -74,8 +69,8 @@ def decode_tts(frame: Frame) -> str:
 
 def decode_openpi(frame: Frame, metadata: openpi.PolicyMetadata) -> str:
     try:
-        req = openpi.decode_request(frame.data, metadata)
-    except openpi.WireError as exc:
+        req = openpi.parse_client(frame.data, metadata)
+    except openpi.ProtocolError as exc:
         _wire_safe(f"invalid request: {exc}")
         return f"close:{openpi.CLOSE_ERROR}"
     except Exception as exc:  # noqa: BLE001

@@ -2,8 +2,8 @@
 
     PYTHONPATH=$PWD python -m bench.fuzz.run_fuzz --cases 10000 --out bench/results/fuzz.json
 
-Decoders: world.v1 (``parse`` + create/credit/event checks), tts.v1 (``parse_client``),
-OpenPI (``decode_request``). Live: a real server process (``python -m realtime serve``:
+Decoders: world.v1 (``parse_client`` + an event's track checks), tts.v1 (``parse_client``),
+OpenPI (``parse_client``). Live: a real server process (``python -m realtime serve``:
 tiny world, dummy policy, the voice when the tts extra is installed), one probe per
 protocol (bench/fuzz/live.py), the server's whole log scanned for tracebacks at the end.
 The JSON counts cases, outcomes (error codes, close codes, accepted types), crashes

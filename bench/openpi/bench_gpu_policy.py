@@ -93,7 +93,7 @@ def bare_forward_ms(policy: FlowMatchingPolicy, requests: list[bytes], batch: in
 
 
 def _work(policy: FlowMatchingPolicy, data: bytes, sid: str, rid: str) -> PolicyWork:
-    req = wire.decode_request(data, policy.metadata)
+    req = wire.parse_client(data, policy.metadata)
     assert isinstance(req, wire.InferRequest)
     return PolicyWork(sid, rid, req.observation, req.sampling)
 

@@ -47,7 +47,7 @@ class FrameStream:
             payloads = await self.encoder.encode(frames, self.format)
             header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
                                        frames=len(payloads), format=self.format, height=g.height, width=g.width)
-            if await self.conn.send(wire.dumps(header), *payloads) and self.taken is not None:
+            if await self.conn.send(wire.encode(header), *payloads) and self.taken is not None:
                 self.taken()
             self.count += len(payloads)
 

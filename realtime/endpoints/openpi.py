@@ -151,7 +151,7 @@ class OpenPIEndpoint(SessionEndpoint):
                     log.info("session %s: robot left during inference", self.conn_id)
                     return False
                 raise
-            except wire.WireError as exc:
+            except wire.ProtocolError as exc:
                 raise _Refused(f"invalid request: {exc}") from None
             except Goodbye:
                 raise
@@ -217,7 +217,7 @@ class OpenPIEndpoint(SessionEndpoint):
         return message
 
     def receive(self) -> Any:
-        # No bound here beyond uvicorn's ws_max_size: decode_request answers an
+        # No bound here beyond uvicorn's ws_max_size: parse_client answers an
         # over-limit body (MAX_MESSAGE_BYTES) with a readable error.
         return self.conn.receive(None, None)
 
@@ -282,9 +282,9 @@ class OpenPIEndpoint(SessionEndpoint):
 
     # ------------------------------------------------------------------ requests
     async def request(self, message: Received) -> bytes:
-        """One received message -> the packed reply. Raises ``WireError`` / ``_Refused``."""
+        """One received message -> the packed reply. Raises ``ProtocolError`` / ``_Refused``."""
         frame: Any = message.data if message.data is not None else message.text
-        req = wire.decode_request(frame, self.metadata)
+        req = wire.parse_client(frame, self.metadata)
         if isinstance(req, wire.ResetRequest):
             await self.reset(await self._session(req.session_id, None))
             return self.packer.pack(wire.reset_reply())

@@ -136,7 +136,7 @@ class WorldEndpoint(SessionEndpoint):
     # ------------------------------------------------------------------ sending
     async def send(self, msg: dict[str, Any], timeout: float | None = None) -> None:
         """One reply (``timeout``: dropped if not taken by then; the idle timeout by default)."""
-        await self.conn.send(wire.dumps(msg), timeout=timeout or self.idle.reply_timeout_s)
+        await self.conn.send(wire.encode(msg), timeout=timeout or self.idle.reply_timeout_s)
 
     async def send_error(self, code: str, message: str, event_id: int | None = None,
                          timeout: float | None = None, **extra: Any) -> None:
@@ -154,26 +154,37 @@ class WorldEndpoint(SessionEndpoint):
     async def handle_text(self, text: str) -> None:
         event_id = None
         try:
-            msg = wire.parse(text)
-            event_id = msg.get("event_id") if isinstance(msg.get("event_id"), int) else None
-            kind = msg["type"]
-            if kind == "session.create":
+            try:
+                msg = wire.parse_client(text, default_model=self.world_models[0])
+            except wire.ProtocolError as exc:
+                event_id = exc.event_id
+                self._check_state(exc.message_type)
+                raise
+            event_id = msg.event_id if isinstance(msg, wire.Event) else None
+            self._check_state(msg.type)
+            if isinstance(msg, wire.CreateRequest):
                 await self.create(msg)
-            elif kind == "event":
+            elif isinstance(msg, wire.Event):
                 await self.event(msg)
-            elif kind == "credit":
-                self._need_session()
-                self.driver.credits = min(self.driver.credits + wire.parse_credit(msg).chunks, wire.MAX_CREDITS)
+            elif isinstance(msg, wire.Credit):
+                self.driver.credits = min(self.driver.credits + msg.chunks, wire.MAX_CREDITS)
                 self.driver.wake.set()
-            elif kind == "session.reset":
-                wire.parse_reset(msg)
+            elif isinstance(msg, wire.Reset):
                 await self.reset()
-            elif kind == "session.close":
-                await self.close(wire.parse_close(msg).session_id)
+            else:
+                await self.close(msg.session_id)
         except wire.ProtocolError as exc:
-            await self.send_error(exc.code, exc.message, exc.event_id if exc.event_id is not None else event_id)
+            await self.send_error(exc.code, exc.message, exc.event_id)
         except SessionError as exc:
             await self.send_error(exc.code.value, exc.message, exc.event_id if exc.event_id is not None else event_id)
+
+    def _check_state(self, message_type: str | None) -> None:
+        """Refused before its fields: a second create, an event or credit without a session."""
+        if message_type == wire.CreateRequest.type and self.session is not None:
+            raise SessionError(ErrorCode.BAD_REQUEST, f"this connection already has session "
+                                                      f"{self.session.session_id!r}; close it first")
+        if message_type in (wire.Event.type, wire.Credit.type):
+            self._need_session()
 
     def _need_session(self) -> Session:
         if self.session is None:
@@ -181,13 +192,7 @@ class WorldEndpoint(SessionEndpoint):
         return self.session
 
     # ------------------------------------------------------------------ messages
-    async def create(self, msg: dict[str, Any]) -> None:
-        if self.session is not None:
-            raise SessionError(
-                ErrorCode.BAD_REQUEST,
-                f"this connection already has session {self.session.session_id!r}; close it first",
-            )
-        req = wire.parse_create(msg, default_model=self.world_models[0])
+    async def create(self, req: wire.CreateRequest) -> None:
         # The announced image is read before anything can refuse the create, so a
         # refused create never leaves its binary message behind as a stray frame.
         data = await self._image_bytes(req.image) if req.image is not None else None
@@ -256,9 +261,9 @@ class WorldEndpoint(SessionEndpoint):
             raise _IdleClosed()
         return data
 
-    async def event(self, msg: dict[str, Any]) -> None:
+    async def event(self, msg: wire.Event) -> None:
         session = self._need_session()
-        event = SessionEvent.from_wire(wire.parse_event(msg))
+        event = SessionEvent.from_wire(msg)
         status = session.accept_event(event)
         await self.send(wire.event_accepted(event.event_id, status.value))
         self.driver.wake.set()

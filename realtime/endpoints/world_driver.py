@@ -298,7 +298,7 @@ class TickDriver:
             streamed=streamed, info=chunk.info,
         )
         # One locked send: no other message comes between a chunk and its frames.
-        if await self.ep.conn.send(wire.dumps(header), *payloads):
+        if await self.ep.conn.send(wire.encode(header), *payloads):
             self.ep.idle.touch()  # the client took a chunk: it is not idle
 
 

@@ -225,6 +225,28 @@ def test_error_codes_leave_the_session_intact(tiny_server):
     run(main())
 
 
+def test_the_connection_state_is_refused_before_a_message_fields(tiny_server):
+    """An event or credit without a session is no_session, and a second create is refused as
+    one, whatever else is wrong with the message; the event_id sent is named either way."""
+    async def main():
+        async with WorldClient.connect(url(tiny_server)) as c:
+            await c.send({"type": "event", "event_id": 3, "prompt": 5})
+            assert await c.expect("error") == {"type": "error", "code": "no_session", "event_id": 3,
+                                               "message": "no session on this connection: send session.create first"}
+            await c.send({"type": "credit", "chunks": 0})
+            assert (await c.expect("error"))["code"] == "no_session"
+            await c.send({"type": "credit", "chunks": 1, "event_id": 4})
+            assert ((err := await c.expect("error"))["code"], err["event_id"]) == ("no_session", 4)
+            await c.create("order", credits=0)
+            await c.send({"type": "session.create", "session_id": "", "seed": -1})
+            assert (await c.expect("error"))["message"] == "this connection already has session 'order'; close it first"
+            await c.send({"type": "event", "event_id": 5, "prompt": 5})
+            assert await c.expect("error") == {"type": "error", "code": "bad_request", "event_id": 5,
+                                               "message": "prompt must be a string or null, got int"}
+
+    run(main())
+
+
 def test_queue_full_is_atomic():
     app, _ = scripted_app(max_pending_events=2)
     with serve(app) as addr:

@@ -20,11 +20,7 @@ DEEP = "[" * 1000 + "]" * 1000
 
 def world_code(text: str) -> str:
     with pytest.raises(world_v1.ProtocolError) as info:
-        msg = world_v1.parse(text)
-        if msg["type"] == "session.create":
-            world_v1.parse_create(msg, default_model="tiny")
-        elif msg["type"] == "credit":
-            world_v1.parse_credit(msg)
+        world_v1.parse_client(text, default_model="tiny")
     return info.value.code
 
 
@@ -50,8 +46,8 @@ def test_deep_nesting_is_bad_request_in_tts_v1():
 
 def test_brackets_inside_strings_do_not_count_as_nesting():
     text = "[[[{{{" * 500 + '\\"]]]'
-    msg = world_v1.parse(json.dumps({"type": "session.create", "session_id": "a", "prompt": text}))
-    assert msg["prompt"] == text
+    msg = world_v1.parse_client(json.dumps({"type": "session.create", "session_id": "a", "prompt": text}))
+    assert msg.prompt == text
     assert tts_v1.parse_client(json.dumps({"type": "input.text", "text": "[" * 4000})) == tts_v1.InputText("[" * 4000)
 
 
@@ -130,8 +126,8 @@ def obs(**extra) -> dict:
 
 
 def openpi_error(frame: bytes) -> str:
-    with pytest.raises(openpi.WireError) as info:
-        openpi.decode_request(frame, META)
+    with pytest.raises(openpi.ProtocolError) as info:
+        openpi.parse_client(frame, META)
     return str(info.value)
 
 
@@ -149,8 +145,8 @@ def test_openpi_hostile_dtypes_are_wire_errors(dtype):
 def test_openpi_hostile_numpy_scalars_never_escape(data):
     frame = msgpack.packb({"x": {b"__npgeneric__": True, b"data": data, b"dtype": "<i1"}})
     try:
-        openpi.decode_request(frame, META)
-    except openpi.WireError:
+        openpi.parse_client(frame, META)
+    except openpi.ProtocolError:
         pass
 
 
@@ -167,7 +163,7 @@ def test_openpi_state_with_huge_or_non_finite_values_is_a_wire_error():
     assert "non-finite" in openpi_error(openpi.pack(obs(state=[1e308 * 10, 0.0])))
     assert "non-finite" in openpi_error(openpi.pack(obs(state=np.array([np.inf, 0.0]))))
     assert "beyond float32's range" in openpi_error(openpi.pack(obs(state=[1e300, 0.0])))  # finite in f64, inf in f32
-    assert openpi.decode_request(openpi.pack(obs(state=[2**64 - 1, 0])), META).observation.state[0] == np.float32(2**64)
+    assert openpi.parse_client(openpi.pack(obs(state=[2**64 - 1, 0])), META).observation.state[0] == np.float32(2**64)
 
 
 def test_openpi_deep_msgpack_nesting_is_a_wire_error():

@@ -26,7 +26,7 @@ def _obs(**over):
 
 
 def _error(msg) -> str:
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.parse_request(msg, META)
     return str(info.value)
 
@@ -163,20 +163,20 @@ def _raw_array(over):
     ],
 )
 def test_unpack_rejects_bad_bodies(data, text):
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.unpack(data)
     assert str(info.value) == text
 
 
 def test_unpack_rejects_over_limit_before_decoding():
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.unpack(b"\x00" * (op.MAX_MESSAGE_BYTES + 1))
     assert str(info.value) == "message of 67108865 bytes is over the 67108864 byte limit"
 
 
 def test_text_frame_is_an_error():
-    with pytest.raises(op.WireError) as info:
-        op.decode_request("hello", META)
+    with pytest.raises(op.ProtocolError) as info:
+        op.parse_client("hello", META)
     assert str(info.value) == "expected a binary msgpack frame, got a text frame"
 
 
@@ -233,7 +233,7 @@ def test_metadata_rejects_nonsense(kwargs, text):
 
 
 def test_valid_observation():
-    req = op.decode_request(ref.packb(_obs(extra_key=np.ones(2))), META)
+    req = op.parse_client(ref.packb(_obs(extra_key=np.ones(2))), META)
     assert isinstance(req, op.InferRequest)
     assert req.session_id is None and req.sampling == op.SamplingParams()
     obs = req.observation
@@ -376,13 +376,13 @@ def test_infer_reply_as_the_client_sees_it():
 @pytest.mark.parametrize("spec", ["f4,(", "f4,(1,)(", "f4,(2**70)i4", "x" * 5000])
 def test_a_malformed_dtype_in_the_usual_request_is_a_wire_error(spec):
     """An array in pack_array's own layout goes to the copy-free decoder (``_unpack_flat``)
-    first: a dtype numpy cannot parse is a WireError there too (it once escaped as a
+    first: a dtype numpy cannot parse is a ProtocolError there too (it once escaped as a
     SyntaxError, an internal error with a traceback), and its text is short."""
     arr = {b"__ndarray__": True, b"data": b"", b"dtype": spec, b"shape": [0]}  # the client's key order
     data = msgpack.packb({"prompt": "go", "extra": arr})
     assert data.startswith(b"\x82") and op._ND_HEAD in data  # the layout _unpack_flat reads
-    with pytest.raises(op.WireError, match="^unknown array dtype") as info:
-        op.decode_request(data, META)
+    with pytest.raises(op.ProtocolError, match="^unknown array dtype") as info:
+        op.parse_client(data, META)
     assert len(str(info.value)) < 120
 
 

@@ -38,7 +38,7 @@ def _probe_obs(seed: int = 0) -> dict:
 def _outcome(fn, data):
     try:
         return "ok", fn(data)
-    except op.WireError as exc:
+    except op.ProtocolError as exc:
         return "error", str(exc)
 
 
@@ -74,7 +74,7 @@ def test_the_usual_request_parses_the_same_either_way():
                              image_keys=("observation/exterior_image_1_left", "observation/wrist_image_left"),
                              state_key="observation/state")
     body = ref.packb({**_probe_obs(), "session_id": "robot-1"})
-    fast = op.decode_request(body, meta)
+    fast = op.parse_client(body, meta)
     slow = op.parse_request(op._unpack_msgpack(body), meta)
     assert fast.session_id == slow.session_id == "robot-1"
     assert fast.observation.prompt == slow.observation.prompt

@@ -47,7 +47,7 @@ def test_counting_stops_past_the_limit_and_at_a_byte_msgpack_never_writes():
 def test_a_body_of_many_small_lists_is_refused_before_decoding():
     # 4 lists of 65,535 empty lists: each list is within MAX_LIST_ITEMS, the body is not.
     body = b"\x94" + (b"\xdc\xff\xff" + b"\x90" * 65535) * 4
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.unpack(body)
     assert str(info.value) == TOO_MANY
 
@@ -57,7 +57,7 @@ def test_a_flat_map_of_many_arrays_is_refused_as_msgpack_refuses_it():
     # 20,000 zero-size arrays are 20,000 * 11 objects and the map.
     body = ref.packb({f"k{i}": np.zeros((0,), np.uint8) for i in range(20000)})
     assert op._unpack_flat(body) is None
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.unpack(body)
     assert str(info.value) == TOO_MANY
 
@@ -69,7 +69,7 @@ def test_a_body_at_the_limit_decodes_and_one_more_object_is_refused():
     assert op._object_count(msgpack.packb(split), op.MAX_OBJECTS) == op.MAX_OBJECTS
     assert op.unpack(msgpack.packb(split))["y"][0] == 0.25
     split["y"].append(0.25)
-    with pytest.raises(op.WireError) as info:
+    with pytest.raises(op.ProtocolError) as info:
         op.unpack(msgpack.packb(split))
     assert str(info.value) == TOO_MANY
 
@@ -77,5 +77,5 @@ def test_a_body_at_the_limit_decodes_and_one_more_object_is_refused():
 def test_a_state_of_max_list_items_floats_still_decodes():
     meta = op.PolicyMetadata(action_horizon=1, action_dim=1, image_keys=(), image_resolution=(1, 1),
                              state_dim=op.MAX_LIST_ITEMS)
-    req = op.decode_request(msgpack.packb({"state": [1.0] * op.MAX_LIST_ITEMS, "prompt": "go"}), meta)
+    req = op.parse_client(msgpack.packb({"state": [1.0] * op.MAX_LIST_ITEMS, "prompt": "go"}), meta)
     assert req.observation.state.shape == (op.MAX_LIST_ITEMS,)

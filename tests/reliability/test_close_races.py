@@ -139,7 +139,7 @@ def test_two_session_closes_back_to_back(clean):
         first, second = await recv_json(ws), await recv_json(ws)
         assert first["type"] == "session.closed" and first["session_id"] == "twice"
         # The second finds no session on the connection (docs/protocols.md, session.close).
-        assert second["type"] == "error" and second["code"] == wire.ErrorCode.NO_SESSION.value
+        assert second["type"] == "error" and second["code"] == wire.NO_SESSION
         # The connection stays open and may create another session, the same id too.
         await ws.send(create("twice", credits=1))
         assert (await recv_json(ws))["type"] == "session.created"

@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -11,7 +12,7 @@ def keys_state(*held):
 
 
 def session_event(msg):
-    return SessionEvent.from_wire(wire.parse_event(msg))
+    return SessionEvent.from_wire(wire.parse_client(json.dumps({"type": "event", **msg})))
 
 
 def test_from_wire_full_event():
@@ -34,12 +35,11 @@ def test_composite_event_is_isolated_from_later_mutation():
     held = ["w"]
     data = {"mode": "state", "held": held}
     controls = [{"track": "keys", "schema": "keys.v1", "data": data}]
-    msg = {"event_id": 1, "prompt": "a", "controls": controls}
-    event = session_event(msg)
+    # Built directly: parse_client's objects are its own, a caller's may change after.
+    event = SessionEvent.from_wire(wire.Event(1, "a", tuple(wire.Control(**c) for c in controls)))
     held.append("s")
     data["mode"] = "script"
     controls.append(keys_state("d"))
-    msg["prompt"] = "b"
     assert event.prompt == "a"
     assert event.controls == (
         ControlInput("keys", "keys.v1", FrozenDict({"mode": "state", "held": ("w",)})),
@@ -65,10 +65,9 @@ def test_direct_construction_freezes_a_plain_dict_copy():
 )
 def test_non_json_payloads_rejected(payload, message):
     with pytest.raises(SessionError) as info:
-        session_event(
-            {"event_id": 2,
-             "controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": [payload]}}]}
-        )
+        # Not JSON, so built directly: what from_wire refuses whatever its caller parsed.
+        SessionEvent.from_wire(wire.Event(2, None, (wire.Control("keys", "keys.v1", {"mode": "state",
+                                                                                     "held": [payload]}),)))
     assert info.value.code is ErrorCode.BAD_REQUEST
     assert info.value.message == message
     assert info.value.event_id == 2

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 
 import pytest
 
@@ -43,7 +44,7 @@ def ev(event_id, prompt=None, held=None, frames=None):
 
 def parsed(msg):
     """The session's event for a decoded wire ``event``, as the endpoint builds it."""
-    return SessionEvent.from_wire(world_v1.parse_event(msg))
+    return SessionEvent.from_wire(world_v1.parse_client(json.dumps({"type": "event", **msg})))
 
 
 class Releases:
@@ -307,7 +308,8 @@ def test_accepted_event_is_isolated_from_later_mutation():
         "prompt": "p",
         "controls": [{"track": "keys", "schema": "keys.v1", "data": {"mode": "state", "held": held}}],
     }
-    s.accept_event(parsed(wire))
+    # Built directly: parse_client's objects are its own, a caller's may change after.
+    s.accept_event(SessionEvent.from_wire(world_v1.Event(1, "p", (world_v1.Control(**wire["controls"][0]),))))
     held.append("s")
     wire["controls"][0]["data"]["mode"] = "script"
     wire["prompt"] = "q"
