@@ -39,7 +39,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Collection, Mapping, Union
 
-from protocols import close_codes, jsonsafe
+from protocols import close_codes, errors, jsonsafe
 from protocols.echo import shown
 
 PROTOCOL = "tts.v1"
@@ -58,9 +58,16 @@ MAX_PENDING_ITEMS = 1024
 # The transport's own limit (realtime/server/server.py, 80 MiB) is for OpenPI's bodies.
 MAX_FRAME_BYTES = 64 * 1024
 
-# Codes the protocol module raises.
-BAD_REQUEST = "bad_request"  # malformed JSON, not an object, wrong field type, binary frame
-UNKNOWN_TYPE = "unknown_type"
+# Codes every protocol that has them spells the same (protocols/errors.py); a client of
+# tts.v1 finds them here.
+BAD_REQUEST = errors.BAD_REQUEST  # malformed JSON, not an object, wrong field type, binary frame
+UNKNOWN_TYPE = errors.UNKNOWN_TYPE
+MESSAGE_TOO_LARGE = errors.MESSAGE_TOO_LARGE  # a text frame over MAX_FRAME_BYTES
+INTERNAL = errors.INTERNAL  # the engine is unavailable, or the model failed on this session's work
+CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...)
+IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no message and nothing spoken for the server's idle timeout
+TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address holds its limit of live sessions
+# Codes of tts.v1 alone.
 UNKNOWN_VOICE = "unknown_voice"
 UNSUPPORTED_FORMAT = "unsupported_format"
 UNSUPPORTED_RATE = "unsupported_rate"
@@ -68,14 +75,9 @@ BAD_SPEED = "bad_speed"
 EMPTY_TEXT = "empty_text"
 TEXT_TOO_LONG = "text_too_long"
 INVALID_TEXT = "invalid_text"  # a control character or a lone surrogate in input.text
-MESSAGE_TOO_LARGE = "message_too_large"  # a text frame over MAX_FRAME_BYTES
 BUFFER_FULL = "buffer_full"  # past MAX_PENDING_TEXT_CHARS of unspoken text or MAX_PENDING_ITEMS
-# Codes the endpoint sends for server-side conditions.
+# Server-side conditions the endpoint reports.
 TTS_UNAVAILABLE = "tts_unavailable"  # the tts extra is not installed
-INTERNAL_ERROR = "internal_error"
-CLOSED_BY_ADMIN = "closed_by_admin"  # an operator closed the session (DELETE /v1/sessions/...)
-IDLE_TIMEOUT = "idle_timeout"  # no message and nothing spoken for the server's idle timeout
-TOO_MANY_SESSIONS = "too_many_sessions"  # the client address holds its limit of live sessions
 GOING_AWAY = "going_away"  # input.text / input.done / session.update while the server drains (SIGTERM)
 
 # The server drained (SIGTERM): the utterance being spoken ended, then the socket closes.
@@ -99,7 +101,7 @@ ERROR_CODES = frozenset(
         INVALID_TEXT,
         MESSAGE_TOO_LARGE,
         TTS_UNAVAILABLE,
-        INTERNAL_ERROR,
+        INTERNAL,
     }
 )
 

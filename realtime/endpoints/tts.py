@@ -91,7 +91,7 @@ class TTSEndpoint(SessionEndpoint):
             return Goodbye(wire.TTS_UNAVAILABLE, f"TTS is unavailable: {why}. Install it with pip install "
                            "'realtime-sessions[tts]'")
         if not self.engine.healthy:
-            return Goodbye(wire.INTERNAL_ERROR, f"engine unavailable: {self.engine.dead_reason}")
+            return Goodbye(wire.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
         self.model = names[0]
         return None
 
@@ -129,7 +129,7 @@ class TTSEndpoint(SessionEndpoint):
         return True
 
     async def tell(self, code: str | None, message: str, timeout: float | None = None) -> None:
-        await self.error(code or wire.INTERNAL_ERROR, message, timeout=timeout)
+        await self.error(code or wire.INTERNAL, message, timeout=timeout)
 
     def stop_output(self) -> None:
         # A speaker stuck on a client that does not read is stopped before the goodbye.
@@ -166,7 +166,7 @@ class TTSEndpoint(SessionEndpoint):
             pass
         if not self.told_dead:
             self.told_dead = True
-            await self.error(wire.INTERNAL_ERROR, f"engine unavailable: {reason}")
+            await self.error(wire.INTERNAL, f"engine unavailable: {reason}")
         await self.conn.close(CLOSE_INTERNAL)
 
     async def wind_down(self, why: Why) -> None:
@@ -307,7 +307,7 @@ class TTSEndpoint(SessionEndpoint):
                 # every later one is still spoken.
                 log.exception("session %s: sentence %d.%d failed", self.session_id, item.utterance_index,
                               item.sentence_index)
-                await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {type(exc).__name__}")
+                await self.error(wire.INTERNAL, f"synthesis failed: {type(exc).__name__}")
             finally:
                 self.current = None
 
@@ -330,7 +330,7 @@ class TTSEndpoint(SessionEndpoint):
                         return
                     self.told_dead = True
                 if failure is not Failure.CANCELLED:
-                    await self.error(wire.INTERNAL_ERROR, f"synthesis failed: {exc}")
+                    await self.error(wire.INTERNAL, f"synthesis failed: {exc}")
                 return
             finally:
                 self.synthesizing = False

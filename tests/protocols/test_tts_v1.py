@@ -152,7 +152,7 @@ def test_error_codes_are_documented_set():
         "too_many_sessions",
         "going_away",
         "buffer_full",
-        "internal_error",
+        "internal",
     }
 
 
