@@ -41,13 +41,11 @@ Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 # realtime.server.inventory.on_spent_thread, so the engine's OpenMP team is the only one: with two
 # teams libgomp cuts any spin count to 100 and wakes a sleeping worker at nearly every op.)
 # A passive team pays a futex wake-up at every parallel op, which for these small models
-# costs more than a second thread gives: one intra-op thread as well. On the quiet 2-core dev
-# box (2026-12-02): the bare maze tick (2 steps) 161 ms with two passive threads, 85 ms with
-# one (63 ms with two spinning; a one-off measurement); served, one session 6.2 ->
-# 11.7 frames/s and four 2.8 -> 3.8 each (bench/results/maze_serve_cpu_threads.json); the
-# voice's first audio 69 -> 52 ms (bench/results/tts_first_audio_threads_cpu.json). CPU-dependent:
-# on the earlier AVX2 box one thread was 14% slower than two passive ones (maze MODEL_CARD.md).
-# The other cores still work: a model may split its batch across them, a thread per core with
+# costs more than a second thread gives: one intra-op thread as well. On a quiet 2-core Xeon,
+# in one run, the served maze world gave one session 12.2 frames/s and four 3.8 each with one
+# thread, against 6.2 and 2.8 with two passive ones (bench/results/maze_serve_cpu_threads.json).
+# CPU-dependent: on an AVX2-only EPYC one thread measured slower than two passive ones (maze
+# MODEL_CARD.md); OMP_NUM_THREADS=2 gives two back. The other cores still work: a model may split its batch across them, a thread per core with
 # one intra-op thread each (models/cpu_lanes.py; the maze world's four sessions 232 -> 124 ms a
 # tick on 2 cores). Dedicated cores: try OMP_WAIT_POLICY=ACTIVE or GOMP_SPINCOUNT=300000 with
 # OMP_NUM_THREADS at the core count.

@@ -50,11 +50,12 @@ def on_spent_thread(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a new thread that exits when it returns; its result or exception.
 
     Why: torch's OpenMP runtime (libgomp) keeps a worker team per thread that ever ran a
-    parallel op, for the thread's life. Loading models on the main thread left the main
-    thread's team behind, so once the engine thread made its own, libgomp managed more
-    threads than there are cores and cut its spin-wait to 100 iterations whatever
-    ``GOMP_SPINCOUNT`` says: the engine's worker slept and was woken by a futex at
-    nearly every parallel op (~3700 per served sentence, bench/results/tts_served_cpu.json).
+    parallel op, for the thread's life. Models loaded on the main thread would leave its
+    team behind, so once the engine thread made its own, libgomp would manage more threads
+    than there are cores and cut its spin-wait to 100 iterations whatever
+    ``GOMP_SPINCOUNT`` says: the engine's worker would sleep and be woken by a futex at
+    nearly every parallel op, thousands of times per served sentence
+    (``python -m bench.tts.bench_served`` records the voluntary context switches per utterance).
     A thread that exits frees its team, so the engine's is the only one and the spin count
     is the operator's to choose (``realtime.server.cli.openmp_defaults``), as it is in a
     single-threaded benchmark such as bench/tts/bench_tts.py.
