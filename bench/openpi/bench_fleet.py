@@ -68,8 +68,8 @@ WARMUP_CALLS = 5
 # it the run's first window (ours, in round 0) measured 20-60% above the same server's later
 # rounds, and the reference's glibc heap was still settling: its page faults per call fall
 # from ~100 to ~1 at some point of its first thousands of calls, at no fixed count, which is
-# what made its calls/s rise round after round (bench/results/openpi_fleet_lean_devbox.json
-# records faults per call; ours runs with fixed malloc thresholds, realtime/server/allocator.py).
+# what made its calls/s rise round after round (bench/results/openpi_fleet_epyc.json records
+# faults per call; ours runs with fixed malloc thresholds, realtime/server/allocator.py).
 WARMUP_SECONDS = 3.0
 
 

@@ -10,8 +10,9 @@ the copy to the host would. What happens between the two (the chunks, ``_to_host
 the wait as it does on the GPU. Frames are the sessions' sink frames' bytes (nothing is
 computed), so this measures serving, never the model.
 
-The default clock (6.5 ms + 0.27 ms per row) is the H200's bare maze tick
-(bench/results/world_serving_h200.json: 6.8 ms at 1, 15.7 at 32, 41.1 at 128 sessions).
+The default clock (6.5 ms + 0.27 ms per row: 6.8, 15.1 and 41.1 ms at 1, 32 and 128 rows) is
+about the H200's bare maze tick (bench/results/world_serving_curve_h200.json: 6.9, 15.8 and
+45.3 ms).
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ forwards each within its ``inline_forward_s``, a policy answering in microsecond
 engine thread is not running anything: the hand-off to the engine thread and back would
 cost more than the forward (two thread wake-ups and ~0.1 ms of CPU). ``run_now`` is the one
 inline path: it makes no job, future or batch list unless the work fails (a queued tick run
-inline, the path before it, added 24 us a call around an instant policy's forward in memory,
-bench/results/openpi_app_profile_devbox.json; the fleet with it:
-bench/results/openpi_fleet_lean_devbox.json); ``submit`` always queues. Whoever runs a model
+inline instead adds 24 us a call around an instant policy's forward in memory,
+bench/results/openpi_app_profile_devbox.json); ``submit`` always queues. Whoever runs a model
 holds ``_owner``, so one thread at a time still owns every model; a forward over the limit
 sends the model back to the engine thread at once.
 
