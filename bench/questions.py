@@ -380,6 +380,23 @@ def fuzz(result: Result) -> list[str]:
                   "Goal: no crash and no log problem."]
 
 
+def restructure_ab(result: Result) -> list[str]:
+    base, head = dig(result, "world", "base") or [], dig(result, "world", "head") or []
+    rows = []
+    for b, h in zip(base, head):
+        ratio = (h.get("frames_per_s_total") or 0) / (b.get("frames_per_s_total") or 1)
+        rows.append([str(h.get("sessions")), fmt(b.get("frames_per_s_total"), ".0f"), fmt(h.get("frames_per_s_total"), ".0f"),
+                     fmt(ratio, ".3f"), fmt(b.get("served_over_bare_throughput"), ".3f"),
+                     fmt(h.get("served_over_bare_throughput"), ".3f")])
+    out = [f"On {dig(result, 'hardware', 'gpu')}, the base commit `{result.get('base_commit')}` and this tree back to "
+           "back (maze world, `rgb8/auto`):", ""]
+    out += table(["sessions", "base frames/s", "head frames/s", "head/base", "base served/bare", "head served/bare"], rows)
+    pb, ph = dig(result, "pi0_one_robot", "base") or {}, dig(result, "pi0_one_robot", "head") or {}
+    out += ["", f"π0, one robot served p50: base {fmt(pb.get('served_p50_ms'), '.2f')} ms, head "
+            f"{fmt(ph.get('served_p50_ms'), '.2f')} ms (bare {fmt(ph.get('bare_p50_ms'), '.2f')} ms). Goal: within 3%."]
+    return out
+
+
 QUESTIONS: tuple[Question, ...] = (
     Question("World serving on one GPU: the scaling curve",
              "How many maze world sessions one GPU serves through the real server, and what serving costs against "
@@ -388,6 +405,11 @@ QUESTIONS: tuple[Question, ...] = (
     Question("World serving on one GPU: re-check",
              "The curve's 1, 32 and 256 points measured again on the newest code. " + WORLD_GOAL,
              (Source("world_serving_recheck_h200.json"),), world_serving),
+    Question("Serving after the restructuring by role",
+             "The server split into engine, endpoints and server with one session lifecycle and one encoder, "
+             "against the commit before it, in one run: maze world serving at 1, 32 and 128 sessions, and π0's "
+             "one-robot latency.",
+             (Source("restructure_ab_h200.json"),), restructure_ab),
     Question("The maze world served on 2 CPU cores",
              "The default `realtime serve` on two CPU cores, through world.v1 and the demo page, against the bare "
              "model; one row per CPU kind.",
