@@ -4,7 +4,7 @@ The engine thread is the only caller of these methods. It groups ready work by
 model, calls ``run_batch`` once per group, checks what comes back, and then tells
 the adapter whether each session's tick was committed (``end_tick``). An adapter
 keeps whatever per-session state it needs (attention KV, decoder context) keyed by
-``session_id`` and drops it in ``release``.
+``session_id`` and drops it in ``drop_session``.
 
 Everything that crosses this seam is a frozen dataclass or a numpy array, so the
 asyncio side never touches a tensor.
@@ -85,12 +85,12 @@ class ModelAdapter(abc.ABC, Generic[W, R]):
     def end_tick(self, session_id: str, committed: bool) -> None:
         """Keep (``committed``) or drop the state the last tick of ``session_id`` wrote."""
 
-    def release(self, session_id: str) -> None:
-        """Forget every piece of state kept for ``session_id``. Idempotent."""
+    def drop_session(self, session_id: str) -> None:
+        """Drop every piece of state kept for ``session_id``. Idempotent."""
 
     def reset(self, session_id: str) -> None:
-        """Start ``session_id`` over (default: the same as ``release``)."""
-        self.release(session_id)
+        """Start ``session_id`` over (default: the same as ``drop_session``)."""
+        self.drop_session(session_id)
 
     def close(self) -> None:
         """Free what the model holds besides its tensors (a child process) at shutdown: the

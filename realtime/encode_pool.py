@@ -42,7 +42,7 @@ import subprocess
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
 
 import numpy as np
 

@@ -35,7 +35,7 @@ class SessionManager:
         reducers: Mapping[str, ControlReducer],
         prompt: str | None = None,
         max_pending: int = 64,
-        release: Callable[[], None] | None = None,
+        drop_state: Callable[[], None] | None = None,
         max_in_flight: int = 1,
     ) -> Session:
         """Register a new ACTIVE session. BAD_REQUEST for an id outside
@@ -57,7 +57,7 @@ class SessionManager:
                 ErrorCode.BUSY, f"{len(self._sessions)} sessions open, at most {self.max_sessions}"
             )
         session = Session(
-            session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, release=release,
+            session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, drop_state=drop_state,
             max_in_flight=max_in_flight,
         )
         self._sessions[session_id] = session

@@ -87,7 +87,7 @@ class Session:
     """One session's events, ticks and lifecycle.
 
     ``reducers`` maps each track to a reducer instance owned by this session alone.
-    ``release`` is called (at most once per begun worker state) when the worker
+    ``drop_state`` is called (at most once per begun worker state) when the worker
     state a tick created must be dropped: on tick failure, reset, and close.
     """
 
@@ -98,7 +98,7 @@ class Session:
         reducers: Mapping[str, ControlReducer],
         prompt: str | None = None,
         max_pending: int = 64,
-        release: Callable[[], None] | None = None,
+        drop_state: Callable[[], None] | None = None,
         max_in_flight: int = 1,
     ) -> None:
         if type(session_id) is not str or not session_id:
@@ -117,7 +117,7 @@ class Session:
         self._prompt = prompt
         self._max_pending = max_pending
         self._max_in_flight = max_in_flight
-        self._release = release
+        self._drop_state = drop_state
         self._state = SessionState.ACTIVE
         self._chunk_index = 0
         # Every accepted, uncommitted event, in-flight ones included, by id.
@@ -206,7 +206,7 @@ class Session:
 
     @property
     def worker_live(self) -> bool:
-        """True from a begun tick until the release hook has run."""
+        """True from a begun tick until the drop hook has run."""
         return self._worker_live
 
     def __repr__(self) -> str:
@@ -425,7 +425,7 @@ class Session:
         return request
 
     def fail_tick(self, reason: str, *, asked: bool = False) -> None:
-        """ACTIVE -> FAILED: drop every in-flight tick uncommitted and release worker
+        """ACTIVE -> FAILED: drop every in-flight tick uncommitted and drop worker
         state; chunk index and pending queue stay as they were. Failing a session
         that is already failed or closing changes nothing (a late engine report).
         ``asked``: the client's own reset abandons the tick, no fault (logged at INFO)."""
@@ -449,7 +449,7 @@ class Session:
             abandoned,
             reason,
         )
-        self._release_worker()
+        self._drop_worker_state()
 
     # -- reset and close -------------------------------------------------------
 
@@ -475,7 +475,7 @@ class Session:
         self._failure = None
         for reducer in self._reducers.values():
             reducer.reset()
-        self._release_worker()
+        self._drop_worker_state()
         log.info(
             "session %s: reset; dropped events %s; floor %d",
             self._session_id,
@@ -504,7 +504,7 @@ class Session:
             )
         if ok:
             self._transition(SessionState.CLOSED)
-            self._release_worker()
+            self._drop_worker_state()
             log.info("session %s: closed", self._session_id)
         else:
             self._transition(SessionState.CLEANUP_FAILED)
@@ -520,14 +520,14 @@ class Session:
             )
         self._state = new
 
-    def _release_worker(self) -> None:
+    def _drop_worker_state(self) -> None:
         # Cleared before the call: exactly once even if the hook raises.
         if not self._worker_live:
             return
         self._worker_live = False
-        if self._release is None:
+        if self._drop_state is None:
             return
         try:
-            self._release()
+            self._drop_state()
         except Exception:
-            log.exception("session %s: release hook failed", self._session_id)
+            log.exception("session %s: drop hook failed", self._session_id)

@@ -97,7 +97,7 @@ def bare(sessions: int, ticks: int, serve_steps: int | None) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
     for sid in ids:
-        world.release(sid)
+        world.drop_session(sid)
     p50 = statistics.median(times)
     return {"sessions": sessions, "ticks": ticks, "torch_threads": torch.get_num_threads(),
             "details": {k: world.details()[k] for k in ("denoising_steps", "window_frames", "dtype")},

@@ -183,7 +183,7 @@ def adapter_once(tts: Any, text: str, seed: int) -> float:
     ttfa = time.perf_counter() - t0
     while not audio.done:
         audio = tts.run_batch([DecodeWindow("bench", 0, 0)])[0]
-    tts.release("bench")
+    tts.drop_session("bench")
     return ttfa
 
 

@@ -180,7 +180,7 @@ def stream_once(tts: PiperTTS, text: str, sid: str, seed: int, rate: int) -> tup
     while not audio.done:
         audio = tts.run_batch([DecodeWindow(sid, 0, 0)])[0]
     total = time.perf_counter() - t0
-    tts.release(sid)
+    tts.drop_session(sid)
     return ttfa, total, audio.sentence_samples / rate
 
 
@@ -379,7 +379,7 @@ def drive(tts: PiperTTS, sessions: list[Session], mode: str) -> dict[str, Any]:
                     batch_sizes.append(1)
     wall = time.perf_counter() - t0
     for s in sessions:
-        tts.release(s.sid)
+        tts.drop_session(s.sid)
     audio = sum(s.samples for s in sessions) / sessions[0].rate
     ttfa = [s.first_audio for s in sessions]
     stalls = [s.worst_stall() for s in sessions]

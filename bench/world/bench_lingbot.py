@@ -388,7 +388,7 @@ def bare(adapter: Any, clock: TickClock, args: argparse.Namespace, device: torch
     passes = len(adapter.pipeline.sigmas) + 1
     if out["phases"]["transformer_ms_median"]:
         out["ms_per_layer_pass"] = round(out["phases"]["transformer_ms_median"] / (cfg.num_layers * passes), 3)
-    adapter.release(sid)
+    adapter.drop_session(sid)
     return out
 
 

@@ -120,7 +120,7 @@ def _bare(model, n: int, repeats: int, warm: int | None = None) -> dict[str, flo
         if k >= warm:
             times.append((time.perf_counter() - t0) * 1000)
     for i in range(n):
-        model.release(f"bare{i}")
+        model.drop_session(f"bare{i}")
     p50 = statistics.median(times)
     return {"tick_ms_p50": p50, "frames_per_s_total": n * model.geometry.frames_per_chunk * 1000 / p50,
             "untimed_ticks": warm}

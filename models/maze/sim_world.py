@@ -194,7 +194,7 @@ class MazeSimWorld(WorldAdapter):
                 s.seen.restore(seen)
         s.before = None
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
         self._admitted.discard(session_id)
 

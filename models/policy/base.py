@@ -66,8 +66,8 @@ class PolicyAdapter(ModelAdapter[PolicyWork, PolicyResult]):
         """One forward for ``works`` (distinct sessions): one map with ``"actions"`` each."""
 
     def reset(self, session_id: str) -> None:
-        """Forget what the policy keeps for ``session_id`` (default: same as release)."""
-        self.release(session_id)
+        """Forget what the policy keeps for ``session_id`` (default: same as ``drop_session``)."""
+        self.drop_session(session_id)
 
     def describe(self) -> Mapping[str, Any]:
         return {"kind": self.kind, "name": self.name, "max_batch": self.max_batch, "metadata": self.metadata.to_wire()}

@@ -270,8 +270,8 @@ class FlowMatchingPolicy(PolicyAdapter):
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.seeds.end_tick(session_id, committed)
 
-    def release(self, session_id: str) -> None:
-        self.seeds.release(session_id)
+    def drop_session(self, session_id: str) -> None:
+        self.seeds.drop_session(session_id)
 
 
 def build(path: str | None, options: BuildOptions) -> FlowMatchingPolicy:

@@ -50,6 +50,6 @@ class CallSeeds:
             while len(self._calls) > self.max_tracked:
                 self._calls.popitem(last=False)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self._calls.pop(session_id, None)
         self._pending.pop(session_id, None)

@@ -249,7 +249,7 @@ class WorldAdapter(ModelAdapter[WorldTick, WorldChunk]):
 
         Returns None when admitted, or why it cannot fit now (what it needs and what
         is free): the endpoint answers ``busy`` and creates nothing. The default
-        admits everyone. An admitted session is released as usual (``release``).
+        admits everyone. An admitted session is dropped as usual (``drop_session``).
         """
         return None
 

@@ -200,7 +200,7 @@ class TinyWorld(WorldAdapter):
             state.kv = self._retained(state.kv + kv)
         state.pending = None
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
     @property

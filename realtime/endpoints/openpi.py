@@ -272,7 +272,7 @@ class OpenPIEndpoint(SessionEndpoint):
     async def _drop_state(self, sid: str, entry: SessionRecord) -> None:
         assert self.model is not None
         try:
-            await self.engine.release(self.model, sid)
+            await self.engine.drop_session(self.model, sid)
         except ENGINE_ERRORS:
             pass  # a dead or stopped engine holds no policy state
         except Exception as exc:  # noqa: BLE001 - the policy's own release failed; the id is free anyway

@@ -142,7 +142,7 @@ class TTSEndpoint(SessionEndpoint):
             self.speaker.cancel()
         if self.entry is not None:
             # Not awaited: behind a long forward the voice state's drop would hold this handler.
-            self.engine.post_release(self.model, self.session_id)
+            self.engine.post_drop_session(self.model, self.session_id)
             self.live.remove(self.entry)
             log.info("session %s: tts session closed", self.session_id)
         await self.conn.close()
@@ -187,9 +187,9 @@ class TTSEndpoint(SessionEndpoint):
                  finishing, len(keep))
         await first_of(marker.reached.wait(), self.ended_event.wait())
 
-    async def _release(self) -> None:
+    async def _drop_voice_state(self) -> None:
         try:
-            await self.engine.release(self.model, self.session_id)
+            await self.engine.drop_session(self.model, self.session_id)
         except ENGINE_ERRORS:
             pass  # a dead or stopped engine holds no voice state
         except Exception as exc:  # noqa: BLE001 - nothing is kept between sentences; log and go on
@@ -251,7 +251,7 @@ class TTSEndpoint(SessionEndpoint):
             cancelled.add(self.utterance)
         self.cancelled.update(cancelled)
         self.segmenter.clear()
-        await self._release()
+        await self._drop_voice_state()
         async with self.speaking:  # the speaker has let go of the cancelled audio
             pass
         if notify:

@@ -218,7 +218,7 @@ class WorldEndpoint(SessionEndpoint):
                 reducers=adapter.reducers(),
                 prompt=req.prompt,
                 max_pending=self.max_pending,
-                release=lambda: engine.post_release(model, sid),
+                drop_state=lambda: engine.post_drop_session(model, sid),
                 # A streamed tick's frames go out before its commit: one tick at a time.
                 max_in_flight=1 if req.stream_frames else self.ticks_in_flight,
             )
@@ -251,7 +251,7 @@ class WorldEndpoint(SessionEndpoint):
         if refusal is not None:
             self.manager.begin_close(sid)
             self.manager.finish_close(sid, True)
-            self.engine.post_release(model, sid)
+            self.engine.post_drop_session(model, sid)
             raise SessionError(code, refusal)
 
     async def _image_bytes(self, spec: wire.ImageSpec) -> bytes:
@@ -362,7 +362,7 @@ class WorldEndpoint(SessionEndpoint):
         self.manager.begin_close(sid)
         ok = True
         try:
-            await self.engine.release(model, sid)
+            await self.engine.drop_session(model, sid)
         except ENGINE_ERRORS as exc:
             # A dead or stopped engine owns no state any more: nothing is left to release.
             ok = engine_failure(exc) is not Failure.MODEL

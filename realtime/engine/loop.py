@@ -2,7 +2,7 @@
 
 asyncio code never touches a tensor. It hands work to the engine with
 ``await engine.submit(...)`` (the tick lane) or ``await engine.control(...)`` (the control
-lane, ahead of every queued tick), ``await engine.release(model, sid)`` / ``reset(model, sid)``
+lane, ahead of every queued tick), ``await engine.drop_session(model, sid)`` / ``reset(model, sid)``
 for any adapter, and gets the answer through a future that the engine resolves with
 ``loop.call_soon_threadsafe`` (one hand-off per event loop and batch). Which ticks run
 next, and whom to wait for first, is the scheduler's (``realtime/engine/scheduler.py``);
@@ -239,18 +239,18 @@ class Engine:
             self._controls.append(_Control(fn, None, None))
             self._cv.notify()
 
-    async def release(self, model: str, session_id: str) -> None:
+    async def drop_session(self, model: str, session_id: str) -> None:
         """Drop the session's queued ticks and every piece of its state in ``model``
-        (control lane). Raises what the adapter's ``release`` raised."""
-        await self.control(self._session_job(model, session_id, "release"))
+        (control lane). Raises what the adapter's ``drop_session`` raised."""
+        await self.control(self._session_job(model, session_id, "drop_session"))
 
     async def reset(self, model: str, session_id: str) -> None:
         """Drop the session's queued ticks and start it over in ``model`` (control lane)."""
         await self.control(self._session_job(model, session_id, "reset"))
 
-    def post_release(self, model: str, session_id: str) -> None:
-        """``release`` without waiting for it (a session's release hook, a disconnect)."""
-        self.post_control(self._session_job(model, session_id, "release"))
+    def post_drop_session(self, model: str, session_id: str) -> None:
+        """``drop_session`` without waiting for it (a session's drop hook, a disconnect)."""
+        self.post_control(self._session_job(model, session_id, "drop_session"))
 
     def post_cancel(self, model: str, session_id: str) -> None:
         """Drop the session's queued ticks, ahead of them (a tick already running finishes)."""
@@ -261,7 +261,7 @@ class Engine:
 
         def job() -> None:
             self._purge(model, session_id)
-            if what == "release":  # gone: nobody waits for it
+            if what == "drop_session":  # gone: nobody waits for it
                 with self._cv:
                     self._sched.forget(model, session_id)
             getattr(adapter, what)(session_id)

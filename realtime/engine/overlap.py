@@ -87,7 +87,7 @@ class LaunchGate:
             by_loop.setdefault(loop, []).append(fut)
         for loop, futs in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_release, futs)
+                loop.call_soon_threadsafe(_let_through, futs)
             except RuntimeError:  # that loop closed; its waiters are gone with it
                 pass
 
@@ -101,14 +101,14 @@ class LaunchGate:
             if not self._closed:  # opened between the check and the lock
                 return
             self._waiters.append((loop, fut))
-        timer = loop.call_later(self.max_hold_s, _release, [fut])
+        timer = loop.call_later(self.max_hold_s, _let_through, [fut])
         try:
             await fut
         finally:
             timer.cancel()
 
 
-def _release(futs: list[asyncio.Future]) -> None:
+def _let_through(futs: list[asyncio.Future]) -> None:
     for fut in futs:
         if not fut.done():
             fut.set_result(None)

@@ -61,4 +61,4 @@ def test_bare_ticks_are_timed_by_phase_and_a_full_session_matches_the_formula_to
         assert row["equal_to_the_byte"] == (k + 1 >= full), (k, row)
     assert row["session_bytes_measured"] == session_bytes(adapter.pipeline.geometry)
     assert row["held_blocks"] == row["retained_frames_formula"] * row["pages_per_frame"]
-    adapter.release("k")
+    adapter.drop_session("k")

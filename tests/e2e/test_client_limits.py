@@ -62,7 +62,7 @@ class Ticks(TTSAdapter):
                                   22050, done, 4 * n))
         return out
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         for key in [k for k in self.made if k[0] == session_id]:
             del self.made[key]
 

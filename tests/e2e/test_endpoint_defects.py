@@ -42,11 +42,11 @@ class FlakyRelease(TinyWorld):
         self.failures = failures
         self.calls = 0
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self.calls += 1
         if self.calls <= self.failures:
             raise RuntimeError(f"simulated cleanup failure {self.calls}")
-        super().release(session_id)
+        super().drop_session(session_id)
 
 
 def _world_app(model: TinyWorld):

@@ -71,9 +71,9 @@ class BoomWorld(TinyWorld):
             raise ArithmeticError("injected tick failure")
         return super().tick(request, seed, options, format=format)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self.released.append(session_id)
-        super().release(session_id)
+        super().drop_session(session_id)
 
 
 @pytest.fixture(scope="module")

@@ -58,9 +58,9 @@ class ScriptedWorld(TinyWorld):
                 raise RuntimeError("simulated model failure")
         return super().run_batch(works)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self.released.append(session_id)
-        super().release(session_id)
+        super().drop_session(session_id)
 
 
 def scripted_app(**world):

@@ -43,7 +43,7 @@ class Doubler(ModelAdapter[int, int]):
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.ended.append((session_id, committed))
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self.released.append(session_id)
 
 
@@ -140,7 +140,7 @@ def test_a_session_that_acts_between_calls_or_left_is_not_waited_for():
         await engine.submit("doubler", 3, session_id="other")
         slow_gone = time.perf_counter() - started
         await engine.submit("doubler", 4, session_id="once")  # a first tick: a returner
-        await engine.release("doubler", "once")
+        await engine.drop_session("doubler", "once")
         assert "once" not in engine._sched.returners("doubler") and engine._sched.ended_at("doubler", "once") is None
         started = time.perf_counter()
         await engine.submit("doubler", 5, session_id="other")
@@ -231,7 +231,7 @@ def test_control_lane_runs_before_queued_ticks_and_purges():
         queued = [asyncio.ensure_future(engine.submit("doubler", i, session_id="b")) for i in (2, 3)]
         await asyncio.sleep(0.05)
         control = asyncio.ensure_future(engine.control(lambda: order.append("control") or "done"))
-        release = asyncio.ensure_future(engine.release("doubler", "b"))
+        release = asyncio.ensure_future(engine.drop_session("doubler", "b"))
         await asyncio.sleep(0.05)
         model.gate.set()
         assert await first == 2
@@ -349,7 +349,7 @@ def test_release_and_reset_for_any_adapter_drop_queued_ticks():
         await reset
         with pytest.raises(TickCancelled):
             await queued
-        await engine.release("doubler", "b")
+        await engine.drop_session("doubler", "b")
         return model.resets, model.released
 
     assert with_engine(model, main) == (["a"], ["b"])
@@ -357,12 +357,12 @@ def test_release_and_reset_for_any_adapter_drop_queued_ticks():
 
 def test_a_failing_control_job_reaches_its_caller_only():
     class BadRelease(Doubler):
-        def release(self, session_id: str) -> None:
+        def drop_session(self, session_id: str) -> None:
             raise KeyError(session_id)
 
     async def main(engine: Engine):
         with pytest.raises(KeyError):
-            await engine.release("doubler", "x")
+            await engine.drop_session("doubler", "x")
         assert engine.healthy
         return await engine.submit("doubler", 3, session_id="x")
 

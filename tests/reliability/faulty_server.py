@@ -51,10 +51,10 @@ class FaultyMaze(MazeWorld):
         self.fired: set[str] = set()
         self.recovered: set[str] = set()
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         if session_id in self.fired:
             self.recovered.add(session_id)
-        super().release(session_id)
+        super().drop_session(session_id)
 
     def _generate(self, ids: list[str], sessions: list[_Session], acts: np.ndarray) -> np.ndarray:
         for sid, s in zip(ids, sessions):

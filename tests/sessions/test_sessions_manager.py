@@ -80,7 +80,7 @@ def test_existing_id_and_capacity():
 def test_close_removes_the_session_and_frees_the_id():
     m = SessionManager()
     released, cleaned = [], []
-    s = create(m, "a", release=lambda: released.append("a"))
+    s = create(m, "a", drop_state=lambda: released.append("a"))
     s.accept_event(SessionEvent(1))
     s.begin_tick()
     assert close(m, "a", lambda: cleaned.append(s.state)) is SessionState.CLOSED

@@ -48,7 +48,7 @@ def parsed(msg):
 
 
 class Releases:
-    """A real release hook that counts its calls."""
+    """A real drop hook that counts its calls."""
 
     def __init__(self):
         self.count = 0
@@ -86,12 +86,12 @@ class BrokenCommit(ControlReducer):
         self.value = 0
 
 
-def make(session_id="s", *, frames=2, prompt="start", max_pending=64, extra=None, release=None):
+def make(session_id="s", *, frames=2, prompt="start", max_pending=64, extra=None, drop_state=None):
     reducers = {"keys": KeysReducer(frames)}
     if extra is not None:
         reducers[extra.track] = extra
     return Session(
-        session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, release=release
+        session_id, reducers=reducers, prompt=prompt, max_pending=max_pending, drop_state=drop_state
     )
 
 
@@ -379,7 +379,7 @@ def assert_failed_and_needs_reset(s, releases, *, chunk_index, pending):
 
 def prepared_session(extra=None):
     releases = Releases()
-    s = make(release=releases, extra=extra)
+    s = make(drop_state=releases, extra=extra)
     s.accept_event(ev(1, held="w"))
     commit(s)
     s.accept_event(ev(2, prompt="two", held="a"))
@@ -443,7 +443,7 @@ def test_reducer_prepare_failure_fails_the_session():
 
 def test_late_failure_reports_are_ignored():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     s.begin_tick()
     s.fail_tick("first")
     s.fail_tick("second")
@@ -460,12 +460,12 @@ def test_failing_release_hook_is_logged_and_not_retried(caplog):
         calls.append(1)
         raise OSError("gone")
 
-    s = make("vx", release=release)
+    s = make("vx", drop_state=release)
     s.begin_tick()
     s.fail_tick("boom")
     s.reset()
     assert calls == [1]
-    assert "session vx: release hook failed" in caplog.text
+    assert "session vx: drop hook failed" in caplog.text
 
 
 # -- reset ------------------------------------------------------------------------
@@ -473,7 +473,7 @@ def test_failing_release_hook_is_logged_and_not_retried(caplog):
 
 def test_reset_restarts_at_chunk_zero_keeps_the_floor_and_returns_dropped_ids():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     s.accept_event(ev(1, prompt="one", held="w", frames=None))
     commit(s)
     s.accept_event(ev(2, frames=[["a"]] * 5))
@@ -524,7 +524,7 @@ def test_reset_while_in_flight_is_busy():
 
 def test_close_active_session_abandons_the_tick_and_releases_once():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     s.accept_event(ev(1, held="w"))
     req = s.begin_tick()
     s.begin_close()
@@ -544,7 +544,7 @@ def test_close_active_session_abandons_the_tick_and_releases_once():
 
 def test_close_failed_session():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     s.begin_tick()
     s.fail_tick("boom")
     s.begin_close()
@@ -554,7 +554,7 @@ def test_close_failed_session():
 
 def test_cleanup_failed_is_a_tombstone_until_a_close_retry_succeeds():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     commit(s)
     s.begin_close()
     s.finish_close(False)
@@ -575,7 +575,7 @@ def test_cleanup_failed_is_a_tombstone_until_a_close_retry_succeeds():
 
 def test_session_without_worker_state_closes_without_release():
     releases = Releases()
-    s = make(release=releases)
+    s = make(drop_state=releases)
     s.begin_close()
     s.finish_close(True)
     assert releases.count == 0

@@ -6,11 +6,11 @@ from sessions import ErrorCode, KeysReducer, Session, SessionError, SessionState
 from tests.sessions.test_sessions_session import BrokenCommit, Releases, ev, fs
 
 
-def make(depth=2, frames=2, extra=None, release=None):
+def make(depth=2, frames=2, extra=None, drop_state=None):
     reducers = {"keys": KeysReducer(frames)}
     if extra is not None:
         reducers[extra.track] = extra
-    return Session("s", reducers=reducers, prompt="start", release=release, max_in_flight=depth)
+    return Session("s", reducers=reducers, prompt="start", drop_state=drop_state, max_in_flight=depth)
 
 
 def done(session, req):
@@ -83,7 +83,7 @@ def test_completion_must_be_for_the_oldest_tick():
 
 def test_a_failure_abandons_every_tick_in_flight_and_releases_once():
     hook = Releases()
-    s = make(release=hook)
+    s = make(drop_state=hook)
     s.accept_event(ev(1, held="w"))
     t0 = s.begin_tick()
     s.accept_event(ev(2))

@@ -148,10 +148,10 @@ class Pi0Policy(PolicyAdapter):
             works = [PolicyWork(f"warmup/{i}", "warmup", obs) for i in range(b)]
             self.infer_batch(works)
             for wk in works:
-                self.release(wk.session_id)
+                self.drop_session(wk.session_id)
 
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.seeds.end_tick(session_id, committed)
 
-    def release(self, session_id: str) -> None:
-        self.seeds.release(session_id)
+    def drop_session(self, session_id: str) -> None:
+        self.seeds.drop_session(session_id)

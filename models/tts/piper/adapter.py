@@ -223,7 +223,7 @@ class PiperTTS(TTSAdapter):
     def close(self) -> None:
         close_backends()  # espeak-ng's child: a server that exits at once leaves none behind
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         if self._streams.pop(session_id, None) is not None:
             logger.debug("session %s: sentence state released", session_id)
 

@@ -139,7 +139,7 @@ class CFGWorld(WorldAdapter):
         if session_id in self._prompts:
             self.core.reset(session_id)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self._prompts.pop(session_id, None)
         self.core.close(session_id)
 

@@ -176,7 +176,7 @@ class LingBotWorld(WorldAdapter):
     def end_tick(self, session_id: str, committed: bool) -> None:
         self.pipeline.end(session_id, committed)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self.pipeline.close(session_id)
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:

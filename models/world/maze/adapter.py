@@ -312,7 +312,7 @@ class MazeWorld(WorldAdapter):
         if self.frames_per_chunk > 1 or s.frames == 0:
             # Earlier frames of the chunk are already committed (or nothing is): start over.
             log.info("maze tick dropped session=%s: restarting its world", session_id)
-            self.release(session_id)
+            self.drop_session(session_id)
             return
         s.pending, s.open_tx = 0, False
 
@@ -321,7 +321,7 @@ class MazeWorld(WorldAdapter):
             ids, self._to_commit = self._to_commit, []
             self.cache.commit_chunks(ids)
 
-    def release(self, session_id: str) -> None:
+    def drop_session(self, session_id: str) -> None:
         self._join_ahead()
         self._commit_queued()
         self._evicted.discard(session_id)
@@ -356,14 +356,14 @@ class MazeWorld(WorldAdapter):
                 continue
             if s.frames == 0 or (self.frames_per_chunk > 1 and s.pending):
                 # A world that never started, or a chunk whose first frames were kept: start over.
-                self.release(sid)
+                self.drop_session(sid)
             else:
                 s.pending, s.open_tx = 0, False
 
     def _open(self, w: WorldTick) -> _Session:
         old = self._sessions.get(w.session_id)
         if old is not None and w.chunk_index == 0:
-            self.release(w.session_id)  # a reset session starts its world again
+            self.drop_session(w.session_id)  # a reset session starts its world again
             old = None
         if old is not None:
             if old.pending:
@@ -511,7 +511,7 @@ class MazeWorld(WorldAdapter):
             ahead.done.result()
         except Exception as exc:  # noqa: BLE001 - reported to the session, not raised here
             log.error("maze clean pass failed session=%s: %s: %s", ahead.session_id, type(exc).__name__, exc)
-            self.release(ahead.session_id)
+            self.drop_session(ahead.session_id)
             self._evicted.add(ahead.session_id)
             if self._drop_listener is not None:
                 self._drop_listener(ahead.session_id, "the K/V of its last frame could not be written")

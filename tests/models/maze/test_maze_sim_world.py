@@ -137,7 +137,7 @@ def test_admission_is_bounded_and_release_frees_it():
     world = MazeSimWorld(max_sessions=2)
     assert world.admit("x", {}) is None and world.admit("y", {}) is None and world.admit("x", {}) is None
     assert world.admit("z", {}) == "world maze-sim holds its limit of 2 sessions"
-    world.release("x")
+    world.drop_session("x")
     assert world.admit("z", {}) is None
 
 

@@ -116,8 +116,8 @@ def test_stale_windows_come_back_empty(quiet_tts):
     quiet_tts.run_batch([SynthesizeSentence("c", 3, 1, SHORT)])
     (wrong,) = quiet_tts.run_batch([DecodeWindow("c", 3, 0)])
     assert wrong.stale and wrong.samples == 0
-    quiet_tts.release("c")
-    quiet_tts.release("c")  # idempotent
+    quiet_tts.drop_session("c")
+    quiet_tts.drop_session("c")  # idempotent
     (gone,) = quiet_tts.run_batch([DecodeWindow("c", 3, 1)])
     assert gone.stale and gone.done
 

@@ -121,4 +121,4 @@ def test_the_adapter_fails_the_sentence_whose_phonemes_crashed_and_speaks_the_ne
     assert str(info.value) == "session s: sentence 3 was not spoken: espeak-ng (piper) was killed by SIGKILL"
     (audio,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 4, SHORT)])
     assert audio.samples > 0 and audio.sentence_index == 4
-    quiet_tts.release("s")
+    quiet_tts.drop_session("s")

@@ -66,7 +66,7 @@ def test_a_sentence_past_the_bound_is_refused_before_its_text_encoder(quiet_tts)
     assert MAX_SENTENCE_IDS == 2048
     (audio,) = quiet_tts.synthesize_batch([SynthesizeSentence("s", 0, 3, SHORT)])
     assert audio.samples > 0
-    quiet_tts.release("s")
+    quiet_tts.drop_session("s")
 
 
 @needs_tts

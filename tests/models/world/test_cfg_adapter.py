@@ -59,7 +59,7 @@ def test_admission_refuses_instead_of_dropping_and_frees_on_release():
     refusal = w.admit("c", opts)
     assert refusal is not None and refusal.startswith("no room for a new session: it needs 82 KiB of KV memory")
     assert w.core.cache.session_ids == ["a", "b"] and w.core.residency.drops == 0
-    w.release("b")
+    w.drop_session("b")
     assert w.admit("c", opts) is None
 
 
@@ -95,7 +95,7 @@ def test_a_released_session_reopens_only_at_chunk_0_with_its_tick_options():
     w.admit("s", opts)
     first = w.run_batch([tick("s", 0)])[0].frames
     w.end_tick("s", True)
-    w.release("s")                                        # e.g. the session failed
+    w.drop_session("s")                                        # e.g. the session failed
     with pytest.raises(ModelError, match="evicted or released; reset or close it"):
         w.run_batch([tick("s", 1)])
     again = WorldTick("s", "s:0b", 0, (), "a red door", (frozenset(),), options=opts)

@@ -47,7 +47,7 @@ def test_two_sessions_with_one_seed_make_the_same_frames_and_a_reset_replays(kin
     w = make(kind, ["one", "two"])
     got = play(w, [[tick("one", i, k, 5), tick("two", i, k, 5)] for i, k in enumerate(KEYS)])
     assert same(got["one"], got["two"])
-    w.release("one")
+    w.drop_session("one")
     if kind == "cfg":
         w.admit("one", w.check_options({"guidance_scale": 3.0, "negative_prompt": "blurry"}))
     assert same(play(w, [[tick("one", i, k, 5)] for i, k in enumerate(KEYS)])["one"], got["one"])

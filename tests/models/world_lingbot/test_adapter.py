@@ -56,8 +56,8 @@ def test_ticks_commit_abort_and_release(world):
         w.run_batch([_tick("s", 3)])
     w.run_batch([_tick("s", 0)])
     w.end_tick("s", committed=True)
-    w.release("s")
-    w.release("s")
+    w.drop_session("s")
+    w.drop_session("s")
     assert "s" not in w.pipeline.sessions
     with pytest.raises(ModelError, match="start at chunk 0"):
         w.run_batch([_tick("s", 2)])

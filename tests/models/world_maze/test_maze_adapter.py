@@ -101,9 +101,9 @@ def test_batches_mix_new_and_running_sessions_and_reset_restarts(weights):
     assert w.cache.committed_frames("a") == 1
     with pytest.raises(ModelError):
         w.run_batch([tick("a", 1, "w", "w")])   # two actions for a one-frame chunk
-    w.release("a")
-    w.release("a")
-    w.release("b")
+    w.drop_session("a")
+    w.drop_session("a")
+    w.drop_session("b")
     assert w.cache.num_resident == 0
 
 
@@ -300,7 +300,7 @@ def test_a_lone_sessions_clean_pass_runs_ahead_and_other_kv_work_waits_for_it(we
         out = play(w, [tick("a", 5, "w"), tick("b", 0, "", seed=5)])  # another batch: waits first
         got[name] += [c.frames[0] for c in out]
         got[name].append(play(w, [tick("a", 6, "")])[0].frames[0])
-        w.release("a")
+        w.drop_session("a")
         assert "a" not in w.cache
     assert np.array_equal(np.stack(got["one"]), np.stack(got["two"]))
     assert two._ahead is None  # the release waited for the last one

@@ -38,7 +38,7 @@ def play(w: MazeWorld, batches: list[list[WorldTick]]) -> dict[str, np.ndarray]:
             w.end_tick(c.session_id, True)
             out.setdefault(c.session_id, []).append(c.frames)
     for sid in out:
-        w.release(sid)
+        w.drop_session(sid)
     return {sid: np.stack(f) for sid, f in out.items()}
 
 
