@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from typing import ClassVar
+from typing import Awaitable, ClassVar
 
 from starlette.websockets import WebSocket
 
@@ -129,8 +129,8 @@ class SessionEndpoint:
     async def opened(self) -> None:
         """The kind's greeting (metadata, the session's settings), once the slot is held."""
 
-    def receive(self) -> asyncio.Future | object:
-        """The next client frame (an awaitable of ``Received | None``), within the kind's bounds."""
+    def receive(self) -> Awaitable[Received | None]:
+        """The next client frame (None once the peer has gone), within the kind's bounds."""
         raise NotImplementedError
 
     async def next_message(self) -> Received | None | Idle:
