@@ -32,7 +32,7 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install -q $(TORCH_PIP)
-	$(BIN)/pip install -q -e '.[tts,dev]'
+	$(BIN)/pip install -q -e '.[tts,dev,video]'
 
 # Debian's Chromium for the browser tests (playwright cannot download browsers here).
 chromium:

@@ -8,15 +8,19 @@ each ``chunk`` message (or each ``chunk.frames`` message of a session created wi
 
 Client -> server
     ``session.create``  {session_id, model?, prompt?, seed?, format?, credits?, options?,
-                        image?, stream_frames?}; an ``image`` is the binary frame that follows
+                        image?, stream_frames?, bitrate_kbps?, profile?}; an ``image`` is the
+                        binary frame that follows; ``bitrate_kbps`` and ``profile`` go with
+                        ``format: "h264"`` only
     ``event``           {event_id, prompt?, controls?}: a new prompt and at most one update
                         per control track, applied at the next chunk boundary
     ``credit``          {chunks}: the server may run that many more chunks ahead
+    ``keyframe``        {}: the next frame of an ``h264`` session is an IDR (one a chunk at most)
     ``session.reset``   {}
     ``session.close``   {session_id?}
 
 Server -> client
-    ``session.created`` {session_id, model, height, width, frames_per_chunk, fps, format, credits}
+    ``session.created`` {session_id, model, height, width, frames_per_chunk, fps, format, credits,
+                        codec?}: ``codec`` (h264 only) is WebCodecs' ``avc1.PPCCLL``
     ``event.accepted``  {event_id, status}
     ``chunk.frames``    {session_id, request_id, chunk_index, first, frames, format, height,
                         width}, then ``frames`` binary frames (``stream_frames`` sessions)
@@ -47,7 +51,14 @@ PATH = "/v1/realtime/world"
 MAX_TEXT_BYTES = 64 * 1024
 MAX_CREDITS = 64
 DEFAULT_CREDITS = 4
-FORMATS = ("jpeg", "png", "rgb8")
+FORMATS = ("jpeg", "png", "rgb8", "h264")
+# ``format: "h264"``: one H.264 stream per session (one Annex B access unit a binary frame),
+# with its own create fields. The default bitrate is sized for 480x832 at 16 fps.
+H264_PROFILES = ("baseline", "main")
+DEFAULT_H264_PROFILE = "baseline"
+DEFAULT_BITRATE_KBPS = 2500
+MIN_BITRATE_KBPS = 100
+MAX_BITRATE_KBPS = 20000
 # The quality of every ``jpeg`` frame, whichever encoder makes it (PIL on the server's pool,
 # nvJPEG on the GPU for frames a model made there).
 JPEG_QUALITY = 92
@@ -76,6 +87,8 @@ INTERNAL = errors.INTERNAL  # the engine is unavailable, or a close's cleanup fa
 CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...)
 IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no message and no chunk taken for the server's idle timeout
 TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address holds its limit of live sessions
+# A format this server cannot encode (``h264`` without PyAV's libx264); the message names what is missing.
+FORMAT_UNAVAILABLE = "format_unavailable"
 # Codes of world.v1 alone; the session layer raises them too (``sessions.ErrorCode`` is
 # the same codes as one type).
 STALE_EVENT = "stale_event"
@@ -104,6 +117,7 @@ ERROR_CODES = frozenset(
         CLOSED_BY_ADMIN,
         IDLE_TIMEOUT,
         TOO_MANY_SESSIONS,
+        FORMAT_UNAVAILABLE,
     }
 )
 
@@ -158,6 +172,9 @@ class CreateRequest:
     image: ImageSpec | None = None
     # Frames sent as they are decoded (``chunk.frames``), the ``chunk`` commit after them.
     stream_frames: bool = False
+    # ``h264`` only (parsed with their defaults there; None with any other format).
+    bitrate_kbps: int | None = None
+    profile: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"type": self.type, "session_id": self.session_id}
@@ -172,6 +189,10 @@ class CreateRequest:
                 msg[key] = value
         if self.image is not None:
             msg["image"] = self.image.to_wire()
+        if self.bitrate_kbps is not None:
+            msg["bitrate_kbps"] = self.bitrate_kbps
+        if self.profile is not None:
+            msg["profile"] = self.profile
         return msg
 
 
@@ -218,6 +239,16 @@ class Credit:
 
 
 @dataclass(frozen=True)
+class Keyframe:
+    """``keyframe``: the next encoded frame of an ``h264`` session is an IDR (at most one a chunk)."""
+
+    type: ClassVar[str] = "keyframe"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.type}
+
+
+@dataclass(frozen=True)
 class Reset:
     """``session.reset``."""
 
@@ -241,7 +272,7 @@ class Close:
         return msg
 
 
-ClientMessage = Union[CreateRequest, Event, Credit, Reset, Close]
+ClientMessage = Union[CreateRequest, Event, Credit, Keyframe, Reset, Close]
 
 # The keys.v1 key names (WASD move, IJKL look), in the order every model reads its 8 action
 # bits; the one definition of that order.
@@ -279,8 +310,9 @@ def error(code: str, message: str, *, event_id: int | None = None,
 
 
 def created(session_id: str, model: str, *, height: int, width: int, frames_per_chunk: int, fps: float,
-            format: str, credits: int) -> dict[str, Any]:
-    return {
+            format: str, credits: int, codec: str | None = None) -> dict[str, Any]:
+    """``codec``: an ``h264`` session's WebCodecs codec string; sent only when given."""
+    msg = {
         "type": "session.created",
         "session_id": session_id,
         "model": model,
@@ -291,6 +323,9 @@ def created(session_id: str, model: str, *, height: int, width: int, frames_per_
         "format": format,
         "credits": credits,
     }
+    if codec is not None:
+        msg["codec"] = codec
+    return msg
 
 
 def event_accepted(event_id: int, status: str) -> dict[str, Any]:
@@ -359,10 +394,11 @@ def closed(session_id: str, dropped_event_ids: list[int]) -> dict[str, Any]:
 
 # The fields each client message defines; any other is refused, naming it.
 _CREATE_FIELDS = frozenset({"type", "session_id", "model", "prompt", "seed", "format", "credits",
-                            "options", "image", "stream_frames"})
+                            "options", "image", "stream_frames", "bitrate_kbps", "profile"})
 _EVENT_FIELDS = frozenset({"type", "event_id", "prompt", "controls"})
 _CREDIT_FIELDS = frozenset({"type", "chunks"})
 _RESET_FIELDS = frozenset({"type"})
+_KEYFRAME_FIELDS = frozenset({"type"})
 _CLOSE_FIELDS = frozenset({"type", "session_id"})
 _CONTROL_FIELDS = frozenset({"track", "schema", "data"})
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -383,6 +419,9 @@ def parse_client(text: str, *, default_model: str | None = None) -> ClientMessag
             return _credit(obj)
         if kind == Reset.type:
             return _reset(obj)
+        if kind == Keyframe.type:
+            _refuse_unknown(obj, _KEYFRAME_FIELDS)
+            return Keyframe()
         return _close(obj)
     except ProtocolError as exc:
         exc.message_type = kind
@@ -417,7 +456,7 @@ def _load_object(text: str) -> Mapping[str, Any]:
     return obj
 
 
-_CLIENT_TYPES = frozenset(m.type for m in (CreateRequest, Event, Credit, Reset, Close))
+_CLIENT_TYPES = frozenset(m.type for m in (CreateRequest, Event, Credit, Keyframe, Reset, Close))
 
 
 def _has_lone_surrogate(obj: Any) -> bool:
@@ -463,8 +502,26 @@ def _create(obj: Mapping[str, Any], default_model: str | None) -> CreateRequest:
     stream = obj.get("stream_frames", False)
     if not isinstance(stream, bool):
         raise ProtocolError(BAD_REQUEST, "stream_frames must be true or false")
+    bitrate, profile = _h264_fields(obj, fmt)
     return CreateRequest(session_id, default_model if model is None else model, prompt, seed, fmt, credits, options,
-                         image, stream)
+                         image, stream, bitrate, profile)
+
+
+def _h264_fields(obj: Mapping[str, Any], fmt: str) -> tuple[int | None, str | None]:
+    """``bitrate_kbps`` and ``profile``: with ``h264`` checked and defaulted, with any other format refused."""
+    if fmt != "h264":
+        given = [name for name in ("bitrate_kbps", "profile") if name in obj]
+        if given:
+            raise ProtocolError(BAD_REQUEST, f"{listed(given)} go with format h264 only, not {fmt}")
+        return None, None
+    bitrate = obj.get("bitrate_kbps", DEFAULT_BITRATE_KBPS)
+    if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not MIN_BITRATE_KBPS <= bitrate <= MAX_BITRATE_KBPS:
+        raise ProtocolError(BAD_REQUEST, f"bitrate_kbps must be an integer in [{MIN_BITRATE_KBPS}, {MAX_BITRATE_KBPS}], "
+                                         f"got {shown(bitrate)}")
+    profile = obj.get("profile", DEFAULT_H264_PROFILE)
+    if profile not in H264_PROFILES:
+        raise ProtocolError(BAD_REQUEST, f"profile must be one of {', '.join(H264_PROFILES)}, got {shown(profile)}")
+    return bitrate, profile
 
 
 def _image(spec: Any) -> ImageSpec:

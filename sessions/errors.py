@@ -37,6 +37,7 @@ class ErrorCode(str, enum.Enum):
     CLOSED_BY_ADMIN = wire.CLOSED_BY_ADMIN
     IDLE_TIMEOUT = wire.IDLE_TIMEOUT
     TOO_MANY_SESSIONS = wire.TOO_MANY_SESSIONS
+    FORMAT_UNAVAILABLE = wire.FORMAT_UNAVAILABLE
 
 
 class SessionError(Exception):

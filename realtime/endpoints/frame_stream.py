@@ -10,7 +10,7 @@ import numpy as np
 from models.world.base import WorldGeometry
 from protocols import world_v1 as wire
 from realtime.endpoints.connection import Connection
-from realtime.media import Encoder
+from realtime.endpoints.world_frames import SessionFrames
 from sessions import TickRequest
 
 
@@ -26,7 +26,7 @@ class FrameStream:
     sees every frame queued.
     """
 
-    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry, encoder: Encoder,
+    def __init__(self, conn: Connection, request: TickRequest, fmt: str, geometry: WorldGeometry, encoder: SessionFrames,
                  after: asyncio.Task | None, taken: Callable[[], None] | None = None) -> None:
         self.conn, self.request, self.format, self.geometry = conn, request, fmt, geometry
         self.encoder = encoder
@@ -44,7 +44,7 @@ class FrameStream:
         r, g = self.request, self.geometry
         while (item := await self.queue.get()) is not None:
             first, frames = item
-            payloads = await self.encoder.encode(frames, self.format)
+            payloads = await self.encoder.encode(frames, r.chunk_index)
             header = wire.chunk_frames(r.session_id, r.request_id, r.chunk_index, first=first,
                                        frames=len(payloads), format=self.format, height=g.height, width=g.width)
             if await self.conn.send(wire.encode(header), *payloads) and self.taken is not None:

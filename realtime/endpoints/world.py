@@ -35,8 +35,8 @@ from realtime.endpoints.idle import GOODBYE_TIMEOUT_S
 from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, SessionEndpoint, Why, engine_failure
 from sessions.registry import SessionRecord
 from realtime.endpoints.world_driver import StallWatch, TickDriver
+from realtime.endpoints.world_frames import SessionFrames, h264_settings
 from realtime.endpoints.world_image import decode_image, read_image
-from realtime.media import Encoder
 from sessions import (
     ErrorCode,
     Session,
@@ -67,7 +67,7 @@ class WorldEndpoint(SessionEndpoint):
         self.max_pending: int = state.config.world.max_pending_events
         self.ticks_in_flight: int = state.config.world.session_ticks_in_flight
         self.ticks_in_flight_alone: int | None = state.config.world.session_ticks_in_flight_alone
-        self.encoder: Encoder = state.encoder
+        self.frames = SessionFrames(state.encoder)  # the session's frame encoding (h264: its stream)
         self.session: Session | None = None
         self.entry: SessionRecord | None = None
         self.adapter: WorldAdapter | None = None
@@ -146,9 +146,7 @@ class WorldEndpoint(SessionEndpoint):
 
     # ------------------------------------------------------------------ reader
     def busy(self) -> bool:
-        """A tick of this session is in the engine: not idle, however long it takes. Ticks
-        done there whose chunks wait for the client to read do not count: a client that
-        stopped reading is idle, whatever the driver queued before it stalled."""
+        """A tick of this session is in the engine (``TickDriver.busy``)."""
         return self.driver.busy()
 
     async def handle_text(self, text: str) -> None:
@@ -169,6 +167,8 @@ class WorldEndpoint(SessionEndpoint):
             elif isinstance(msg, wire.Credit):
                 self.driver.credits = min(self.driver.credits + msg.chunks, wire.MAX_CREDITS)
                 self.driver.wake.set()
+            elif isinstance(msg, wire.Keyframe):
+                self.frames.keyframe()
             elif isinstance(msg, wire.Reset):
                 await self.reset()
             else:
@@ -183,7 +183,7 @@ class WorldEndpoint(SessionEndpoint):
         if message_type == wire.CreateRequest.type and self.session is not None:
             raise SessionError(ErrorCode.BAD_REQUEST, f"this connection already has session "
                                                       f"{self.session.session_id!r}; close it first")
-        if message_type in (wire.Event.type, wire.Credit.type):
+        if message_type in (wire.Event.type, wire.Credit.type, wire.Keyframe.type):
             self._need_session()
 
     def _need_session(self) -> Session:
@@ -203,6 +203,7 @@ class WorldEndpoint(SessionEndpoint):
             raise SessionError(ErrorCode.INTERNAL, f"engine unavailable: {self.engine.dead_reason}")
         adapter: WorldAdapter = self.engine.adapter(req.model)  # type: ignore[assignment]
         geometry = adapter.geometry
+        h264 = h264_settings(req, geometry)  # refused before anything is taken
         image = await decode_image(req, adapter, data) if data is not None else None
         model, sid, engine = req.model, req.session_id, self.engine
         try:
@@ -226,17 +227,16 @@ class WorldEndpoint(SessionEndpoint):
         except BaseException:
             slot.give_back()
             raise
-        self.slot = slot
-        self.session, self.options = session, options
+        self.slot, self.session, self.options = slot, session, options
         self.adapter, self.model, self.image = adapter, model, image
         self.format, self.seed, self.driver.credits = req.format, req.seed, req.credits
-        self.stream_frames = req.stream_frames
+        self.stream_frames, codec = req.stream_frames, self.frames.start(req.format, h264, sid)
         self.entry = self.live.add(KIND, sid, model, owner=self)
         log.info("session %s: created on %s (format %s, credits %d)", sid, model, self.format, req.credits)
         await self.send(
             wire.created(sid, model, height=geometry.height, width=geometry.width,
                          frames_per_chunk=geometry.frames_per_chunk, fps=geometry.fps,
-                         format=self.format, credits=req.credits)
+                         format=self.format, credits=req.credits, codec=codec)
         )
         self.driver.start()
 
@@ -283,6 +283,7 @@ class WorldEndpoint(SessionEndpoint):
             session.fail_tick("tick abandoned by reset", asked=True)
         dropped = session.reset()
         self.driver.eviction = None
+        self.frames.restart()  # chunk 0 starts a new stream with an IDR
         await self.engine.reset(self.model, session.session_id)
         if self.session is not session or session.state is not SessionState.ACTIVE:
             return  # the session failed or went meanwhile (a close waits for this reset): that answers the client
@@ -330,6 +331,7 @@ class WorldEndpoint(SessionEndpoint):
                 finally:
                     watch.cancel()
             await self.driver.stop()
+            self.frames.close()
             dropped = list(session.pending_event_ids)
             if not await self._cleanup(sid, self.model):
                 self.mark(SessionState.CLEANUP_FAILED)

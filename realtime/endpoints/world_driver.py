@@ -69,6 +69,7 @@ class TickDriver:
         if session is None or session.state is not SessionState.ACTIVE:
             return
         self.eviction = reason
+        self.ep.frames.restart()  # the stream's state goes with the session's; reset starts a new one
         if session.in_flight is None:
             pending = list(session.pending_event_ids)
             session.fail_tick(f"evicted: {reason}")
@@ -91,6 +92,7 @@ class TickDriver:
             session.fail_tick(reason)
         self.ep.mark(SessionState.FAILED)
         await finish_send(sending)
+        self.ep.frames.restart()  # after the last chunk's frames: the stream's state is freed
         await self._report_failure(pending, detail)
 
     async def _report_failure(self, pending: list[int], detail: str = "") -> None:
@@ -258,7 +260,7 @@ class TickDriver:
                 work = dataclasses.replace(work, image=self.ep.image)
             # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
             if self.ep.stream_frames:
-                stream = FrameStream(self.ep.conn, request, self.ep.format, adapter.geometry, self.ep.encoder,
+                stream = FrameStream(self.ep.conn, request, self.ep.format, adapter.geometry, self.ep.frames,
                                      after=sending, taken=self.ep.idle.touch)
                 work = dataclasses.replace(work, frame_sink=stream.sink)
             try:
@@ -291,7 +293,7 @@ class TickDriver:
         elif chunk.encoded is not None:
             payloads = list(chunk.encoded)
         else:
-            payloads = await self.ep.encoder.encode(frames, self.ep.format)
+            payloads = await self.ep.frames.encode(frames, request.chunk_index)
         header = wire.chunk(
             request.session_id, request.request_id, request.chunk_index, list(request.applied_event_ids),
             frames=len(payloads), format=self.ep.format, height=frames.shape[1], width=frames.shape[2], tick_ms=tick_ms,

@@ -37,6 +37,7 @@ def test_codes_are_wire_strings():
         "closed_by_admin",
         "idle_timeout",
         "too_many_sessions",
+        "format_unavailable",
     ]
     assert ErrorCode("busy") is ErrorCode.BUSY
 
