@@ -8,7 +8,9 @@ Use it from code::
         chunk = await client.next_chunk()      # header dict + decoded frames
         await client.credit(1)
 
-or from a shell: ``python -m clients.world --keys w --chunks 30 --out last.png``.
+or from a shell: ``python -m clients.world --keys w --chunks 30 --out last.png``, or as video:
+``python -m clients.world --format h264 --out run.mp4`` (clients/h264.py: the access units
+muxed into an MP4 as the server encoded them).
 
 ``connect(url, session_id=...)`` puts the id in the URL's query too (``?session_id=``,
 protocols/routing.py), so a proxy in front of several replicas (deploy/) sends every
@@ -30,10 +32,13 @@ import numpy as np
 import websockets
 
 from clients.cli_args import DEFAULT_HOST, DEFAULT_PORT, add_server_options, count, fresh_id, server_url
+from clients.h264 import H264Recording, pyav_missing
 from protocols import world_v1 as wire
 from protocols.routing import with_session_id
 
 PATH = "/v1/realtime/world"
+# The formats the command line offers (world.v1's, less rgb8, which no file here takes).
+CLI_FORMATS = ("png", "jpeg", "h264")
 DEFAULT_URL = f"ws://{DEFAULT_HOST}:{DEFAULT_PORT}{PATH}"
 
 
@@ -62,8 +67,11 @@ class Chunk:
         return self.header["applied_event_ids"]
 
     def frames(self) -> list[np.ndarray]:
-        """Decode the payloads to ``[H, W, 3]`` uint8 arrays."""
+        """Decode the payloads to ``[H, W, 3]`` uint8 arrays (not ``h264``: its frames only
+        decode as a stream, clients/h264.py's ``H264Recording``)."""
         h, w, fmt = self.header["height"], self.header["width"], self.header["format"]
+        if fmt == "h264":
+            raise ValueError("h264 frames decode as a stream, not chunk by chunk: use clients.h264.H264Recording")
         if fmt == "rgb8":
             return [np.frombuffer(p, np.uint8).reshape(h, w, 3) for p in self.payloads]
         from PIL import Image  # jpeg/png decoding only
@@ -164,6 +172,10 @@ class WorldClient:
     async def credit(self, chunks: int = 1) -> None:
         await self.send(wire.Credit(chunks).to_wire())
 
+    async def keyframe(self) -> None:
+        """Ask an ``h264`` session for an IDR at its next frame (at most one a chunk)."""
+        await self.send({"type": "keyframe"})
+
     async def next_chunk(self, timeout: float = 30.0, *, credit: bool = True) -> Chunk:
         chunk = await asyncio.wait_for(self.chunks.get(), timeout)
         if credit:
@@ -195,26 +207,52 @@ class _Connector:
         await self.client.ws.close()
 
 
+def _create_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {"credits": 4, "format": args.format}
+    if args.model:
+        options["model"] = args.model
+    # Sent only when given: the server's defaults (2500 kbps, baseline) otherwise.
+    if args.bitrate_kbps is not None:
+        options["bitrate_kbps"] = args.bitrate_kbps
+    if args.profile is not None:
+        options["profile"] = args.profile
+    return options
+
+
 async def _main(args: argparse.Namespace) -> None:
     async with WorldClient.connect(args.url, session_id=args.session) as client:
-        created = await client.create(model=args.model, credits=4, format="png") if args.model \
-            else await client.create(credits=4, format="png")
+        created = await client.create(**_create_options(args))
         print(json.dumps(created))
+        video = H264Recording(created["fps"]) if created["format"] == "h264" else None
         if args.keys:
             await client.hold_keys(list(args.keys))
         started = time.perf_counter()
         last = None
         for _ in range(args.chunks):
             last = await client.next_chunk()
+            if video is not None:
+                for unit in last.payloads:
+                    video.add(unit)
         elapsed = time.perf_counter() - started
         frames = args.chunks * created["frames_per_chunk"]
         print(f"{frames} frames in {elapsed:.2f} s: {frames / elapsed:.1f} frames/s; last chunk {last.header}")
-        if args.out and last is not None:
-            from PIL import Image
-
-            Image.fromarray(last.frames()[-1]).resize((256, 256), Image.NEAREST).save(args.out)
-            print(f"wrote {args.out}")
         await client.close()
+    if args.out and last is not None:
+        _write(args.out, last, video)
+
+
+def _write(out: str, last: Chunk, video: H264Recording | None) -> None:
+    """``out``: an MP4 of the whole h264 stream, or the last frame as an image."""
+    if out.lower().endswith(".mp4"):
+        assert video is not None  # main() refuses .mp4 without h264
+        written = video.write_mp4(out)
+        print(f"wrote {out}: {written} frames of H.264, as received")
+        return
+    from PIL import Image
+
+    picture = video.last_frame() if video is not None else last.frames()[-1]
+    Image.fromarray(picture).resize((256, 256), Image.NEAREST).save(out)
+    print(f"wrote {out}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m clients.world",
         description="Play one world.v1 session from the terminal: hold keys for a number of "
                     "chunks, print the frame rate and optionally save the last frame.",
-        epilog="example: python -m clients.world --keys wj --chunks 60 --out last.png")
+        epilog="examples: python -m clients.world --keys wj --chunks 60 --out last.png; "
+               "python -m clients.world --format h264 --out run.mp4")
     add_server_options(parser, PATH)
     parser.add_argument("--session", default=None,
                         help="session id to create; must not be in use on the server (default: a fresh cli-XXXXXXXX)")
@@ -234,8 +273,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--chunks", type=count, default=30,
                         help="how many chunks to play; a chunk is one tick of the server's frames_per_chunk "
                              "frames (default: %(default)s)")
-    parser.add_argument("--out", default=None, help="write the last frame as PNG to this path")
+    parser.add_argument("--format", choices=CLI_FORMATS, default="png",
+                        help="how the server sends frames: png or jpeg images, or h264, one H.264 stream "
+                             "(needs PyAV here, the video extra, and a server with an encoder) "
+                             "(default: %(default)s)")
+    parser.add_argument("--bitrate-kbps", type=int, default=None,
+                        help="h264: the stream's bitrate in kbit/s, 100..20000 (default: the server's, 2500)")
+    parser.add_argument("--profile", choices=("baseline", "main"), default=None,
+                        help="h264: the H.264 profile (default: the server's, baseline)")
+    parser.add_argument("--out", default=None,
+                        help="write the last frame to this path (an image, e.g. last.png), or with --format "
+                             "h264 and a .mp4 path the whole stream as a playable MP4, muxed without re-encoding")
     args = parser.parse_args(argv)
+    if args.format != "h264" and (args.bitrate_kbps is not None or args.profile is not None):
+        parser.error("--bitrate-kbps and --profile go with --format h264")
+    if args.out and args.out.lower().endswith(".mp4") and args.format != "h264":
+        parser.error("--out *.mp4 needs --format h264 (the MP4 holds the server's H.264 stream)")
+    if args.format == "h264" and args.out and (missing := pyav_missing()):
+        parser.error(missing)
     args.url = server_url(args, PATH)
     args.session = args.session or fresh_id("cli")
     try:

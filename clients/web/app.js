@@ -42,7 +42,7 @@ async function boot() {
   window.demo.world = panels.world.state;
   window.demo.tts = panels.speech.state;
   window.demo.robot = panels.robot.state;
-  for (const panel of Object.values(panels)) panel.start();
+  await Promise.all(Object.values(panels).map((panel) => panel.start()));
   window.demo.ready = true;
 }
 

@@ -1,12 +1,19 @@
 // Paced drawing of world frames, and the credit that each drawn chunk gives back.
 //
-//   socket ─ chunk k + N frames ─▶ decode (createImageBitmap) ─▶ queue ─▶ draw one frame per 1/fps
+//   socket ─ chunk k + N frames ─▶ decode ─▶ queue ─▶ draw one frame per 1/fps
 //                                                                          │
 //                               credit {chunks: 1} ◀── last frame of k drawn
 //
 // The server runs ahead by at most the credits it holds. The page hands one back
 // only once it has *drawn* a chunk, so a slow or hidden tab (requestAnimationFrame
 // throttled or stopped) stops the server instead of piling frames up in memory.
+//
+// Decoding is the decoder's: ImageFrames (jpeg/png through createImageBitmap, rgb8 raw)
+// unless the session set another (h264_decoder.js). A decoder's `decode(header, payloads)`
+// resolves with drawable frames that have `close()` (ImageBitmap, VideoFrame), as many as
+// it could decode: a chunk with fewer frames is drawn shorter, never waited on.
+
+import { RateMeter } from "./rate_meter.js";
 
 const FPS_WINDOW_MS = 1000;
 
@@ -32,6 +39,18 @@ export class FramePlayer {
     this.running = false;
     this.drawTimes = [];
     this.framesDrawn = 0;
+    this.decoder = new ImageFrames();
+  }
+
+  /** Decode the next chunks with `decoder` (null: ImageFrames); closes the one before. */
+  useDecoder(decoder) {
+    this.decoder.close();
+    this.decoder = decoder || new ImageFrames();
+  }
+
+  /** Mean decode time (ms) of a frame over the last second; null when none was decoded. */
+  get decodeMs() {
+    return this.decoder.decodeMs;
   }
 
   /** Size the canvas to the model's frames (CSS scales it up, pixelated) and set the pace. */
@@ -55,7 +74,7 @@ export class FramePlayer {
   push(header, payloads) {
     const entry = { header, frames: null, failed: false, next: 0, dropped: false };
     this.queue.push(entry);
-    Promise.all(payloads.map((p) => decodeFrame(p, header)))
+    this.decoder.decode(header, payloads)
       .then((frames) => {
         if (entry.dropped) frames.forEach((f) => f.close());
         else entry.frames = frames;
@@ -114,6 +133,27 @@ export class FramePlayer {
     this.queue.shift();
     this.onChunkDrawn(head.header);
   };
+}
+
+/** jpeg, png and rgb8 frames, each decoded on its own. */
+export class ImageFrames {
+  constructor() {
+    this.decodeTimes = new RateMeter();
+  }
+
+  decode(header, payloads) {
+    const started = performance.now();
+    return Promise.all(payloads.map((p) => decodeFrame(p, header))).then((frames) => {
+      if (frames.length) this.decodeTimes.add((performance.now() - started) / frames.length);
+      return frames;
+    });
+  }
+
+  get decodeMs() {
+    return this.decodeTimes.mean();
+  }
+
+  close() {}
 }
 
 /** One encoded frame -> ImageBitmap (jpeg/png via the browser's decoder; rgb8 raw). */

@@ -2,7 +2,12 @@
 //
 // Messages in (docs/protocols.md): session.created, event.accepted, chunk (+ N
 // binary frames), session.reset, session.closed, error. Out: session.create,
-// event (keys.v1 state, prompt), credit, session.reset, session.close.
+// event (keys.v1 state, prompt), credit, session.reset, session.close, keyframe.
+//
+// The format menu's h264 is decoded with WebCodecs (h264_decoder.js). Where the browser
+// has no VideoDecoder or cannot decode the session's codec, or the server answers
+// `format_unavailable`, the page falls back to jpeg (the menu shows jpeg, and
+// state.formatFallback says why).
 //
 // A dropped socket is opened again by itself (reconnect.js: backoff, and the closes
 // not worth a retry) with a new session under a fresh id, as the reconnect button does;
@@ -13,13 +18,18 @@
 import { CreditWindow, INITIAL as INITIAL_CREDITS } from "./credits.js";
 import { $, describeError, showError } from "./dom.js";
 import { FramePlayer } from "./frames.js";
+import { H264Decoder, h264Unsupported } from "./h264_decoder.js";
 import { HeldKeys } from "./keys.js";
 import { randomId, wsUrl } from "./net.js";
+import { RateMeter } from "./rate_meter.js";
 import { Reconnector, noRetryReason } from "./reconnect.js";
 
 const PATH = "/v1/realtime/world";
 const TRAJECTORY_SCHEMA = "lingbot.camera_trajectory.v1";
 const SINCE_RESET_KEEP = 100;
+// The codec asked about before an h264 session is created (constrained baseline, level
+// 3.1); the session's own codec string is checked again once session.created names it.
+const PROBE_CODEC = "avc1.42E01F";
 
 export class WorldPanel {
   constructor(models) {
@@ -65,6 +75,12 @@ export class WorldPanel {
       retries: 0, // connections opened again by the page itself
       retryStopped: null, // why the last drop is not retried (noRetryReason), or null
       usesPrompts: true, // the selected model's `uses_prompts` (GET /v1/models); unknown: true
+      format: null, // the session's frame format (session.created)
+      codec: null, // its codec string, for h264
+      bytesPerS: 0, // frame bytes received over the last second
+      decodeMs: null, // mean decode time of a frame over the last second
+      video: null, // the h264 decoder's counts (H264Decoder.stats) while the session is h264
+      formatFallback: null, // why the page asked for jpeg instead of h264, or null
     };
     this.el = {
       model: $("world-model"),
@@ -91,7 +107,10 @@ export class WorldPanel {
       applied: $("hud-applied"),
       queue: $("hud-queue"),
       held: $("hud-held"),
+      video: $("hud-video"),
     };
+    this.received = new RateMeter(); // frame bytes
+    this.h264Missing = null; // why this browser cannot decode h264 (start() asks), or null
     this.credits = new CreditWindow();
     this.player = new FramePlayer(
       this.el.canvas,
@@ -106,7 +125,9 @@ export class WorldPanel {
     this.keys = new HeldKeys((held) => this.#heldChanged(held));
   }
 
-  start() {
+  /** Resolves once the first session was asked for (after the h264 support check). */
+  async start() {
+    this.h264Missing = await h264Unsupported(PROBE_CODEC);
     this.#fillModels();
     this.el.session.value = randomId("web");
     this.keys.attach(document.querySelector("#world-panel .keypad"));
@@ -164,7 +185,7 @@ export class WorldPanel {
       session_id: this.el.session.value.trim(),
       model: this.el.model.value,
       seed: Number.parseInt(this.el.seed.value, 10) || 0,
-      format: this.el.format.value,
+      format: this.#format(),
       credits: INITIAL_CREDITS,
     };
     const prompt = this.el.prompt.value.trim();
@@ -308,6 +329,7 @@ export class WorldPanel {
       return;
     }
     chunk.payloads.push(data);
+    this.received.add(data.byteLength);
     if (chunk.payloads.length === chunk.header.frames) {
       this.assembling = null;
       this.player.push(chunk.header, chunk.payloads);
@@ -340,6 +362,8 @@ export class WorldPanel {
     Object.assign(s, {
       sessionId: msg.session_id,
       model: msg.model,
+      format: msg.format,
+      codec: msg.codec ?? null,
       height: msg.height,
       width: msg.width,
       chunkIndex: -1,
@@ -357,6 +381,7 @@ export class WorldPanel {
     }
     this.player.clear();
     this.credits.reset();
+    this.#useDecoder(msg);
     this.player.configure(msg);
     this.player.start();
     this.#setStatus(`session ${msg.session_id} on ${msg.model}`);
@@ -451,9 +476,49 @@ export class WorldPanel {
       this.pendingCreate = null;
       if (next) this.#create(next);
     }
+    // A server without an H.264 encoder: jpeg instead (unless a newer create is on its way).
+    if (msg.code === "format_unavailable" && !this.state.sessionId && !this.creating) this.#fallBack(describeError(msg));
     if (msg.code === "session_failed" || msg.code === "session_evicted") this.#setStatus("failed: reset or close");
     // A refused session.create leaves the socket without a session.
     if (msg.code === "session_exists" && !this.state.sessionId) this.#setStatus("no session");
+  }
+
+  // ------------------------------------------------------------------ format
+  /** The format to create with: the menu's, unless h264 cannot be decoded here. */
+  #format() {
+    const wanted = this.el.format.value;
+    if (wanted === "h264" && this.h264Missing) {
+      this.#fallBack(this.h264Missing, false);
+      return "jpeg";
+    }
+    return wanted;
+  }
+
+  /** h264 is out of reach (`why`): the menu shows jpeg, and a new session is made (`again`). */
+  #fallBack(why, again = true) {
+    this.state.formatFallback = why;
+    this.el.format.value = "jpeg";
+    if (again) this.newSession();
+  }
+
+  #useDecoder(created) {
+    this.state.video = null;
+    if (created.format !== "h264") {
+      this.player.useDecoder(null);
+      return;
+    }
+    this.state.formatFallback = null;
+    const decoder = new H264Decoder(
+      created.codec,
+      () => {
+        if (this.state.sessionId === created.session_id && !this.closing) this.send({ type: "keyframe" });
+      },
+      (why) => {
+        if (this.state.sessionId === created.session_id) this.#fallBack(why);
+      },
+    );
+    this.state.video = decoder.stats;
+    this.player.useDecoder(decoder);
   }
 
   // ------------------------------------------------------------------ keys
@@ -503,6 +568,10 @@ export class WorldPanel {
     this.el.chunk.textContent = s.chunkIndex < 0 ? "–" : String(s.chunkIndex);
     this.el.applied.textContent = s.appliedEventIds.length ? s.appliedEventIds.join(", ") : "–";
     this.el.queue.textContent = `${this.#queued()} / ${s.serverCredits} (window ${this.credits.size})`;
+    s.bytesPerS = this.received.perSecond();
+    s.decodeMs = this.player.decodeMs;
+    this.el.video.textContent = s.sessionId ? videoLine(s) : "–";
+    this.el.video.title = s.formatFallback ? `jpeg instead of h264: ${s.formatFallback}` : "";
     this.#renderButtons();
   }
 
@@ -517,6 +586,13 @@ export class WorldPanel {
     if (first) this.el.model.value = first.name;
     this.#renderPrompt();
   }
+}
+
+/** The HUD's video line: format, bitrate and decode time, e.g. "h264 · 41 kB/s · 1.2 ms". */
+function videoLine(s) {
+  const rate = s.bytesPerS >= 1e6 ? `${(s.bytesPerS / 1e6).toFixed(2)} MB/s` : `${(s.bytesPerS / 1e3).toFixed(0)} kB/s`;
+  const decode = s.decodeMs === null ? "–" : `${s.decodeMs.toFixed(1)} ms`;
+  return `${s.format} · ${rate} · decode ${decode}`;
 }
 
 /** A keys.v1 `state` control holding exactly `held`. */
