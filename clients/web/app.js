@@ -4,7 +4,8 @@
 //   ready           true once every panel has started (bootError set instead on failure)
 //   models          GET /v1/models data
 //   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts,
-//                                       retries, retryStopped, ...)
+//                                       retries, retryStopped, format, codec, bytesPerS, decodeMs,
+//                                       video (h264: H264Decoder.stats), formatFallback, ...)
 //   tts             SpeechPanel.state  (chunks, bytes, cancelled, ttfaMs, available, reason, retries,
 //                                       retryStopped, ...)
 //   robot           RobotPanel.state   (policies, placeholder, canDrive, running, frame, calls, chunks, result, ...)

@@ -4,10 +4,8 @@
 // binary frames), session.reset, session.closed, error. Out: session.create,
 // event (keys.v1 state, prompt), credit, session.reset, session.close, keyframe.
 //
-// The format menu's h264 is decoded with WebCodecs (h264_decoder.js). Where the browser
-// has no VideoDecoder or cannot decode the session's codec, or the server answers
-// `format_unavailable`, the page falls back to jpeg (the menu shows jpeg, and
-// state.formatFallback says why).
+// The format menu's h264 is decoded with WebCodecs, and falls back to jpeg where it cannot
+// be (frame_format.js); state.formatFallback says why.
 //
 // A dropped socket is opened again by itself (reconnect.js: backoff, and the closes
 // not worth a retry) with a new session under a fresh id, as the reconnect button does;
@@ -18,7 +16,7 @@
 import { CreditWindow, INITIAL as INITIAL_CREDITS } from "./credits.js";
 import { $, describeError, showError } from "./dom.js";
 import { FramePlayer } from "./frames.js";
-import { H264Decoder, h264Unsupported } from "./h264_decoder.js";
+import { FrameFormat, videoLine } from "./frame_format.js";
 import { HeldKeys } from "./keys.js";
 import { randomId, wsUrl } from "./net.js";
 import { RateMeter } from "./rate_meter.js";
@@ -27,9 +25,6 @@ import { Reconnector, noRetryReason } from "./reconnect.js";
 const PATH = "/v1/realtime/world";
 const TRAJECTORY_SCHEMA = "lingbot.camera_trajectory.v1";
 const SINCE_RESET_KEEP = 100;
-// The codec asked about before an h264 session is created (constrained baseline, level
-// 3.1); the session's own codec string is checked again once session.created names it.
-const PROBE_CODEC = "avc1.42E01F";
 
 export class WorldPanel {
   constructor(models) {
@@ -110,7 +105,7 @@ export class WorldPanel {
       video: $("hud-video"),
     };
     this.received = new RateMeter(); // frame bytes
-    this.h264Missing = null; // why this browser cannot decode h264 (start() asks), or null
+    this.format = new FrameFormat(this.el.format);
     this.credits = new CreditWindow();
     this.player = new FramePlayer(
       this.el.canvas,
@@ -127,7 +122,7 @@ export class WorldPanel {
 
   /** Resolves once the first session was asked for (after the h264 support check). */
   async start() {
-    this.h264Missing = await h264Unsupported(PROBE_CODEC);
+    await this.format.probe();
     this.#fillModels();
     this.el.session.value = randomId("web");
     this.keys.attach(document.querySelector("#world-panel .keypad"));
@@ -185,9 +180,10 @@ export class WorldPanel {
       session_id: this.el.session.value.trim(),
       model: this.el.model.value,
       seed: Number.parseInt(this.el.seed.value, 10) || 0,
-      format: this.#format(),
+      format: this.format.pick(),
       credits: INITIAL_CREDITS,
     };
+    this.state.formatFallback = this.format.fallback;
     const prompt = this.el.prompt.value.trim();
     if (prompt) options.prompt = prompt;
     const model = this.models.find((m) => m.name === options.model);
@@ -309,6 +305,7 @@ export class WorldPanel {
     this.assembling = null;
     this.player.stop();
     this.player.clear();
+    this.player.useDecoder(null); // an h264 decoder's state ends with its session
     this.#fail({ code: "connection", message: `connection lost (close code ${code}${reason ? `: ${reason}` : ""})` });
     // The button stays: during the wait it reconnects at once.
     this.el.reconnect.hidden = false;
@@ -455,6 +452,7 @@ export class WorldPanel {
     this.closing = false;
     this.player.stop();
     this.player.clear();
+    this.player.useDecoder(null); // an h264 decoder's state ends with its session
     this.#setStatus(`session ${msg.session_id} closed`);
     this.#renderButtons();
     const next = this.pendingCreate;
@@ -484,40 +482,21 @@ export class WorldPanel {
   }
 
   // ------------------------------------------------------------------ format
-  /** The format to create with: the menu's, unless h264 cannot be decoded here. */
-  #format() {
-    const wanted = this.el.format.value;
-    if (wanted === "h264" && this.h264Missing) {
-      this.#fallBack(this.h264Missing, false);
-      return "jpeg";
-    }
-    return wanted;
-  }
-
-  /** h264 is out of reach (`why`): the menu shows jpeg, and a new session is made (`again`). */
-  #fallBack(why, again = true) {
-    this.state.formatFallback = why;
-    this.el.format.value = "jpeg";
-    if (again) this.newSession();
+  /** h264 cannot be shown (`why`): a new session, in jpeg. */
+  #fallBack(why) {
+    this.format.fallBack(why);
+    this.newSession();
   }
 
   #useDecoder(created) {
-    this.state.video = null;
-    if (created.format !== "h264") {
-      this.player.useDecoder(null);
-      return;
-    }
-    this.state.formatFallback = null;
-    const decoder = new H264Decoder(
-      created.codec,
-      () => {
-        if (this.state.sessionId === created.session_id && !this.closing) this.send({ type: "keyframe" });
-      },
-      (why) => {
-        if (this.state.sessionId === created.session_id) this.#fallBack(why);
-      },
+    const live = () => this.state.sessionId === created.session_id && !this.closing;
+    const decoder = this.format.decoderFor(
+      created,
+      () => live() && this.send({ type: "keyframe" }),
+      (why) => live() && this.#fallBack(why),
     );
-    this.state.video = decoder.stats;
+    this.state.formatFallback = this.format.fallback;
+    this.state.video = decoder?.stats ?? null;
     this.player.useDecoder(decoder);
   }
 
@@ -586,13 +565,6 @@ export class WorldPanel {
     if (first) this.el.model.value = first.name;
     this.#renderPrompt();
   }
-}
-
-/** The HUD's video line: format, bitrate and decode time, e.g. "h264 · 41 kB/s · 1.2 ms". */
-function videoLine(s) {
-  const rate = s.bytesPerS >= 1e6 ? `${(s.bytesPerS / 1e6).toFixed(2)} MB/s` : `${(s.bytesPerS / 1e3).toFixed(0)} kB/s`;
-  const decode = s.decodeMs === null ? "–" : `${s.decodeMs.toFixed(1)} ms`;
-  return `${s.format} · ${rate} · decode ${decode}`;
 }
 
 /** A keys.v1 `state` control holding exactly `held`. */

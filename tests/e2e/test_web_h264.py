@@ -103,7 +103,8 @@ def expected_drops(sent: list[tuple[int, list[str]]]) -> int:
 
 @needs_av
 def test_an_h264_session_draws_every_frame_it_receives_and_moves_with_the_keys(served):
-    s = served()
+    chunks = 60  # 8 s at 2 frames a chunk, 15 frames/s; then the server stops
+    s = served(FakeWorld(chunks=chunks))
     p = s.page
     skip_unless_decodes_h264(p)
     s.ask_for("h264")
@@ -111,6 +112,9 @@ def test_an_h264_session_draws_every_frame_it_receives_and_moves_with_the_keys(s
     session = s.log.sessions[-1]
     assert s.log.creates[-1]["format"] == "h264"
     assert p.js("[demo.world.codec, demo.world.formatFallback]") == [CODEC, None]
+    # Drawn counts of whole chunks (the jpeg session before may have been cut mid-chunk).
+    drawn = "[demo.world.framesDrawn, demo.world.chunksDrawn, demo.world.chunkIndex]"
+    frames_before, chunks_before, index_before = p.js(drawn)
     # The canvas shows the server's picture: the square where the server put it.
     index, before = p.canvas()
     assert square_at(before) == session.positions[index] == (8, 8)
@@ -127,17 +131,19 @@ def test_an_h264_session_draws_every_frame_it_receives_and_moves_with_the_keys(s
     # Bitrate and decode time beside the other stats.
     p.wait("demo.world.bytesPerS > 0 && demo.world.decodeMs !== null")
     assert re.fullmatch(r"h264 · \d+ kB/s · decode \d+\.\d ms", p.js("document.getElementById('hud-video').textContent"))
-    # Closed: every frame the server sent was decoded, and every drawn chunk was drawn whole.
-    p.page.click("#world-close")
-    p.wait("demo.world.sessionId === null")
+    # The server's last chunk drawn: every frame it sent was decoded, and every chunk from
+    # the first count on was drawn whole, two frames each.
+    p.wait(f"demo.world.chunkIndex === {chunks - 1}")
+    frames_now, chunks_now, _ = p.js(drawn)
     sent = session.sent
-    frames_sent = sum(len(kinds) for _, kinds in sent)
-    assert [kinds[0] for _, kinds in sent].count("key") == 1 and sent[0][1] == ["key", "delta"]
-    p.wait(f"demo.world.video.framesDecoded === {frames_sent}", timeout_s=10)
+    assert [index for index, _ in sent] == list(range(chunks))
+    assert [kinds for _, kinds in sent if "key" in kinds] == [["key", "delta"]] and sent[0][1] == ["key", "delta"]
     video = p.js("demo.world.video")
+    assert video["framesDecoded"] == 2 * chunks
+    assert chunks_now - chunks_before == chunks - 1 - index_before
+    assert frames_now - frames_before == 2 * (chunks_now - chunks_before)
     assert (video["deltasDropped"], video["decodeErrors"], video["keyFrameRequests"]) == (0, 0, 0)
     assert s.log.keyframe_requests == 0
-    assert p.js("demo.world.framesDrawn === 2 * demo.world.chunksDrawn")
     p.screenshot("#world-panel", "world-h264.png")
     assert p.console_errors == []
 
@@ -156,18 +162,17 @@ def test_the_real_server_in_h264_is_drawn_frame_for_frame_and_follows_the_keys(b
             p.wait("demo.world.format === 'h264' && demo.world.chunkIndex >= 3")
             assert p.js("demo.world.codec") == "avc1.42C01F"
             p.focus_page()
+            frames_before, chunks_before = p.js("[demo.world.framesDrawn, demo.world.chunksDrawn]")
             _, before = p.canvas()
             p.hold("w", 1.0)
             p.wait("demo.world.held.length === 0")
             _, after = p.canvas()
             assert not np.array_equal(before, after)
-            p.page.click("#world-close")
-            p.wait("demo.world.sessionId === null")
-            p.wait("demo.world.video.framesDecoded === demo.world.receivedChunkIndex + 1", timeout_s=10)
+            frames_now, chunks_now = p.js("[demo.world.framesDrawn, demo.world.chunksDrawn]")
+            assert chunks_now > chunks_before and frames_now - frames_before == chunks_now - chunks_before
             video = p.js("demo.world.video")
-            assert video["framesDecoded"] >= 10
+            assert video["framesDecoded"] >= chunks_now - chunks_before
             assert (video["deltasDropped"], video["decodeErrors"], video["keyFrameRequests"]) == (0, 0, 0)
-            assert p.js("demo.world.framesDrawn === demo.world.chunksDrawn")
             assert p.console_errors == []
         finally:
             p.close()
@@ -177,20 +182,19 @@ def test_the_real_server_in_h264_is_drawn_frame_for_frame_and_follows_the_keys(b
 def test_after_a_gap_the_page_asks_for_a_key_frame_and_drops_deltas_until_it_comes(served):
     """Chunk 0 (the session's IDR) and chunk 6 never arrive: the page sees deltas before any
     key frame, then a chunk index that skips; each time it asks once and resumes at the IDR."""
-    s = served(FakeWorld(drop_chunks=frozenset({0, 6})))
+    s = served(FakeWorld(drop_chunks=frozenset({0, 6}), chunks=16))
     p = s.page
     skip_unless_decodes_h264(p)
     s.ask_for("h264")
-    p.wait("demo.world.format === 'h264' && demo.world.chunkIndex >= 12")
+    p.wait("demo.world.format === 'h264' && demo.world.chunkIndex === 15")
     session = s.log.sessions[-1]
-    p.page.click("#world-close")
-    p.wait("demo.world.sessionId === null")
     sent = session.sent
+    assert len(sent) == 14
     frames_sent = sum(len(kinds) for _, kinds in sent)
     dropped = expected_drops(sent)
     assert dropped >= 3  # chunk 1's two deltas, chunk 7's two at least
-    p.wait(f"demo.world.video.framesDecoded + demo.world.video.deltasDropped === {frames_sent}", timeout_s=10)
     video = p.js("demo.world.video")
+    assert video["framesDecoded"] + video["deltasDropped"] == frames_sent
     assert (video["keyFrameRequests"], video["deltasDropped"], video["decodeErrors"]) == (2, dropped, 0)
     assert s.log.keyframe_requests == 2
     # Each request was answered by the next chunk the server made, with an IDR first.
@@ -239,3 +243,15 @@ def test_a_codec_the_browser_cannot_decode_falls_back_to_jpeg(served):
     assert p.js("demo.world.formatFallback") == "this browser's VideoDecoder does not support avc1.FF001F"
     assert [c.get("format", "jpeg") for c in s.log.creates] == ["jpeg", "h264", "jpeg"]
     assert p.console_errors == []
+
+
+def test_annexb_finds_each_nal_type_after_3_and_4_byte_start_codes(served):
+    p = served().page
+    got = p.page.evaluate("""async () => {
+        const { nalTypes, isKeyFrame } = await import("/web/annexb.js");
+        const au = (...bytes) => new Uint8Array(bytes);
+        const idr = au(0, 0, 0, 1, 0x67, 0x42, 0, 0, 0, 1, 0x68, 0xce, 0, 0, 1, 0x65, 0x88, 0x84);
+        const delta = au(0, 0, 0, 1, 0x41, 0x9a, 0, 0, 3, 1, 0x02);  // 00 00 03 01: escaped, not a start code
+        return [nalTypes(idr), isKeyFrame(idr), nalTypes(delta), isKeyFrame(delta), nalTypes(au(0, 0, 1)), nalTypes(au())];
+    }""")
+    assert got == [[7, 8, 5], True, [1], False, [], []]

@@ -67,6 +67,7 @@ class FakeWorld:
     encoder: bool = True  # False: h264 is answered format_unavailable
     codec: str = CODEC  # the codec string session.created names
     drop_chunks: frozenset[int] = frozenset()  # made (the encoder moves on) but never sent
+    chunks: int | None = None  # a session makes this many chunks, then waits (None: no end)
 
 
 def render(height: int, width: int, frame: int, x: int, y: int) -> np.ndarray:
@@ -177,6 +178,8 @@ class Session:
     async def produce(self) -> None:
         period = self.world.frames_per_chunk / self.world.fps
         while not self.closed:
+            if self.chunk_index == self.world.chunks:
+                return
             if self.credits <= 0:
                 self.wake.clear()
                 await self.wake.wait()
