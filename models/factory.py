@@ -8,7 +8,10 @@ model it does not load) still starts. Adding a model is a package plus one row.
 
 A factory is ``build(path: str | None, options: BuildOptions) -> ModelAdapter``.
 ``path`` is what followed ``=`` in the entry (``lingbot=/ckpt``: a checkpoint, a
-weights file, a cache folder; each factory documents its own), or None.
+weights file, a cache folder; each factory documents its own), or None. A model in
+``TAKES_OPTIONS`` also takes options of its own after the path, as a URL query
+(``'lingbot=/ckpt?steps=2&fp8=ffn'``, quoted for the shell): they reach its factory
+as ``BuildOptions.model_options``, and the factory refuses one it does not know.
 
 A factory raises ``ModelUnavailable`` when something the model needs is missing
 (an extra not installed, weights not found): the server then lists the model as
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from models.base import ModelAdapter
@@ -44,6 +47,10 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "pi0": ("policy", "models.policy.pi0:build"),
     "piper-joe-medium": ("tts", "models.tts.piper:build"),
 }
+
+# Models whose entries take ``?key=value&...`` options after the path (each factory
+# documents its own; lingbot: models/world/lingbot/options.py). Others refuse any.
+TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot"})
 
 # The worlds served by default, in order (the first is a session's default world).
 # maze-sim (the simulator the maze world learned) is what the page's robot panel drives.
@@ -81,17 +88,21 @@ class BuildOptions:
     # World frame size (models with a choice of resolution); None: the model's default.
     height: int | None = None
     width: int | None = None
+    # The entry's own options (``name=path?key=value&...``), in order; set by ``build``.
+    model_options: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """One ``name`` or ``name=path`` entry of ``--models``."""
+    """One ``name``, ``name=path`` or ``name=path?key=value&...`` entry of ``--models``."""
 
     name: str
     path: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
-        return self.name if self.path is None else f"{self.name}={self.path}"
+        text = self.name if self.path is None else f"{self.name}={self.path}"
+        return text + ("?" + "&".join(f"{k}={v}" for k, v in self.options) if self.options else "")
 
 
 class FactoryError(Exception):
@@ -103,12 +114,25 @@ class ModelUnavailable(FactoryError):
 
 
 def parse_entry(text: str) -> ModelEntry:
-    """``"maze"`` or ``"lingbot=/path"`` -> ``ModelEntry`` (the name is not looked up)."""
-    name, sep, path = text.strip().partition("=")
+    """``"maze"``, ``"lingbot=/path"`` or ``"lingbot=/path?steps=2&fp8=ffn"`` -> ``ModelEntry``
+    (the name is not looked up; the options are checked by the model's factory)."""
+    name, sep, rest = text.strip().partition("=")
     name = name.strip()
+    path, query_sep, query = rest.partition("?")
     if not name or (sep and not path.strip()):
-        raise FactoryError(f"model entry {text!r}: expected 'name' or 'name=path'")
-    return ModelEntry(name, path.strip() if sep else None)
+        raise FactoryError(f"model entry {text!r}: expected 'name' or 'name=path' "
+                           "(with options: 'name=path?key=value&...')")
+    options: list[tuple[str, str]] = []
+    if query_sep:
+        for item in query.split("&"):
+            key, eq, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if not key or not eq or not value:
+                raise FactoryError(f"model entry {text!r}: option {item!r} is not key=value")
+            if any(k == key for k, _ in options):
+                raise FactoryError(f"model entry {text!r}: option {key!r} given twice")
+            options.append((key, value))
+    return ModelEntry(name, path.strip() if sep else None, tuple(options))
 
 
 def parse_entries(text: str) -> tuple[ModelEntry, ...]:
@@ -131,6 +155,10 @@ def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, ki
     model_kind = kind_of(entry.name)
     if kind is not None and model_kind != kind:
         raise FactoryError(f"model {entry.name!r} is a {model_kind} model, not a {kind} model")
+    if entry.options and entry.name not in TAKES_OPTIONS:
+        raise FactoryError(f"{entry}: model {entry.name!r} takes no options")
+    if entry.options or options.model_options:
+        options = replace(options, model_options=entry.options)
     try:
         adapter = _load(FACTORIES[entry.name][1])(entry.path, options)
     except ModelUnavailable:

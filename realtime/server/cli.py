@@ -27,6 +27,8 @@ examples:
   realtime serve                                  maze and tiny worlds, policy, voice
   realtime serve --host 0.0.0.0 --port 8080       reachable from other machines
   realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
+  realtime serve --models 'lingbot=/ckpt?steps=2&reuse_kv=1&fp8=ffn'
+                                                  LingBot-World with opt-in shortcuts
 Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
 
 
@@ -167,7 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="models to load, comma-separated 'name' or 'name=path' entries of the factory table "
                             f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
                             "first is the default world; a policy or voice entry here takes the place of the policy "
-                            "option / the default voice")
+                            "option / the default voice. lingbot takes opt-in shortcuts after its checkpoint folder as "
+                            "'lingbot=DIR?key=value&...' (quote it for the shell): steps=1..4 (denoising passes per "
+                            "block, default 4), reuse_kv=1 (the last denoising pass writes the block's K/V instead of "
+                            "a committing pass), fp8=ffn|attn|cross|all or groups joined by '+' (e4m3 linear layers, "
+                            "per-row scales), decoder=wan|taehv:PATH (a taew2_1 state dict); each changes the frames "
+                            "(models/world/lingbot/MODEL_CARD.md: how, and how far from the exact path); a bad one "
+                            "stops the server at start")
     serve.add_argument("--device", type=_device, default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=_at_least_one, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
@@ -180,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
     serve.add_argument("--steps", type=_at_least_one, default=None,
-                       help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU)")
+                       help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU); lingbot takes its "
+                            "steps in its entry (lingbot=DIR?steps=N)")
     serve.add_argument("--cpu-format", choices=("auto",) + tuple(CPU_FORMATS), default="auto",
                        help="number format of the CPU models' products (maze, voice): auto (the default) keeps "
                             "float32 unless this CPU has native bf16 and a pass timed at start is faster in "

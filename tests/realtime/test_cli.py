@@ -215,3 +215,52 @@ def test_openmp_defaults_set_a_passive_wait_unless_the_caller_chose():
         env = dict(chosen)
         openmp_defaults(env)
         assert env == chosen
+
+
+def test_lingbot_shortcuts_ride_on_the_models_entry_and_are_documented(capsys):
+    from realtime.server.cli import config_from_args
+
+    entry = "lingbot=/ckpt?steps=2&reuse_kv=1&fp8=ffn&decoder=taehv:/w/taew2_1.pth"
+    config = config_from_args(parse_args(["serve", "--models", entry, "--policy", "dummy", "--no-tts",
+                                          "--device", "cpu"]))
+    assert config.world.models == (entry,)
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    for text in ("'lingbot=DIR?key=value&...'", "steps=1..4", "reuse_kv=1", "fp8=ffn|attn|cross|all",
+                 "decoder=wan|taehv:PATH", "a bad one stops the server at start"):
+        assert text in listed, text
+
+
+@pytest.fixture(scope="module")
+def lingbot_checkpoint(tmp_path_factory):
+    from models.world.lingbot.tiny_checkpoint import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("lingbot") / "ckpt")
+
+
+@pytest.mark.parametrize("query, error", [
+    ("turbo=1", "unknown option 'turbo' (lingbot takes steps, reuse_kv, fp8, decoder)"),
+    ("steps=5", "option steps=5: must be an integer in 1..4"),
+    ("steps=0&reuse_kv=1", "option steps=0: must be an integer in 1..4"),
+    ("fp8=mlp", "option fp8=mlp: must be 'all', 'none' or groups of ffn, attn, cross joined by '+'"),
+    ("decoder=taehv:{bad}", "option decoder: {bad}: unknown tensor 'encoder.0.weight.extra': not in the "
+                            "taew2_1 layout"),
+], ids=["unknown-shortcut", "steps-out-of-range", "steps-zero", "fp8-group", "decoder-layout"])
+def test_a_bad_lingbot_shortcut_stops_the_server_at_start_with_one_line_naming_it(
+        query, error, lingbot_checkpoint, tmp_path, capsys):
+    import torch
+
+    from realtime.server.cli import main
+
+    bad = tmp_path / "taew2_1.pth"
+    if "{bad}" in query:
+        taehv = pytest.importorskip("models.world.taehv")
+        sd = taehv.random_state_dict(seed=0)
+        sd["encoder.0.weight.extra"] = torch.zeros(1)
+        torch.save(sd, bad)
+    query, error = query.format(bad=bad), error.format(bad=bad)
+    entry = f"lingbot={lingbot_checkpoint}?{query}"
+    assert main(["serve", "--port", "0", "--device", "cpu", "--models", entry, "--policy", "dummy",
+                 "--no-tts", "--log-level", "warning"]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"realtime serve: {entry}: {error}"]

@@ -7,11 +7,14 @@ local checkpoint in the diffusers layout.
     cache.py             the kv/ geometry (sink 9 + 6 rolling + block 3) and a pool for it
     weights.py           shard-by-shard strict loading, the diffusers-layout transformer writer
     checkpoint.py        the checkpoint folder: validated at start, components loaded
+    options.py           the entry's opt-in shortcuts (steps, reuse_kv, fp8, decoder), checked first
+    fp8.py               e4m3 linear layers with per-row scales (torch._scaled_mm or emulated)
+    decoders.py          the block decoder: the Wan VAE or TAEHV, and what each takes
     camera.py            key steps, intrinsics, frame-wise relative poses, Plücker rays
     controls.py          lingbot.camera_actions.v1 / lingbot.camera_trajectory.v1 reducers
     trajectory_files.py  named trajectories below a trusted root, loaded as untrusted input
     vae_io.py            Wan VAE: first-image condition, latent statistics
-    pipeline.py          LingBotPipeline: sessions, one block per call (4 DMD steps), streaming decode
+    pipeline.py          LingBotPipeline: sessions, one block per call (1..4 DMD steps), streaming decode
     adapter.py           LingBotWorld: the pipeline behind the world seam; ``build`` below
     tiny_checkpoint.py   a tiny random checkpoint in the exact layout (tests)
     MODEL_CARD.md        what the model is, deviations, licences (weights: CC BY-NC-SA 4.0)
@@ -22,17 +25,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-DEFAULT_STEPS = 4
-
 
 def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imported below
-    """The factory entry: ``realtime serve --models lingbot=DIR``.
+    """The factory entry: ``realtime serve --models 'lingbot=DIR[?key=value&...]'``.
 
     ``options`` (``models.factory.BuildOptions``) has ``device``, ``max_batch``,
-    ``frames_per_chunk``, ``steps``, ``gpu_memory_fraction``, ``trajectory_root`` and
-    ``height``/``width`` (None: 480x832). The
-    checkpoint is validated before anything loads; on CUDA the resident session count
-    comes from kv capacity planning at ``gpu_memory_fraction`` of free memory.
+    ``frames_per_chunk``, ``gpu_memory_fraction``, ``trajectory_root``,
+    ``height``/``width`` (None: 480x832) and ``model_options``, the entry's shortcuts
+    (``options.py``: steps, reuse_kv, fp8, decoder). The shortcuts are checked first,
+    then the checkpoint, then a TAEHV file, before any weight of the checkpoint loads;
+    on CUDA the resident session count comes from kv capacity planning at
+    ``gpu_memory_fraction`` of the memory free after the weights (FP8 ones included).
     """
     import torch
 
@@ -41,25 +44,41 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     from models.world.lingbot.cache import kv_geometry
     from models.world.lingbot.checkpoint import load_components, validate_checkpoint
     from models.world.lingbot.config import VAE_SPATIAL_STRIDE
+    from models.world.lingbot.decoders import taehv_decoder, wan_decoder
+    from models.world.lingbot.fp8 import quantize_linears
+    from models.world.lingbot.options import parse_options
     from models.world.lingbot.pipeline import DEFAULT_SIZE, LingBotPipeline
-    from models.world.wan_vae import StreamingWanDecoder
 
+    shortcuts = parse_options(getattr(options, "model_options", ()) or ())
     if not path:
         raise ValueError("lingbot needs a checkpoint folder (--models lingbot=DIR, the diffusers "
                          "layout of robbyant/lingbot-world-v2-14b-causal-fast-diffusers)")
-    steps = getattr(options, "steps", None)
-    if steps not in (None, DEFAULT_STEPS):
-        raise ValueError(f"lingbot is distilled for {DEFAULT_STEPS} denoising steps per block, got steps={steps}")
+    if getattr(options, "steps", None) is not None:
+        # --steps is the maze's; a lingbot block's steps are an option of its own entry.
+        raise ValueError(f"lingbot takes its denoising steps from its entry (lingbot=DIR?steps=N, "
+                         f"N in 1..4), not --steps {options.steps}")
     validate_checkpoint(path)
     root = getattr(options, "trajectory_root", None)
     if root is not None and not Path(root).is_dir():
         raise ValueError(f"trajectory root {root}: not a folder")
     device = torch.device(getattr(options, "device", None) or "cpu")
     cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
     height = getattr(options, "height", None) or DEFAULT_SIZE[0]
     width = getattr(options, "width", None) or DEFAULT_SIZE[1]
     max_batch = max(1, int(getattr(options, "max_batch", 1) or 1))
-    components = load_components(path, device, torch.bfloat16 if cuda else torch.float32)
+    taehv = None
+    if shortcuts.taehv is not None:   # a few MB, read before the checkpoint's GBs
+        try:
+            taehv = taehv_decoder(shortcuts.taehv, device)
+        except ValueError as e:   # names the file and the first tensor off the taew2_1 layout
+            raise ValueError(f"option decoder: {e}") from None
+    components = load_components(path, device, dtype)
+    if shortcuts.fp8:
+        quantize_linears(components.transformer, shortcuts.fp8)   # the bf16 layers are dropped
+        if cuda:
+            torch.cuda.empty_cache()   # so the capacity plan below sees their memory free
+    decoder = taehv or wan_decoder(components.vae)
     cfg = components.transformer.config
     fpc = getattr(options, "frames_per_chunk", None)
     if fpc not in (None, 4 * cfg.num_frames_per_block):
@@ -69,12 +88,13 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
     if cuda:
         lh, lw = height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE
         g = kv_geometry(cfg, lh, lw, dtype=torch.bfloat16,
-                        model_state_bytes=StreamingWanDecoder(components.vae).state_bytes(1, lh, lw))
+                        model_state_bytes=decoder.streaming.state_bytes(1, lh, lw))
         plan = plan_capacity(g, available_bytes=torch.cuda.mem_get_info(device)[0],
                              fraction=getattr(options, "gpu_memory_fraction", 0.9) or 0.9,
                              requested_sessions=max_batch, ticks_in_flight=max_batch)
         sessions = plan.capacity
     pipeline = LingBotPipeline(components, height=height, width=width, max_sessions=sessions,
-                               device=device)
+                               device=device, steps=shortcuts.steps, reuse_kv=shortcuts.reuse_kv,
+                               decoder=decoder)
     return LingBotWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path,
-                        trajectory_root=getattr(options, "trajectory_root", None))
+                        trajectory_root=getattr(options, "trajectory_root", None), shortcuts=shortcuts)

@@ -40,7 +40,9 @@ from models.world.base import KEYS_SCHEMA, WorldAdapter, WorldChunk, WorldGeomet
 from models.world.lingbot.config import VAE_TEMPORAL_STRIDE
 from models.world.lingbot.controls import (ACTIONS_SCHEMA, ACTIONS_TRACK, TRAJECTORY_SCHEMA,
                                            TRAJECTORY_TRACK, TrajectoryBlock, lingbot_reducers)
-from models.world.lingbot.pipeline import DMD_TIMESTEPS, BlockRequest, LingBotPipeline, NoCapacity
+from models.world.lingbot.fp8 import fp8_summary
+from models.world.lingbot.options import LingBotOptions
+from models.world.lingbot.pipeline import BlockRequest, LingBotPipeline, NoCapacity
 from sessions import TickRequest, default_reducers
 from sessions.reducers import ControlReducer
 
@@ -82,8 +84,10 @@ class LingBotWorld(WorldAdapter):
     streams_frames = True   # each frame goes to the tick's frame_sink as soon as it is decoded
 
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
-                 checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None) -> None:
+                 checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None,
+                 shortcuts: LingBotOptions = LingBotOptions()) -> None:
         self.pipeline = pipeline
+        self.shortcuts = shortcuts
         pipeline.device_frames = pipeline.device.type == "cuda"  # jpeg may be encoded there (base)
         self.name = name
         self.max_batch = max_batch
@@ -100,7 +104,12 @@ class LingBotWorld(WorldAdapter):
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "latent_frames_per_chunk": self.frames_per_block,
             "device": str(p.device), "dtype": str(p.dtype).replace("torch.", ""),
-            "denoising_steps": len(DMD_TIMESTEPS), "flow_shift": p.flow_shift,
+            "denoising_steps": len(p.sigmas), "flow_shift": p.flow_shift,
+            "transformer_passes_per_block": p.passes_per_block,
+            "shortcuts": self.shortcuts.query() or None,   # the entry's options; None: the exact path
+            "kv_from": "last denoising pass" if p.reuse_kv else "committing pass",
+            "fp8": ({"groups": list(self.shortcuts.fp8), **fp8_summary(p.model)} if self.shortcuts.fp8 else None),
+            "decoder": p.block_decoder.name,
             "sink_frames": cfg.sink_size, "rolling_frames": cfg.rolling_frames,
             "attention_window_frames": cfg.sliding_window_num_frames,
             "tokens_per_latent_frame": g.tokens_per_frame,

@@ -3,14 +3,25 @@
 Per block of ``num_frames_per_block`` latent frames and each row (session)::
 
     x = noise(seed, 4 * block + 0)
-    for i, t in enumerate(DMD_TIMESTEPS):                 # (1000, 750, 500, 250): 4 steps, no CFG
+    for i, t in enumerate(DMD_TIMESTEPS[:steps]):         # (1000, 750, 500, 250): 4 steps, no CFG
         s = shift(t / 1000)                               # flow shift 5.0 from the scheduler config
         flow = transformer([x, cond], s * 1000, camera)   # transient: no cache byte changes
         x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
         x = (1 - s') x0 + s' * noise(seed, 4 * block + i + 1)   # s' = the next step's sigma
-    transformer([x0, cond], 0, camera, update_cache=True) # the clean pass keeps the block's K/V
+    transformer([x0, cond], 0, camera, update_cache=True) # the committing pass keeps the block's K/V
     frames = decoder.frames(state, x0)                    # uint8, 9 frames then 12 per block,
                                                           # each to the request's on_frame as it exists
+
+That is the exact path (``steps=4``, ``reuse_kv=False``, the Wan VAE). Two shortcuts change
+it (``options.py``; the bench measures each one's deviation from it):
+
+* ``steps`` < 4 runs the first ``steps`` timesteps (``denoising_timesteps``) and keeps the
+  last one's ``x0``. The noise counters do not move (draw ``i`` of block ``b`` is still
+  ``4b + i``), so a block's first ``steps`` passes are the exact path's, bit for bit.
+* ``reuse_kv`` makes the last denoising pass the committing one (``update_cache=True``):
+  the block's K/V written are those of its last noisy input at that step's timestep, not
+  of ``x0`` at t = 0, and the committing pass is skipped (``steps`` passes per block, not
+  ``steps + 1``). The K/V go into the same scratch pages and commit the same way.
 
 The prompt is encoded (UMT5, zero-padded to 512 tokens) and projected to every
 layer's text K/V once, when the session opens, and again only when a block asks
@@ -23,7 +34,8 @@ draw): a function of the seed and the position only, so a reset, a session swapp
 out and back, or one dropped and opened again replays its blocks, and the other
 rows of a batch change none of it.
 
-Decoding is streaming (``models/world/wan_vae.py``): each session owns a Wan VAE
+Decoding is streaming (``models/world/wan_vae.py``; ``decoders.py`` for the TAEHV choice,
+whose state works alike): each session owns a Wan VAE
 decode state (the causal convs' past frames), so the video decoded block by block
 equals a one-shot decode of all the session's latents. The state is model-owned
 kv state: ``model_state_bytes`` in the kv geometry (capacity counts it), attached
@@ -51,13 +63,17 @@ from models.world.lingbot.cache import TEXT_TOKENS, kv_geometry, make_cache
 from models.world.lingbot.camera import CameraState, advance
 from models.world.lingbot.checkpoint import Components, load_components
 from models.world.lingbot.config import VAE_SPATIAL_STRIDE
-from models.world.lingbot.vae_io import condition_at, image_condition, latent_stats
+from models.world.lingbot.decoders import BlockDecoder, wan_decoder
+from models.world.lingbot.vae_io import condition_at, image_condition
 from models.world.noise import int64_bits, normal
-from models.world.wan_vae import StreamingWanDecoder, WanDecodeState
+from models.world.wan_vae import WanDecodeState
 
 log = logging.getLogger(__name__)
 
 DMD_TIMESTEPS = (1000.0, 750.0, 500.0, 250.0)
+# Noise draws per block: the first noise and one per later step of the full schedule. Fixed
+# whatever ``steps`` is, so fewer steps draw the same noise as the exact path's first ones.
+NOISE_DRAWS = len(DMD_TIMESTEPS)
 DEFAULT_SIZE = (480, 832)
 # Latent frames of the first-image condition encoded per session (117 video frames, as
 # the reference bounds it); later frames reuse its last latent.
@@ -68,6 +84,18 @@ HOST_BUDGET_BYTES = 64 << 30
 
 class NoCapacity(RuntimeError):
     """The kv pool has no room for this block now; nothing changed."""
+
+
+def denoising_timesteps(steps: int) -> tuple[float, ...]:
+    """The timesteps of a ``steps``-pass block: the first ``steps`` of ``DMD_TIMESTEPS``.
+
+    A prefix, as FlashDreams' 1-step LingBot preset is the 4-step schedule's first
+    (t, sigma) (NVIDIA/flashdreams#434): every pass then sees the (input, timestep) pairs
+    the distilled model was trained on, and the block ends with that pass's ``x0``
+    prediction. Refuses a count outside 1..4."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= len(DMD_TIMESTEPS):
+        raise ValueError(f"steps must be an integer in 1..{len(DMD_TIMESTEPS)}, got {steps!r}")
+    return DMD_TIMESTEPS[:steps]
 
 
 def shifted_sigma(t: float, shift: float) -> float:
@@ -107,7 +135,8 @@ class LingBotPipeline:
                  width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
                  device: torch.device | str = "cpu", kv_dtype: torch.dtype | None = None,
                  text_tokens: int = TEXT_TOKENS, condition_latents: int = CONDITION_LATENTS,
-                 host_budget_bytes: int = HOST_BUDGET_BYTES) -> None:
+                 host_budget_bytes: int = HOST_BUDGET_BYTES, steps: int = len(DMD_TIMESTEPS),
+                 reuse_kv: bool = False, decoder: BlockDecoder | None = None) -> None:
         step = VAE_SPATIAL_STRIDE * components.transformer.config.patch_size[1]
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
@@ -121,8 +150,10 @@ class LingBotPipeline:
         self.text_tokens = text_tokens
         self.condition_latents = condition_latents
         self.flow_shift = float(components.scheduler.config.flow_shift)
-        self.sigmas = [shifted_sigma(t, self.flow_shift) for t in DMD_TIMESTEPS]
-        self.decoder = StreamingWanDecoder(components.vae)
+        self.sigmas = [shifted_sigma(t, self.flow_shift) for t in denoising_timesteps(steps)]
+        self.reuse_kv = reuse_kv
+        self.block_decoder = decoder or wan_decoder(components.vae)
+        self.decoder = self.block_decoder.streaming
         self.geometry = kv_geometry(self.cfg, *self.latent_hw, text_tokens=text_tokens,
                                     dtype=kv_dtype or self.dtype,
                                     model_state_bytes=self.decoder.state_bytes(1, *self.latent_hw))
@@ -216,8 +247,14 @@ class LingBotPipeline:
 
     def _decode_state(self, session_id: str) -> WanDecodeState:
         state = self.residency.state(session_id)
-        assert isinstance(state, WanDecodeState)
+        assert isinstance(state, WanDecodeState)   # the Wan VAE's and TAEHV's state alike
         return state
+
+    @property
+    def passes_per_block(self) -> int:
+        """Transformer forwards per block: the denoising passes, and the committing one unless
+        the last denoising pass commits (``reuse_kv``)."""
+        return len(self.sigmas) + (0 if self.reuse_kv else 1)
 
     # -- one block ------------------------------------------------------------------------------
 
@@ -296,31 +333,17 @@ class LingBotPipeline:
         cond = torch.stack(conds).to(dev, dt)
         z = self.cfg.out_channels
         # Each row's noise from its own (seed, position): draw ``i`` of block ``blocks`` is
-        # counter ``blocks * draws + i`` (the first noise, then one per step after the first).
-        draws = len(self.sigmas)
+        # counter ``blocks * NOISE_DRAWS + i`` (the first noise, then one per step after the first).
         seeds = torch.tensor([s.seed for s in states], dtype=torch.int64, device=dev)
-        first = torch.tensor([s.blocks * draws for s in states], dtype=torch.int64, device=dev)
+        first = torch.tensor([s.blocks * NOISE_DRAWS for s in states], dtype=torch.int64, device=dev)
 
         def noise(i: int) -> torch.Tensor:
             return normal(seeds, first + i, (z, F, h, w))
 
-        x = noise(0).to(dt)
-        x0 = x
-        R = len(requests)
-        for i, sigma in enumerate(self.sigmas):
-            t = torch.full((R,), sigma * 1000.0, device=dev)
-            flow = self.model(torch.cat([x, cond], 1), t, kv, camera, update_cache=False)
-            x0 = x.float() - sigma * flow
-            if i + 1 < len(self.sigmas):
-                nxt = self.sigmas[i + 1]
-                x = ((1 - nxt) * x0 + nxt * noise(i + 1)).to(dt)
-        x0 = x0.to(dt)
-        self.model(torch.cat([x0, cond], 1), torch.zeros(R, device=dev), kv, camera, update_cache=True)
+        x0 = self._denoise(noise, cond, camera, kv, len(requests))
         frames, new_states = [], []
-        mean, std = latent_stats(self.parts.vae, x0.float())
-        vae_dtype = next(self.parts.vae.parameters()).dtype
         for row, (r, s, cs) in enumerate(zip(requests, states, cam_states)):
-            z = (x0[row:row + 1].float() * std + mean).to(vae_dtype)
+            z = self.block_decoder.prepare(x0[row:row + 1].float())
             decoded.append(r.session_id)
             if r.on_frame is None:
                 video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
@@ -338,3 +361,24 @@ class LingBotPipeline:
                 frames.append(np.concatenate(pixels))
             new_states.append(replace(s, camera=cs, blocks=s.blocks + 1))
         return frames, new_states
+
+    def _denoise(self, noise: Callable[[int], torch.Tensor], cond: torch.Tensor, camera: torch.Tensor,
+                 kv: BlockKV, rows: int) -> torch.Tensor:
+        """The block's denoising passes and its committing pass: the clean latents ``[R, z, F, h, w]``
+        in the model's dtype, the block's K/V in its scratch pages."""
+        dev, dt = self.device, self.dtype
+        x = noise(0).to(dt)
+        x0 = x
+        last = len(self.sigmas) - 1
+        for i, sigma in enumerate(self.sigmas):
+            t = torch.full((rows,), sigma * 1000.0, device=dev)
+            commit = self.reuse_kv and i == last
+            flow = self.model(torch.cat([x, cond], 1), t, kv, camera, update_cache=commit)
+            x0 = x.float() - sigma * flow
+            if i < last:
+                nxt = self.sigmas[i + 1]
+                x = ((1 - nxt) * x0 + nxt * noise(i + 1)).to(dt)
+        x0 = x0.to(dt)
+        if not self.reuse_kv:
+            self.model(torch.cat([x0, cond], 1), torch.zeros(rows, device=dev), kv, camera, update_cache=True)
+        return x0

@@ -91,7 +91,7 @@ def test_latent_keys_are_the_union_of_four_frames():
     assert latent_keys(acts, 3) == [frozenset(), frozenset("w"), frozenset()]
 
 
-@pytest.mark.parametrize("change,match", [({"steps": 8}, "4 denoising steps"),
+@pytest.mark.parametrize("change,match", [({"steps": 8}, "takes its denoising steps from its entry"),
                                           ({"frames_per_chunk": 4}, "12 frames per chunk")])
 def test_factory_refuses_options_the_model_cannot_honour(world, change, match):
     _, root = world
