@@ -69,10 +69,10 @@ def test_every_benchmark_script_module_and_result_named_exists():
 
 def test_the_benchmark_name_check_catches_a_pruned_name():
     text = ("`python -m bench.pi0.ab_checkouts`, `bench/pi0/profile_expert.py`, "
-            "`bash bench/h200_lingbot.sh`, `bench/results/openpi_gpu_h200*.json`, "
+            "`bash bench/h100_gone.sh`, `bench/results/openpi_gpu_h200*.json`, "
             "`bench/results/gone.json`, tests/bench/test_docs.py, `python -m bench.docs`, "
             "[x](../../bench/results/pi0_h200.json), `--out bench/results/new.json`, "
             "`pi0_expert_profile_h200.json`, `pi0_h200_run0.json`, `world_session.json`, `config.json`, `_run2.json`")
     assert _bench_names(text, ROOT / "tests" / "e2e" / "golden") == [
-        "bench/pi0/profile_expert.py", "bench/h200_lingbot.sh", "bench/results/gone.json",
+        "bench/pi0/profile_expert.py", "bench/h100_gone.sh", "bench/results/gone.json",
         "bench.pi0.ab_checkouts", "pi0_h200_run0.json"]

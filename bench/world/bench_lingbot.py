@@ -3,6 +3,12 @@
 
     python3 -m bench.world.bench_lingbot --out bench/results/lingbot_h200.json        # H200, ~5 min
     python3 -m bench.world.bench_lingbot --tiny --device cpu --out /tmp/lingbot.json  # CPU smoke test
+    python3 -m bench.world.bench_lingbot --options 'steps=1&reuse_kv=1' --out ...   # with shortcuts
+    python3 -m bench.world.bench_lingbot --ab --out bench/results/lingbot_ab_h200.json  # A/B mode
+
+``--options`` builds the model with the ``lingbot`` entry's shortcuts (the serve syntax,
+``models/world/lingbot/options.py``). ``--ab`` runs only the A/B mode instead of the
+sections below: each shortcut against the exact path in one run (``lingbot_ab.py``).
 
 The 14B transformer (40 layers, 40 heads x 128), the default Wan VAE and a 1-layer text
 encoder are built with random weights directly on the device (``lingbot_random.py``;
@@ -54,6 +60,7 @@ import random
 import resource
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -63,6 +70,7 @@ import numpy as np
 import torch
 
 from bench.report import emit
+from bench.world.lingbot_ab import DEFAULT_VARIANTS
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("attention", "bare", "served", "ttff", "sessions", "swap", "kv")
@@ -226,9 +234,9 @@ def phase_summary(ticks: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ build
 def build(args: argparse.Namespace, device: torch.device) -> tuple[Any, dict[str, Any]]:
+    from bench.world.lingbot_ab import random_taehv_file, shortcut_pipeline
     from bench.world.lingbot_random import parameter_bytes, random_components
     from models.world.lingbot.adapter import LingBotWorld
-    from models.world.lingbot.pipeline import LingBotPipeline
 
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -242,25 +250,28 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[Any, dict[str
     built_s = time.perf_counter() - t0
     mem_weights = memory(device)
     extra = {} if getattr(args, "condition_latents", None) is None else {"condition_latents": args.condition_latents}
-    pipeline = LingBotPipeline(comps, height=args.height, width=args.width, max_sessions=args.pool_sessions,
-                               device=device, **extra)
-    if args.denoising_steps != len(pipeline.sigmas):
-        pipeline.sigmas = pipeline.sigmas[: args.denoising_steps]
-    adapter = LingBotWorld(pipeline, max_batch=args.max_batch)
+    taehv = random_taehv_file(args.scratch) if "taehv:random" in args.options else None
+    pipeline, shortcuts, _ = shortcut_pipeline(comps, args.options, device, taehv_random=taehv, height=args.height,
+                                               width=args.width, max_sessions=args.pool_sessions, **extra)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    adapter = LingBotWorld(pipeline, max_batch=args.max_batch, shortcuts=shortcuts)
     sync(device)
     cfg = pipeline.cfg
     info = {
         "build_s": round(built_s, 2), "pipeline_s": round(time.perf_counter() - t0 - built_s, 2),
         "transformer_config": cfg.to_config(), "dtype": str(dtype), "vae_dtype": str(vae_dtype),
         "transformer_params": sum(p.numel() for p in comps.transformer.parameters()),
-        "transformer_bytes": parameter_bytes(comps.transformer), "vae_bytes": parameter_bytes(comps.vae),
+        "transformer_bytes": parameter_bytes(comps.transformer) + buffer_bytes(comps.transformer),
+        "vae_bytes": parameter_bytes(comps.vae),
         "text_encoder_bytes": parameter_bytes(comps.text_encoder),
         "height": args.height, "width": args.width, "latent_hw": list(pipeline.latent_hw),
         "tokens_per_frame": pipeline.geometry.tokens_per_frame,
         "query_tokens_per_block": pipeline.geometry.tokens_per_frame * cfg.num_frames_per_block,
-        "denoising_steps": len(pipeline.sigmas), "passes_per_tick": len(pipeline.sigmas) + 1,
-        "denoising_steps_note": ("the model's own 4 DMD steps + the committing pass" if len(pipeline.sigmas) == 4
-                                 else f"reduced from 4 to {len(pipeline.sigmas)} steps (--denoising-steps)"),
+        "denoising_steps": len(pipeline.sigmas), "passes_per_tick": pipeline.passes_per_block,
+        "shortcuts": shortcuts.query() or None,
+        "shortcuts_note": ("the exact path: the model's own 4 DMD steps + the committing pass" if shortcuts.exact
+                           else f"with the shortcuts {shortcuts.query()!r} (--options)"),
         "pool_sessions": args.pool_sessions, "pool_blocks": pipeline.cache.pool.num_blocks,
         "pool_bytes": pipeline.cache.storage.nbytes(), "max_batch": args.max_batch,
         "memory_after_weights": mem_weights, "memory_after_pool": memory(device),
@@ -385,7 +396,7 @@ def bare(adapter: Any, clock: TickClock, args: argparse.Namespace, device: torch
            "phases": phase_summary(ticks), "frames_vary": bool(frames_ok),
            "held_pages_at_end": len(adapter.pipeline.cache.table(sid).held)}
     cfg = adapter.pipeline.cfg
-    passes = len(adapter.pipeline.sigmas) + 1
+    passes = adapter.pipeline.passes_per_block
     if out["phases"]["transformer_ms_median"]:
         out["ms_per_layer_pass"] = round(out["phases"]["transformer_ms_median"] / (cfg.num_layers * passes), 3)
     adapter.drop_session(sid)
@@ -830,7 +841,36 @@ def memory_summary(result: dict[str, Any], adapter: Any, ticks: list[dict[str, A
             "host_rss_peak_bytes": end.get("host_rss_peak_bytes")}
 
 
+def buffer_bytes(module: Any) -> int:
+    """FP8 layers keep their weights and scales as buffers."""
+    return sum(b.numel() * b.element_size() for b in module.buffers())
+
+
 # ------------------------------------------------------------------ main
+def main_ab(args: argparse.Namespace, device: torch.device) -> None:
+    from bench.world.lingbot_ab import run_ab
+
+    if not args.ab:
+        args.ab = list(DEFAULT_VARIANTS)
+    result: dict[str, Any] = {
+        "benchmark": "LingBot-World opt-in shortcuts vs the exact path, one run: chunk time, transformer "
+                     "passes, latent error and frame PSNR over the same chunks (issue 45)",
+        "command": " ".join(["python3", "-m", "bench.world.bench_lingbot", *sys.argv[1:]]),
+        "env": environment(device), "device": str(device), "tiny": args.tiny,
+        "height": args.height, "width": args.width,
+        "random_weights": "transformer at full size" + (" (tiny)" if args.tiny else "") +
+                          "; Wan VAE default config; TAEHV random in the taew2_1 layout"}
+
+    def save(ab: dict[str, Any]) -> None:   # after each variant: a run cut short keeps what it measured
+        result["ab"] = ab
+        result["elapsed_s"] = round(time.perf_counter() - START, 1)
+        emit(result, args.out, echo=False)
+
+    save(run_ab(args, device, progress=save))
+    print(json.dumps({k: result["ab"].get(k) for k in ("errors",)} | {"elapsed_s": result["elapsed_s"]}),
+          flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -846,8 +886,15 @@ def main() -> None:
     ap.add_argument("--swap-rounds", type=int, default=3, help="chunks each of the three sessions gets")
     ap.add_argument("--ttff-presses", type=int, default=3)
     ap.add_argument("--ttff-streaming-presses", type=int, default=2)
-    ap.add_argument("--denoising-steps", type=int, default=4, choices=(1, 2, 3, 4),
-                    help="fewer than the model's 4 if a full tick is too long to repeat (said in the JSON)")
+    ap.add_argument("--options", default="",
+                    help="the lingbot entry's shortcuts, e.g. 'steps=1&reuse_kv=1&fp8=ffn&decoder=taehv:random' "
+                         "(taehv:random: random weights in the taew2_1 layout); default: the exact path")
+    ap.add_argument("--ab", nargs="*", default=None, metavar="OPTIONS",
+                    help="A/B mode only: each OPTIONS (entry syntax) against the exact path "
+                         f"(no value: {' '.join(repr(v) for v in DEFAULT_VARIANTS)})")
+    ap.add_argument("--ab-chunks", type=int, default=8, help="chunks per variant in the A/B mode")
+    ap.add_argument("--ab-warmup", type=int, default=2, help="exact-path chunks run first on CUDA, untimed")
+    ap.add_argument("--seed", type=int, default=0, help="random weights, first image and noise")
     ap.add_argument("--vae-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="float32 is what the factory loads (models/world/lingbot/checkpoint.py)")
     ap.add_argument("--pool-sessions", type=int, default=2)
@@ -862,6 +909,11 @@ def main() -> None:
         args.height, args.width = args.height or 480, args.width or 832
     device = torch.device(args.device)
     want = set(args.only).__contains__
+    if args.ab is not None:
+        main_ab(args, device)
+        return
+    scratch = tempfile.TemporaryDirectory()
+    args.scratch = scratch.name
 
     result: dict[str, Any] = {
         "benchmark": "LingBot-World full geometry: bare tick vs served world.v1, key press to first frame, "
