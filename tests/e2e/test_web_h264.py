@@ -255,3 +255,24 @@ def test_annexb_finds_each_nal_type_after_3_and_4_byte_start_codes(served):
         return [nalTypes(idr), isKeyFrame(idr), nalTypes(delta), isKeyFrame(delta), nalTypes(au(0, 0, 1)), nalTypes(au())];
     }""")
     assert got == [[7, 8, 5], True, [1], False, [], []]
+
+
+@needs_av
+def test_a_decode_error_gets_a_new_decoder_and_a_key_frame(served):
+    """Chunk 5's first unit is an IDR slice of noise with no parameter sets: Chromium's decoder
+    fails (and closes itself); the page configures a new one, asks for a key frame once, and
+    decodes everything from the IDR that answers it."""
+    s = served(FakeWorld(corrupt_chunks=frozenset({5}), chunks=16))
+    p = s.page
+    skip_unless_decodes_h264(p)
+    s.ask_for("h264")
+    p.wait("demo.world.format === 'h264' && demo.world.chunkIndex === 15")
+    sent = s.log.sessions[-1].sent
+    assert sent[5] == (5, ["key", "delta"]) and sent[6] == (6, ["key", "delta"])
+    video = p.js("demo.world.video")
+    # Chunk 5's two frames went with the failed decoder; the other 15 chunks were decoded whole.
+    assert (video["decodeErrors"], video["keyFrameRequests"], video["deltasDropped"], video["framesDecoded"]) == (
+        1, 1, 0, 30)
+    assert video["lastDecodeError"].startswith("EncodingError")  # Chromium 156: "EncodingError: Decoding error."
+    assert s.log.keyframe_requests == 1
+    assert p.console_errors == []

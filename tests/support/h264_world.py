@@ -68,6 +68,13 @@ class FakeWorld:
     codec: str = CODEC  # the codec string session.created names
     drop_chunks: frozenset[int] = frozenset()  # made (the encoder moves on) but never sent
     chunks: int | None = None  # a session makes this many chunks, then waits (None: no end)
+    # Chunks whose first access unit is sent as an IDR slice of garbage, with no SPS or PPS
+    # before it (the encoder moves on as if it had been sent).
+    corrupt_chunks: frozenset[int] = frozenset()
+
+
+# An IDR slice NAL unit of noise: a decoder has no parameter sets for it.
+CORRUPT_IDR = b"\x00\x00\x00\x01\x65" + bytes((i * 37 + 11) % 251 + 1 for i in range(600))
 
 
 def render(height: int, width: int, frame: int, x: int, y: int) -> np.ndarray:
@@ -210,6 +217,8 @@ class Session:
                 self.keyframe_asked = False
                 idr_given = True
             unit = self.encoder.encode(rgb, idr and not fresh)
+            if index in w.corrupt_chunks and not units:
+                unit = CORRUPT_IDR
             units.append(unit)
             kinds.append("key" if is_idr(unit) else "delta")
         self.record.positions.append((self.x, self.y))
