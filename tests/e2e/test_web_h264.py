@@ -276,3 +276,23 @@ def test_a_decode_error_gets_a_new_decoder_and_a_key_frame(served):
     assert video["lastDecodeError"].startswith("EncodingError")  # Chromium 156: "EncodingError: Decoding error."
     assert s.log.keyframe_requests == 1
     assert p.console_errors == []
+
+
+@needs_av
+def test_a_reset_restarts_the_stream_without_a_gap(served):
+    """After session.reset the server starts a new stream at chunk 0 with an IDR: the page
+    decodes on, with no key-frame request and nothing dropped."""
+    s = served()
+    p = s.page
+    skip_unless_decodes_h264(p)
+    s.ask_for("h264")
+    p.wait("demo.world.format === 'h264' && demo.world.chunkIndex >= 3")
+    p.page.click("#world-reset")
+    p.wait("demo.world.resets === 1 && demo.world.chunkIndex >= 3")
+    sent = s.log.sessions[-1].sent
+    restart = [i for i, (index, _) in enumerate(sent) if index == 0]
+    assert len(restart) == 2 and [sent[i][1] for i in restart] == [["key", "delta"], ["key", "delta"]]
+    video = p.js("demo.world.video")
+    assert (video["keyFrameRequests"], video["deltasDropped"], video["decodeErrors"]) == (0, 0, 0)
+    assert s.log.keyframe_requests == 0
+    assert p.console_errors == []
