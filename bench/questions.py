@@ -369,6 +369,38 @@ def replicas(result: Result) -> list[str]:
     return out + ([f"Conditions: {result['caveat']}."] if result.get("caveat") else [])
 
 
+def h264_maze(result: Result) -> list[str]:
+    jpeg, preset = result.get("jpeg") or {}, result.get("server_preset")
+    rows = [["jpeg q" + fmt(jpeg.get("quality"), "d"), jpeg]] + [
+        [f"h264 {p}" + (" (the server's)" if p == preset else ""), r] for p, r in (result.get("h264") or {}).items()]
+    if result.get("h264_main"):
+        rows.append([f"h264 {preset}, main profile", result["h264_main"]])
+    out = [f"{fmt(result.get('frames'), 'd')} rendered maze frames at {fmt(result.get('height'), 'd')}x"
+           f"{fmt(result.get('width'), 'd')} ({fmt(result.get('fps'), '.0f')} frames/s, walking and turning), h264 at "
+           f"{fmt(dig(result, 'h264', preset, 'bitrate_kbps'), 'd')} kbit/s; the encoder pinned to one core:", ""]
+    out += table(["codec", "bytes/frame (first)", "kbit/s", "PSNR dB mean (worst)", "SSIM mean (worst)",
+                  "encode ms/frame p50 wall / CPU"],
+                 [[name, f"{fmt(r.get('bytes_per_frame_mean'), '.0f')} ({fmt(r.get('bytes_first_frame'), 'd')})",
+                   fmt(r.get("kbit_per_s"), ".0f"), f"{fmt(r.get('psnr_db_mean'), '.2f')} ({fmt(r.get('psnr_db_min'), '.2f')})",
+                   f"{fmt(r.get('ssim_mean'), '.4f')} ({fmt(r.get('ssim_min'), '.4f')})",
+                   f"{fmt(r.get('encode_ms_per_frame_median'), '.2f')} / {fmt(r.get('encode_cpu_ms_per_frame_median'), '.2f')}"]
+                  for name, r in rows])
+    g, sessions = result.get("goals") or {}, result.get("sessions") or {}
+    out += ["", f"h264/jpeg bytes a frame: **{fmt(g.get('bytes_per_frame_h264_over_jpeg'), '.3f')}** (within 1/5: "
+            f"{fmt(g.get('bytes_within_goal'))}; PSNR at least jpeg's: {fmt(g.get('psnr_at_least_jpeg'))}); encoder "
+            f"within 8 ms a frame on one core: wall {fmt(g.get('encode_ms_within_goal'))}, CPU "
+            f"{fmt(g.get('encode_cpu_ms_within_goal'))}. {fmt(sessions.get('sessions'), 'd')} streams at once on "
+            f"{fmt(sessions.get('cores'), 'd')} cores: the slowest at {fmt(sessions.get('frames_per_s_per_session_min'), '.0f')} "
+            f"frames/s (16 needed). Load average during the run: {fmt(dig(result, 'load_average_at_start', 0), '.1f')} "
+            f"at the start, {fmt(dig(result, 'load_average_at_end', 0), '.1f')} at the end."]
+    trip = result.get("yuv420_round_trip")
+    if trip:
+        out += ["", f"The colour conversions alone (RGB -> yuv420p -> RGB, FFmpeg's swscale, no codec): "
+                f"{fmt(trip.get('psnr_db_mean'), '.2f')} dB, SSIM {fmt(trip.get('ssim_mean'), '.4f')}: the most PSNR an "
+                "h264 stream decoded this way can have."]
+    return out
+
+
 def fuzz(result: Result) -> list[str]:
     protocols = list(dict.fromkeys([*(result.get("decoders") or {}), *(result.get("live") or {})]))
     rows = [[p, fmt(dig(result, "decoders", p, "cases"), ",d"), fmt(dig(result, "decoders", p, "crashes"), "d"),
@@ -464,6 +496,12 @@ QUESTIONS: tuple[Question, ...] = (
              (Source("soak_h200.json", "32 worlds and 8 robots on one GPU"),
               Source("soak_ahead_h200.json", "The same with two ticks per session in flight"),
               Source("soak_auto_cpu.json", "Worlds, robots and voices on 2 CPU cores")), soak),
+    Question("World frames as H.264",
+             "world.v1's `h264` (libx264 through PyAV, realtime/video.py) against `jpeg` q92 on rendered maze "
+             "corridors at 480x832: bytes a frame and PSNR/SSIM against the raw frames, and the encoder's time. Goal: "
+             "h264 at most 1/5 of jpeg's bytes at equal or better PSNR; at most 8 ms a frame on one CPU core; 4 "
+             "sessions at 16 frames/s each on 2 cores.",
+             (Source("h264_maze_cpu.json"),), h264_maze),
     Question("Replicas behind nginx",
              "Several replicas behind nginx against connecting to each directly, and what the proxy adds per chunk.",
              (Source("deploy_replicas_cpu.json"),), replicas),

@@ -516,8 +516,8 @@ def _h264_fields(obj: Mapping[str, Any], fmt: str) -> tuple[int | None, str | No
         return None, None
     bitrate = obj.get("bitrate_kbps", DEFAULT_BITRATE_KBPS)
     if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not MIN_BITRATE_KBPS <= bitrate <= MAX_BITRATE_KBPS:
-        raise ProtocolError(BAD_REQUEST, f"bitrate_kbps must be an integer in [{MIN_BITRATE_KBPS}, {MAX_BITRATE_KBPS}], "
-                                         f"got {shown(bitrate)}")
+        raise ProtocolError(BAD_REQUEST, f"bitrate_kbps must be an integer in "
+                                         f"[{MIN_BITRATE_KBPS}, {MAX_BITRATE_KBPS}], got {shown(bitrate)}")
     profile = obj.get("profile", DEFAULT_H264_PROFILE)
     if profile not in H264_PROFILES:
         raise ProtocolError(BAD_REQUEST, f"profile must be one of {', '.join(H264_PROFILES)}, got {shown(profile)}")

@@ -1,7 +1,7 @@
 """Every frame encoding of the server: models return frames, the edge encodes.
 
 World frames go out as ``jpeg``, ``png`` or ``rgb8`` (world.v1 ``format``), one binary
-payload a frame. ``encode_frames`` is the plain encoding; every other path gives the same
+payload a frame; ``h264`` is a stream per session, not a frame at a time: ``video.py``. ``encode_frames`` is the plain encoding; every other path gives the same
 bytes (jpeg from nvJPEG: the same image, tests/realtime/test_media.py). The app makes one
 ``Encoder`` from its ``EncodeConfig`` and hands it to the world endpoints; ``encode`` is
 its one entry for frames on the host, whatever the format:

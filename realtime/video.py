@@ -18,8 +18,7 @@ FlashDreams' NVENC ones): ``tune=zerolatency`` (no B-frames, no lookahead, one a
 out per frame in), ``bframes=0``, no scene-cut or periodic IDR (an IDR comes only at the
 start, after reset and when the client asks), CBR-like rate control (``vbv-maxrate`` =
 the bitrate, a one-second ``vbv-bufsize``), Annex B with SPS/PPS repeated before each IDR,
-one thread. ``PRESET`` is the fastest preset whose bytes are close to the slower ones on
-rendered maze corridors (bench/world/bench_h264.py, bench/results/h264_maze_cpu.json).
+one thread. ``PRESET`` is picked on rendered maze corridors (bench/world/bench_h264.py).
 
 PyAV is the ``video`` extra (GPL through the FFmpeg and x264 it bundles); without it
 ``h264_missing`` says what to install and the endpoint refuses ``h264``.
@@ -42,8 +41,10 @@ log = logging.getLogger(__name__)
 
 CODEC = "libx264"
 INSTALL_HINT = "pip install 'realtime-sessions[video]'"
-# superfast: 4.3 ms a 480x832 frame on one core of the dev machine, within 5 % of veryfast's
-# bytes (7.0 ms); bench/results/h264_maze_cpu.json has the measured preset.
+# 480x832 maze frames on one core (AMD EPYC, bench/results/h264_maze_cpu.json), CPU ms a frame
+# (colour conversion included) and bytes a frame: ultrafast 3.1 ms / 6.7 KB, superfast 4.1 / 5.9,
+# veryfast 5.8 / 5.2. superfast: half the 8 ms budget, so 4 sessions at 16 frames/s take a
+# quarter of a core beside the model on a 2-core box; veryfast's 11 % fewer bytes cost 1.4x the time.
 PRESET = "superfast"
 # (profile_idc, constraint flags) of x264's SPS for each world.v1 profile: baseline is
 # constrained baseline (constraint_set0 and set1), as WebCodecs' "avc1.42C0.." names it.

@@ -21,7 +21,9 @@ A move is split into its x and y parts and each part is kept only if the point
 ``COLLIDE_RADIUS`` ahead of the camera in that direction is floor: walking
 straight into a wall stops, walking at it slantwise slides along it.
 
-Rendering (64 x 64 RGB uint8): one DDA ray per column finds the first wall cell;
+Rendering (64 x 64 RGB uint8 by default; ``height`` and ``width`` render the same view
+larger, e.g. 480 x 832 for codec benchmarks, with pitch in rows scaled to the height and the
+default size bit-identical to what the maze world was trained on): one DDA ray per column finds the first wall cell;
 walls carry four vertical stripes per cell face and are darker on y-faces;
 floor and ceiling are cast per pixel, the floor as a 2x2-per-cell checkerboard
 so that strafing shows parallax. Everything dims with distance.
@@ -117,8 +119,9 @@ class MazeSim:
     """``B`` mazes and cameras on one device. ``step`` moves, ``render`` draws."""
 
     def __init__(self, seeds: list[int], device: str | torch.device = "cpu", n: int = MAZE_CELLS,
-                 goals: list[GoalEpisode] | None = None) -> None:
+                 goals: list[GoalEpisode] | None = None, height: int = H, width: int = W) -> None:
         self.device = torch.device(device)
+        self.height, self.width = height, width
         self.n = n
         self.seeds = list(seeds)
         grids, pos, yaw = [], [], []
@@ -134,9 +137,9 @@ class MazeSim:
         self._b = torch.arange(len(self.seeds), device=self.device)
         pal = torch.tensor(PALETTE, dtype=torch.float32, device=self.device)
         self._palette = torch.cat([pal[:1], pal], 0)  # index 0 unused (floor)
-        cam = (torch.arange(W, dtype=torch.float32, device=self.device) + 0.5) / W * 2 - 1
+        cam = (torch.arange(width, dtype=torch.float32, device=self.device) + 0.5) / width * 2 - 1
         self._ray_offset = torch.atan(cam * math.tan(FOV / 2))  # [W] angle of each column
-        self._rows = torch.arange(H, dtype=torch.float32, device=self.device) + 0.5
+        self._rows = torch.arange(height, dtype=torch.float32, device=self.device) + 0.5
         self.goals = None if goals is None else list(goals)
         if self.goals is not None:
             self._init_goals()
@@ -231,8 +234,8 @@ class MazeSim:
         self.pos = torch.stack([x, y], 1)
 
     def render(self) -> torch.Tensor:
-        """The current view of every camera, [B, 64, 64, 3] uint8 on the sim's device."""
-        B, n = self.batch, self.n
+        """The current view of every camera, [B, height, width, 3] uint8 on the sim's device."""
+        B, n, H, W = self.batch, self.n, self.height, self.width
         ang = self.yaw[:, None] + self._ray_offset[None]                    # [B, W]
         rdx, rdy = torch.cos(ang), torch.sin(ang)
         px, py = self.pos[:, :1], self.pos[:, 1:]                            # [B, 1]
@@ -270,7 +273,7 @@ class MazeSim:
         wallx = torch.where(side, px + dist * rdx, py + dist * rdy)
         wallx = wallx - wallx.floor()
         line_h = H / perp                                                    # [B, W]
-        horizon = H / 2 + self.pitch.float()[:, None]                        # [B, 1]
+        horizon = H / 2 + self.pitch.float()[:, None] * (H / 64)             # [B, 1]
         rows = self._rows[None, :, None]                                     # [1, H, 1]
         top = horizon[:, :, None] - line_h[:, None, :] / 2
         bot = horizon[:, :, None] + line_h[:, None, :] / 2
@@ -318,10 +321,11 @@ class MazeSim:
         depth = rel[..., 0] * c + rel[..., 1] * s                            # [B, 3]
         lateral = -rel[..., 0] * s + rel[..., 1] * c
         cam = lateral / depth.clamp_min(1e-3) / math.tan(FOV / 2)
+        W = self.width
         column = (cam + 1) / 2 * W                                           # [B, 3]
-        half = (1.5 * H / 64 / depth.clamp_min(0.3) * 4).clamp(1.0, 6.0)
+        half = (1.5 * W / 64 / depth.clamp_min(0.3) * 4).clamp(W / 64, 6.0 * W / 64)
         cols = torch.arange(W, dtype=torch.float32, device=self.device) + 0.5
-        sky = ~below[..., 0] & ~is_wall                                      # [B, H, W]
+        sky = ~below[..., 0] & ~is_wall                                      # [B, height, width]
         for j in range(len(COLOUR_NAMES)):
             band = (depth[:, j, None] > 0.05) & ((cols[None] - column[:, j, None]).abs() < half[:, j, None])
             paint = sky & band[:, None, :]

@@ -89,10 +89,13 @@ class MazeSimWorld(WorldAdapter):
     name = "maze-sim"
     uses_prompts = True
 
-    def __init__(self, *, frames_per_chunk: int = 1, max_batch: int = 32, max_sessions: int = 256) -> None:
+    def __init__(self, *, frames_per_chunk: int = 1, max_batch: int = 32, max_sessions: int = 256,
+                 height: int = H, width: int = W) -> None:
+        """``height`` x ``width``: the render size (64 x 64, the maze world's; 480 x 832 gives
+        codecs rendered corridors at a world model's size, bench/world/bench_h264.py)."""
         if not 1 <= frames_per_chunk <= 4:
             raise ValueError(f"frames_per_chunk must be 1..4, got {frames_per_chunk}")
-        self.geometry = WorldGeometry(height=H, width=W, frames_per_chunk=frames_per_chunk, fps=FPS)
+        self.geometry = WorldGeometry(height=height, width=width, frames_per_chunk=frames_per_chunk, fps=FPS)
         self.max_batch = max_batch
         self.max_sessions = max_sessions
         self._sessions: dict[str, _Session] = {}
@@ -148,14 +151,16 @@ class MazeSimWorld(WorldAdapter):
     def _open(self, w: WorldTick) -> _Session:
         self._admitted.discard(w.session_id)
         goal = self._goal(w.seed, w.prompt)
-        sim = MazeSim([w.seed], goals=None if goal is None else [goal])
+        sim = MazeSim([w.seed], goals=None if goal is None else [goal], height=self.geometry.height,
+                      width=self.geometry.width)
         s = self._sessions[w.session_id] = _Session(w.seed, w.prompt, sim, None if goal is None else SeenMap(sim))
         return s
 
     def _repaint(self, s: _Session, w: WorldTick) -> None:
         goal = self._goal(s.seed, w.prompt)
         pose = s.sim.state()
-        s.sim = MazeSim([s.seed], goals=None if goal is None else [goal])
+        s.sim = MazeSim([s.seed], goals=None if goal is None else [goal], height=self.geometry.height,
+                        width=self.geometry.width)
         s.sim.set_state(pose)
         s.prompt = w.prompt
         # The corridors seen stay seen; the new goal objects are found from here on.

@@ -1,7 +1,7 @@
 """world.v1 ``format: "h264"`` end to end: a real uvicorn server, real WebSocket clients, the
 frames decoded back with PyAV's H.264 decoder.
 
-``maze-sim`` (rendered corridors, 2 frames a chunk) walks and turns; every chunk's binary
+``maze-sim`` (rendered corridors at 96x160, 2 frames a chunk) walks and turns; every chunk's binary
 frames are access units of one stream per session, an IDR at the start, after a reset and
 once per chunk asked for with ``keyframe``.
 """
@@ -47,7 +47,8 @@ def app_with(*models):
 
 @pytest.fixture
 def server():
-    with serve(app_with(MazeSimWorld(frames_per_chunk=F), TinyWorld(frames_per_chunk=3))) as addr:
+    maze = MazeSimWorld(frames_per_chunk=F, height=96, width=160)
+    with serve(app_with(maze, TinyWorld(frames_per_chunk=3))) as addr:
         yield addr
 
 
@@ -76,7 +77,7 @@ def test_an_h264_session_streams_decodable_frames_with_idrs_at_start_keyframe_an
         async with WorldClient.connect(url(server)) as c:
             created = await c.create("h1", model="maze-sim", format="h264", credits=0, bitrate_kbps=800)
             assert (created["format"], created["codec"], created["height"], created["width"]) == \
-                ("h264", "avc1.42C01F", 64, 64)
+                ("h264", "avc1.42C01F", 96, 160)
             decode = Decoder()
             await c.hold_keys(["w", "l"])
             await c.credit(2)
@@ -86,7 +87,7 @@ def test_an_h264_session_streams_decodable_frames_with_idrs_at_start_keyframe_an
             assert idrs(units) == [True, False, False, False]
             assert nal_types(units[0])[:2] == [SPS, PPS]
             frames = decode(units)
-            assert len(frames) == 4 and all(f.shape == (64, 64, 3) for f in frames)
+            assert len(frames) == 4 and all(f.shape == (96, 160, 3) for f in frames)
             assert (frames[0] != frames[3]).any()  # walking and turning
             # A storm of requests: one IDR, at the next chunk's first frame, nothing else changes.
             for _ in range(20):
@@ -138,7 +139,8 @@ def test_h264_refusals_are_documented_errors_and_change_nothing(server, caplog, 
             assert (err["type"], err["code"]) == ("error", "no_session")
             create = {"type": "session.create", "session_id": "h3", "model": "maze-sim", "format": "h264"}
             err = await ask({**create, "bitrate_kbps": 50})
-            assert (err["code"], err["message"]) == ("bad_request", "bitrate_kbps must be an integer in [100, 20000], got 50")
+            assert (err["code"], err["message"]) == (
+                "bad_request", "bitrate_kbps must be an integer in [100, 20000], got 50")
             err = await ask({**create, "format": "jpeg", "profile": "main"})
             assert err["code"] == "bad_request" and "profile" in err["message"]
             monkeypatch.setattr("realtime.video.h264_missing", lambda: "this server has no H.264 encoder "

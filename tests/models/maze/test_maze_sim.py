@@ -115,3 +115,17 @@ def test_policy_holds_each_combo_one_to_eight_frames():
     # Forward is the most common combo.
     counts = {c: int((acts == table[i]).all(-1).sum()) for i, c in enumerate(COMBOS)}
     assert max(counts, key=counts.get) == "w"
+
+
+def test_a_larger_render_is_the_same_view_at_its_size():
+    """480 x 832 (codec benchmarks): the same camera, walls and floor where the 64 x 64 view has them."""
+    small, big = MazeSim([3]), MazeSim([3], height=480, width=832)
+    for sim in (small, big):
+        sim.step(torch.tensor([[1, 0, 0, 0, 1, 0, 0, 1.]]))
+    a, b = small.render()[0], big.render()[0]
+    assert b.shape == (480, 832, 3) and b.dtype == torch.uint8
+    # Sampled at the small view's pixel centres, the big view is the small one but for edge pixels.
+    rows = ((torch.arange(64) + 0.5) * 480 / 64).long()
+    cols = ((torch.arange(64) + 0.5) * 832 / 64).long()
+    sampled = b[rows][:, cols]
+    assert (sampled.int() - a.int()).abs().amax(-1).le(8).float().mean() > 0.9
