@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     cores = sorted(os.sched_getaffinity(0))
     core = args.core if args.core is not None else cores[0]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     os.sched_setaffinity(0, {core})  # "one core": the encoders' timings below
     try:
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["yuv420_round_trip"] = run_round_trip(raw)
     finally:
         os.sched_setaffinity(0, set(cores))
+        torch.set_num_threads(threads)  # main() runs inside the test process too: leave torch as it was
     if args.sessions:
         result["sessions"] = run_sessions(raw, args.sessions, args.bitrate_kbps)
     result["load_average_at_end"] = os.getloadavg()

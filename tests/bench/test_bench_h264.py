@@ -31,6 +31,9 @@ def test_quality_measures():
 
 
 def test_a_short_run_writes_the_result(tmp_path):
+    import torch
+
+    threads = torch.get_num_threads()
     out = tmp_path / "h264.json"
     result = bench_h264.main(["--seconds", "0.5", "--height", "96", "--width", "160", "--presets", "ultrafast",
                               "--sessions", "2", "--out", str(out)])
@@ -46,3 +49,4 @@ def test_a_short_run_writes_the_result(tmp_path):
     assert set(result["goals"]) == {"bytes_per_frame_h264_over_jpeg", "bytes_within_goal", "psnr_at_least_jpeg",
                                     "encode_ms_within_goal", "encode_cpu_ms_within_goal", "sessions_within_goal"}
     assert result["versions"]["av"] and result["hardware"]["cores"] >= 1
+    assert torch.get_num_threads() == threads  # the one-core timing leaves torch's threads as they were
