@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from protocols.annexb import is_key_frame
+
 INSTALL_HINT = "pip install 'realtime-sessions[video]'"
-NAL_IDR = 5
 
 
 def pyav_missing() -> str | None:
@@ -27,20 +28,6 @@ def pyav_missing() -> str | None:
     except ImportError:
         return f"--format h264 needs PyAV to write or decode the stream ({INSTALL_HINT})"
     return None
-
-
-def nal_types(access_unit: bytes) -> list[int]:
-    """The NAL unit types of an Annex B access unit, in order (7 SPS, 8 PPS, 5 IDR slice, 1 slice)."""
-    types, at = [], 0
-    while (at := access_unit.find(b"\x00\x00\x01", at)) >= 0:
-        at += 3
-        if at < len(access_unit):
-            types.append(access_unit[at] & 0x1F)
-    return types
-
-
-def is_key_frame(access_unit: bytes) -> bool:
-    return NAL_IDR in nal_types(access_unit)
 
 
 class H264Recording:

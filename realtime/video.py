@@ -53,9 +53,6 @@ PROFILE_IDC = {"baseline": (0x42, 0xC0), "main": (0x4D, 0x40)}
 # 3.1 at least: what browsers decode everywhere; the smallest that holds the stream is used.
 LEVELS = ((31, 3600, 108000), (32, 5120, 216000), (40, 8192, 245760), (42, 8704, 522240),
           (50, 22080, 589824), (51, 36864, 983040))
-NAL_IDR = 5
-NAL_SPS = 7
-NAL_PPS = 8
 
 
 def h264_missing() -> str | None:
@@ -159,16 +156,6 @@ class H264Encoder:
 
     def close(self) -> None:
         self._ctx = None
-
-
-def nal_types(access_unit: bytes) -> list[int]:
-    """The NAL unit types of an Annex B access unit, in order (7 SPS, 8 PPS, 5 IDR slice, 1 slice)."""
-    types, at = [], 0
-    while (at := access_unit.find(b"\x00\x00\x01", at)) >= 0:
-        at += 3
-        if at < len(access_unit):
-            types.append(access_unit[at] & 0x1F)
-    return types
 
 
 class IdrPlan:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clients.h264 import H264Recording, nal_types
+from clients.h264 import H264Recording
+from protocols.annexb import nal_types
 from clients.world import main
 from tests.e2e.conftest import serve
 from tests.support.h264_world import Encoder, FakeWorld, WorldLog, build_app, render

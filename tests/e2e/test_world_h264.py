@@ -21,7 +21,7 @@ from models.world.tiny import SIZE, TinyWorld
 from realtime.server.app import build_app
 from realtime.server.config import ServerConfig, WorldConfig
 from realtime.server.inventory import Inventory
-from realtime.video import nal_types
+from protocols.annexb import nal_types
 from tests.e2e.conftest import serve
 
 av = pytest.importorskip("av", reason="the video extra (PyAV) is not installed")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from realtime import video
-from realtime.video import H264Encoder, H264Settings, H264Stream, IdrPlan, nal_types
+from protocols.annexb import NAL_IDR, NAL_PPS, NAL_SLICE, NAL_SPS, nal_types
+from realtime.video import H264Encoder, H264Settings, H264Stream, IdrPlan
 
 av = pytest.importorskip("av", reason="the video extra (PyAV) is not installed")
 
@@ -44,7 +45,6 @@ def is_idr(unit: bytes) -> bool:
     return NAL_IDR in nal_types(unit)
 
 
-NAL_IDR, NAL_SPS, NAL_PPS, NAL_SLICE = 5, 7, 8, 1
 
 
 def test_the_stream_decodes_back_close_to_the_input():
