@@ -20,25 +20,7 @@
 set -u
 [ $# -gt 0 ] || { sed -n '2,19p' "$0"; exit 2; }
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -d .whl ] && ! python3 -c "import uvicorn, websockets, starlette" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null
-status=0
-run() {  # run SECONDS CMD...: bounded, the tail of its output shown, a failure remembered
-    local limit=$1; shift
-    echo "== $*"
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tail -n "${TAIL:-25}"
-    local rc=${PIPESTATUS[0]}
-    echo "== rc=$rc"
-    [ "$rc" = 0 ] || status=1
-}
+. bench/gpu_env.sh
 for step in "$@"; do
     case $step in
     world)

@@ -23,27 +23,10 @@
 # Copy the results into bench/results/ and run `python -m bench.docs` to update docs/benchmarks.md.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=("$@")
 [ $# -gt 0 ] || STEPS=(exact ab fp8-drift fp8-drift-2 shortcuts fp8-capacity taehv)
-if [ -d .whl ] && ! python3 -c "import uvicorn, websockets, starlette" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null
-status=0
-run() {  # run SECONDS CMD...: bounded, the tail of its output shown, a failure remembered
-    local limit=$1; shift
-    echo "== $*"
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tail -n "${TAIL:-40}"
-    local rc=${PIPESTATUS[0]}
-    echo "== rc=$rc"
-    [ "$rc" = 0 ] || status=1
-}
+TAIL=${TAIL:-40}
+. bench/gpu_env.sh
 BENCH=(python3 -m bench.world.bench_lingbot --device cuda)
 ALL='steps=1&reuse_kv=1&fp8=ffn&decoder=taehv:random'
 for step in "${STEPS[@]}"; do
