@@ -47,6 +47,7 @@ from PIL import Image
 
 from models.maze.goals import make_goals
 from models.maze.sim import MazeSim, make_maze
+from protocols import annexb
 from protocols.world_v1 import DEFAULT_BITRATE_KBPS, JPEG_QUALITY, KEY_NAMES
 from realtime import video
 
@@ -167,7 +168,7 @@ def run_h264(raw: np.ndarray, preset: str, bitrate: int, profile: str) -> dict[s
         units += enc.encode(frame[None])
         ms.append((time.perf_counter() - t0) * 1000)
         cpu_ms.append((time.thread_time() - c0) * 1000)
-    idrs = sum(video.NAL_IDR in video.nal_types(u) for u in units)
+    idrs = sum(annexb.is_key_frame(u) for u in units)
     return {"preset": preset, "profile": profile, "bitrate_kbps": bitrate, "codec": settings.codec, "idr_frames": idrs,
             **quality(raw, decode_h264(units), units, ms, cpu_ms)}
 
