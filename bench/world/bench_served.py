@@ -283,8 +283,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--client-procs", type=int, default=1,
                         help="client processes the sessions are spread over (the load must not be "
                              "the bottleneck: one Python process tops out near 1,000 chunks/s)")
-    parser.add_argument("--deflate", action="store_true",
-                        help="serve with permessage-deflate on (the server's default is off)")
     parser.add_argument("--format", choices=["rgb8", "jpeg", "png"], default="rgb8",
                         help="the frame format every client asks for")
     parser.add_argument("--switch-interval-ms", type=float, default=None,
@@ -421,7 +419,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "python": platform.python_version(),
             "credits": args.credits,
             "client_procs": args.client_procs,
-            "per_message_deflate": args.deflate,
+            "per_message_deflate": False,  # the server never compresses (realtime/server/server.py)
             "seconds": args.seconds,
             # the measured pick for CUDA frames (None: no jpeg row had CUDA frames to measure)
             "cuda_frames_jpeg": measured_jpeg.measurement,
@@ -433,7 +431,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
     app = build_app(config, inventory)
-    with serve_in_thread(app, per_message_deflate=args.deflate) as addr:
+    with serve_in_thread(app) as addr:
         url = f"ws://{addr}/v1/realtime/world"
         bares: dict[int, dict[str, float]] = {}
         all_cpus = sorted(os.sched_getaffinity(0))

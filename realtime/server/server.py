@@ -33,13 +33,6 @@ WS_MAX_BYTES = 80 * 1024 * 1024
 WS_PING_INTERVAL_S = 20.0
 
 
-# No permessage-deflate: what the sockets carry is mostly images (PNG/JPEG already compressed,
-# rgb8 for loopback or a LAN) and msgpack'd arrays, and zlib on the one event-loop thread
-# halved the serving ceiling (bench_served --model instant: 9.3k vs 17.3k chunks/s for 32
-# sessions on the dev machine). OpenPI's reference server turns compression off too.
-WS_PER_MESSAGE_DEFLATE = False
-
-
 # After the drain (ServerConfig.drain_timeout_s), how long the handlers of sockets closed
 # at the deadline may take to let go before they are cancelled (and as long again to end
 # once cancelled). With the lifespan's engine stop (realtime/server/app.py ENGINE_STOP_TIMEOUT_S,
@@ -59,8 +52,7 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
-                   per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> uvicorn.Config:
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
     # The proxies whose X-Forwarded-For names the client (the per-client session limit and
     # the admin check count that client): the app's config, else uvicorn's own default.
     config = getattr(getattr(app, "state", None), "config", None)
@@ -68,7 +60,12 @@ def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
                           proxy_headers=True, forwarded_allow_ips=proxies,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
-                          ws_per_message_deflate=per_message_deflate, lifespan="on", log_config=None,
+                          # No permessage-deflate: the sockets carry mostly images (PNG/JPEG already
+                          # compressed, rgb8 for loopback or a LAN) and msgpack'd arrays, and zlib on the
+                          # one event-loop thread halved the serving ceiling (9.3k vs 17.3k chunks/s for
+                          # 32 sessions, bench/results/world_served_cpu_instant*.json). OpenPI's
+                          # reference server turns compression off too.
+                          ws_per_message_deflate=False, lifespan="on", log_config=None,
                           # h11 and a bounded upgrade: every request head is limited and answered.
                           **uvicorn_options())
 
@@ -191,17 +188,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning",
-                    per_message_deflate: bool = WS_PER_MESSAGE_DEFLATE) -> Iterator[str]:
+def serve_in_thread(app: Any, *, host: str = "127.0.0.1", port: int | None = None,
+                    log_level: str = "warning") -> Iterator[str]:
     """Run ``app`` in a background thread on ``port`` (None: a free one); yields ``host:port``.
     Leaving the block stops it as SIGTERM does (drain, then exit); it raises if the server
     did not stop.
-
-    ``per_message_deflate`` is for benchmarks that measure what compression costs.
     """
     port = free_port(host) if port is None else port
-    server = _Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
-                                           per_message_deflate=per_message_deflate))
+    server = _Server(uvicorn_config(app, host=host, port=port, log_level=log_level))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
