@@ -121,6 +121,10 @@ class ServerConfig:
     # Addresses (or networks, or "*") of proxies trusted to name the client in X-Forwarded-For:
     # the per-client limit and the admin check then see the client, not the proxy.
     forwarded_allow_ips: tuple[str, ...] = LOOPBACK_PROXIES
+    # Keys a client must present (``realtime serve --api-key``); empty: no key is asked for.
+    api_keys: tuple[str, ...] = ()
+    # /metrics asks for a key too (``--metrics-require-key``; needs api_keys).
+    metrics_require_key: bool = False
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     # SIGTERM: how long in-flight work (world ticks, utterances, policy calls) may take to
     # finish before every socket still open is closed with 1001 anyway (docs/reliability.md).
