@@ -144,13 +144,15 @@ def group_layer_names(model: nn.Module, groups: tuple[str, ...]) -> list[str]:
 
 
 @torch.no_grad()
-def quantize_linears(model: nn.Module, groups: tuple[str, ...], kernel: str | None = None
-                     ) -> dict[str, nn.Linear]:
+def quantize_linears(model: nn.Module, groups: tuple[str, ...], kernel: str | None = None,
+                     park: torch.device | str | None = None) -> dict[str, nn.Linear]:
     """Replace the ``groups``' linear layers of ``model`` by ``FP8Linear`` in place.
 
     Returns the replaced layers by name: drop them to free their memory, or hand them to
-    ``restore_linears`` to undo (the bench compares sets on one model). Quantise last: a
-    later ``model.to(dtype)`` would cast the e4m3 weights and float32 scales too."""
+    ``restore_linears`` to undo (the bench compares sets on one model; ``park="cpu"`` moves
+    each replaced layer there as it goes, so bf16 and FP8 weights never share the card).
+    Quantise last: a later ``model.to(dtype)`` would cast the e4m3 weights and float32
+    scales too."""
     replaced: dict[str, nn.Linear] = {}
     for name in group_layer_names(model, groups):
         parent_name, _, leaf = name.rpartition(".")
@@ -163,13 +165,16 @@ def quantize_linears(model: nn.Module, groups: tuple[str, ...], kernel: str | No
             parent[int(leaf)] = fp8
         else:
             setattr(parent, leaf, fp8)
-        replaced[name] = layer
+        replaced[name] = layer if park is None else layer.to(park)
     return replaced
 
 
-def restore_linears(model: nn.Module, replaced: dict[str, nn.Linear]) -> None:
-    """Put back the layers ``quantize_linears`` returned."""
+def restore_linears(model: nn.Module, replaced: dict[str, nn.Linear], device: torch.device | str | None = None
+                    ) -> None:
+    """Put back the layers ``quantize_linears`` returned (moved to ``device`` if given)."""
     for name, layer in replaced.items():
+        if device is not None:
+            layer.to(device)
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         if leaf.isdigit():

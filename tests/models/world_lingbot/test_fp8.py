@@ -119,3 +119,17 @@ def test_groups_cover_the_block_linears_and_leave_norms_embeddings_camera_and_he
         group_layer_names(model, ("mlp",))
     restore_linears(model, replaced)
     assert {n: type(m) for n, m in model.named_modules()} == before
+
+
+def test_parked_layers_wait_elsewhere_and_come_back_whole(tiny_config):
+    model = CausalLingBotWorldTransformer3DModel(tiny_config)
+    weights = {n: p.clone() for n, p in model.named_parameters()}
+    replaced = quantize_linears(model, ("ffn",), park="meta")     # the bench parks them on the host
+    assert {p.device.type for layer in replaced.values() for p in layer.parameters()} == {"meta"}
+    assert all(m.weight_q.device.type == "cpu" for m in model.modules() if isinstance(m, FP8Linear))
+    for name, layer in replaced.items():                             # meta holds no data: put it back
+        layer.to_empty(device="cpu")
+        layer.weight.data.copy_(weights[f"{name}.weight"])
+        layer.bias.data.copy_(weights[f"{name}.bias"])
+    restore_linears(model, replaced, "cpu")
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
