@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from models.base import ModelAdapter
 
@@ -51,6 +51,9 @@ FACTORIES: dict[str, tuple[str, str]] = {
 # Models whose entries take ``?key=value&...`` options after the path (each factory
 # documents its own; lingbot: models/world/lingbot/options.py). Others refuse any.
 TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot"})
+# name -> "module.path:function" that checks an entry's options without loading anything
+# (a ValueError names the bad one): ``validate`` runs it before a server starts to load.
+OPTION_CHECKS: dict[str, str] = {"lingbot": "models.world.lingbot.options:parse_options"}
 
 # The worlds served by default, in order (the first is a session's default world).
 # maze-sim (the simulator the maze world learned) is what the page's robot panel drives.
@@ -65,6 +68,13 @@ FALLBACK_WORLD = "tiny"
 # The number formats a CPU model may pick between (models.cpu_format), by name: the values of
 # BuildOptions.cpu_format and ``realtime serve --cpu-format`` (this module imports no torch).
 CPU_FORMATS = ("float32", "bfloat16")
+
+
+class Progress(Protocol):
+    """How far a model's build has got, for the server's readiness and log: ``stage`` in a
+    few words ("reading checkpoint"), and bytes ``done`` of ``total`` where a stage knows them."""
+
+    def __call__(self, stage: str, done: int | None = None, total: int | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,9 @@ class BuildOptions:
     width: int | None = None
     # The entry's own options (``name=path?key=value&...``), in order; set by ``build``.
     model_options: tuple[tuple[str, str], ...] = ()
+    # Told each stage of the build (``build`` says "importing" and "building"; a factory that
+    # reads a large checkpoint may say more); None: nobody asks.
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,11 @@ def kind_of(name: str) -> str:
         raise FactoryError(f"unknown model {name!r}; known: {', '.join(sorted(FACTORIES))}") from None
 
 
-def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, kind: str | None = None) -> ModelAdapter:
-    """Build the adapter of a table entry. With ``kind``, refuse a model of another kind."""
+def validate(entry: ModelEntry | str, *, kind: str | None = None) -> ModelEntry:
+    """What can be checked of an entry before anything loads (a server answers while models
+    load, so an entry it could never build is refused first): the name, the kind (with
+    ``kind``), whether it takes options, and the options (``OPTION_CHECKS``). ``FactoryError``
+    as ``build`` would raise it; returns the parsed entry."""
     if isinstance(entry, str):
         entry = parse_entry(entry)
     model_kind = kind_of(entry.name)
@@ -157,10 +173,26 @@ def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, ki
         raise FactoryError(f"model {entry.name!r} is a {model_kind} model, not a {kind} model")
     if entry.options and entry.name not in TAKES_OPTIONS:
         raise FactoryError(f"{entry}: model {entry.name!r} takes no options")
+    if entry.name in OPTION_CHECKS:
+        try:
+            _load(OPTION_CHECKS[entry.name])(entry.options)
+        except ValueError as exc:
+            raise FactoryError(f"{entry}: {exc}") from exc
+    return entry
+
+
+def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, kind: str | None = None) -> ModelAdapter:
+    """Build the adapter of a table entry. With ``kind``, refuse a model of another kind."""
+    entry = validate(entry, kind=kind)
+    model_kind = kind_of(entry.name)
     if entry.options or options.model_options:
         options = replace(options, model_options=entry.options)
+    progress = options.progress or _quiet
     try:
-        adapter = _load(FACTORIES[entry.name][1])(entry.path, options)
+        progress("importing")
+        factory = _load(FACTORIES[entry.name][1])
+        progress("building")
+        adapter = factory(entry.path, options)
     except ModelUnavailable:
         raise
     except (ImportError, FileNotFoundError) as exc:
@@ -175,26 +207,37 @@ def build(entry: ModelEntry | str, options: BuildOptions = BuildOptions(), *, ki
     return adapter
 
 
+def _quiet(stage: str, done: int | None = None, total: int | None = None) -> None:
+    pass
+
+
 def build_policy(spec: str, options: BuildOptions = BuildOptions()) -> ModelAdapter:
     """``--policy``: ``default``, a table policy (``dummy``, ``pi0=/ckpt``), or a user
     policy ``package.module:factory`` (docs/policies.md). ``dummy:50`` is the old
     spelling of ``dummy=50``."""
+    entry = policy_entry(spec)
+    if entry is not None:
+        return build(entry, options, kind="policy")
+    from models.policy.user import load_user_policy
+
+    try:
+        return load_user_policy(spec, max_batch=options.max_batch)
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:
+        raise FactoryError(f"cannot load policy {spec!r}: {exc}") from exc
+
+
+def policy_entry(spec: str) -> ModelEntry | None:
+    """The table entry a ``--policy`` spec names (checked by ``validate``), or None for a user
+    policy ``module:factory``, which only its import can check."""
     if spec == "default":
-        return build(DEFAULTS["policy"], options, kind="policy")
+        return validate(DEFAULTS["policy"], kind="policy")
     name, colon, rest = spec.partition(":")
-    if colon and "=" not in spec and name in FACTORIES:
-        return build(ModelEntry(name, rest or None), options, kind="policy")
     if colon and "=" not in spec:
-        from models.policy.user import load_user_policy
-
-        try:
-            return load_user_policy(spec, max_batch=options.max_batch)
-        except (ImportError, AttributeError, ValueError, TypeError) as exc:
-            raise FactoryError(f"cannot load policy {spec!r}: {exc}") from exc
-    return build(spec, options, kind="policy")
+        return validate(ModelEntry(name, rest or None), kind="policy") if name in FACTORIES else None
+    return validate(spec, kind="policy")
 
 
-def _load(target: str) -> Callable[[str | None, BuildOptions], ModelAdapter]:
+def _load(target: str) -> Callable[..., Any]:
     module_name, _, attr = target.partition(":")
     module = importlib.import_module(module_name)  # ImportError: the caller reports it
     return getattr(module, attr)

@@ -26,3 +26,8 @@ CLOSED_BY_ADMIN = "closed_by_admin"
 TOO_MANY_SESSIONS = "too_many_sessions"
 # A client frame over the protocol's bound (the frame is dropped).
 MESSAGE_TOO_LARGE = "message_too_large"
+# The server is still loading its models (it answers while it does; GET /healthz says
+# ``loading: ...`` until it is ready): nothing was started; connect again in a few seconds.
+# world.v1, tts.v1 and OpenPI (its text's first word) refuse the connection with it and
+# close with close_codes.CLOSE_TRY_AGAIN_LATER (1013).
+LOADING = "loading"

@@ -73,7 +73,8 @@ CLOSE_GOING_AWAY = close_codes.CLOSE_GOING_AWAY
 IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no request for the server's idle timeout; close 4408
 TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address, or this connection, holds its limit; close 1013
 CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...); close 1008
-ERROR_CODES = frozenset({IDLE_TIMEOUT, TOO_MANY_SESSIONS, CLOSED_BY_ADMIN})
+LOADING = errors.LOADING  # the server is still loading its models: connect again later; close 1013
+ERROR_CODES = frozenset({IDLE_TIMEOUT, TOO_MANY_SESSIONS, CLOSED_BY_ADMIN, LOADING})
 # Observations per batch-form request.
 MAX_BATCH_ITEMS = 64
 MAX_PROMPT_CHARS = 8192

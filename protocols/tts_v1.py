@@ -67,6 +67,7 @@ INTERNAL = errors.INTERNAL  # the engine is unavailable, or the model failed on 
 CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...)
 IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no message and nothing spoken for the server's idle timeout
 TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address holds its limit of live sessions
+LOADING = errors.LOADING  # the server is still loading its models: connect again later; close 1013
 # Codes of tts.v1 alone.
 UNKNOWN_VOICE = "unknown_voice"
 UNSUPPORTED_FORMAT = "unsupported_format"
@@ -90,6 +91,7 @@ ERROR_CODES = frozenset(
         CLOSED_BY_ADMIN,
         IDLE_TIMEOUT,
         TOO_MANY_SESSIONS,
+        LOADING,
         GOING_AWAY,
         BUFFER_FULL,
         UNKNOWN_VOICE,

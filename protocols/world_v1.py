@@ -87,6 +87,7 @@ INTERNAL = errors.INTERNAL  # the engine is unavailable, or a close's cleanup fa
 CLOSED_BY_ADMIN = errors.CLOSED_BY_ADMIN  # an operator closed the session (DELETE /v1/sessions/...)
 IDLE_TIMEOUT = errors.IDLE_TIMEOUT  # no message and no chunk taken for the server's idle timeout
 TOO_MANY_SESSIONS = errors.TOO_MANY_SESSIONS  # the client address holds its limit of live sessions
+LOADING = errors.LOADING  # the server is still loading its models: connect again later; close 1013
 # A format this server cannot encode (``h264`` without PyAV's libx264); the message names what is missing.
 FORMAT_UNAVAILABLE = "format_unavailable"
 # Codes of world.v1 alone; the session layer raises them too (``sessions.ErrorCode`` is
@@ -118,6 +119,7 @@ ERROR_CODES = frozenset(
         IDLE_TIMEOUT,
         TOO_MANY_SESSIONS,
         FORMAT_UNAVAILABLE,
+        LOADING,
     }
 )
 

@@ -38,6 +38,7 @@ class ErrorCode(str, enum.Enum):
     IDLE_TIMEOUT = wire.IDLE_TIMEOUT
     TOO_MANY_SESSIONS = wire.TOO_MANY_SESSIONS
     FORMAT_UNAVAILABLE = wire.FORMAT_UNAVAILABLE
+    LOADING = wire.LOADING
 
 
 class SessionError(Exception):

@@ -3,7 +3,7 @@
 ::
 
     accept ── draining? 503 ─┐
-      │ the kind unavailable, the engine dead, no client slot: goodbye ──> close
+      │ models loading, the kind unavailable, the engine dead, no client slot: goodbye ──> close
       │ opened (the kind's greeting)
       ├─ loop: next message ──> the kind's ``handle``      (each message touches the idle clock)
       │        too large      ──> the kind's ``too_large``
@@ -53,6 +53,8 @@ from realtime.engine import Engine, EngineStopped, TickCancelled
 from realtime.server.limits import ClientSlots, Slot, client_address
 
 log = logging.getLogger(__name__)
+
+LOADING_REASON = "models loading"  # the close reason of a refusal with errors.LOADING
 
 
 class Failure(enum.Enum):
@@ -189,7 +191,8 @@ class SessionEndpoint:
             return
         self.live.attach(self)
         try:
-            refusal = self.unavailable()
+            # No engine yet: the models are still loading (app.py starts it when they have).
+            refusal = self.loading() if self.engine is None else self.unavailable()
             if refusal is None and self.slot_per_connection:
                 self.slot = self.slots.take(self.client)
                 if self.slot is None:
@@ -220,6 +223,14 @@ class SessionEndpoint:
                 if self.slot is not None:
                     self.slot.give_back()
                 self.live.detach(self)
+
+    def loading(self) -> Goodbye:
+        """The refusal of a connection made while the server loads its models: ``loading``
+        (which model, how far), then close 1013; the client connects again later."""
+        loading = self.conn.ws.app.state.loading
+        where = f" ({loading.health().partition(': ')[2]})" if loading is not None else ""
+        return Goodbye(errors.LOADING, f"the server is still loading its models{where}; connect again in a "
+                       "few seconds (GET /healthz answers 200 once it is ready)", CLOSE_TRY_AGAIN_LATER, LOADING_REASON)
 
     async def goodbye(self, goodbye: Goodbye) -> None:
         """Tell, then close; a client that does not read is dropped after GOODBYE_TIMEOUT_S

@@ -9,7 +9,7 @@ from protocols import errors, openpi, tts_v1, world_v1
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SHARED = {"BAD_REQUEST": "bad_request", "UNKNOWN_TYPE": "unknown_type", "INTERNAL": "internal",
           "MESSAGE_TOO_LARGE": "message_too_large", "CLOSED_BY_ADMIN": "closed_by_admin",
-          "IDLE_TIMEOUT": "idle_timeout", "TOO_MANY_SESSIONS": "too_many_sessions"}
+          "IDLE_TIMEOUT": "idle_timeout", "TOO_MANY_SESSIONS": "too_many_sessions", "LOADING": "loading"}
 
 
 def test_the_shared_codes():
@@ -24,8 +24,9 @@ def test_world_and_tts_spell_every_code_they_both_have_from_errors():
 
 
 def test_openpi_text_frames_start_with_the_shared_codes():
-    assert openpi.ERROR_CODES == {errors.IDLE_TIMEOUT, errors.TOO_MANY_SESSIONS, errors.CLOSED_BY_ADMIN}
-    assert (openpi.IDLE_TIMEOUT, openpi.TOO_MANY_SESSIONS, openpi.CLOSED_BY_ADMIN) == \
-        ("idle_timeout", "too_many_sessions", "closed_by_admin")
+    assert openpi.ERROR_CODES == {errors.IDLE_TIMEOUT, errors.TOO_MANY_SESSIONS, errors.CLOSED_BY_ADMIN,
+                                  errors.LOADING}
+    assert (openpi.IDLE_TIMEOUT, openpi.TOO_MANY_SESSIONS, openpi.CLOSED_BY_ADMIN, openpi.LOADING) == \
+        ("idle_timeout", "too_many_sessions", "closed_by_admin", "loading")
     doc = (DOCS / "protocols_openpi.md").read_text()
     assert sorted(set(re.findall(r"`([a-z_]+): \.\.\.`", doc))) == sorted(openpi.ERROR_CODES)

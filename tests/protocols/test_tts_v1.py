@@ -150,6 +150,7 @@ def test_error_codes_are_documented_set():
         "closed_by_admin",
         "idle_timeout",
         "too_many_sessions",
+        "loading",
         "going_away",
         "buffer_full",
         "internal",

@@ -13,7 +13,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "protocols.md"
 
 def test_the_session_layer_raises_the_wire_codes():
     assert {c.value for c in ErrorCode} == world_v1.ERROR_CODES
-    assert len(ErrorCode) == len(world_v1.ERROR_CODES) == 16
+    assert len(ErrorCode) == len(world_v1.ERROR_CODES) == 17
     err = SessionError("stale_event", "old", event_id=3)
     assert err.code is ErrorCode.STALE_EVENT
     # A session error and a protocol error with the same code give the same frame bytes.

@@ -1,4 +1,5 @@
-"""``GET /v1/models`` on a real server: ids, availability and what each world model reads."""
+"""``GET /v1/models`` on a real server: ids, states and what each world model reads (while models
+load: tests/e2e/test_loading.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_every_entry_has_an_id_and_world_models_say_whether_they_use_prompts():
     with serve(app) as addr:
         body = httpx.get(f"http://{addr}/v1/models").json()
     assert body["object"] == "list"
-    assert [(m["id"], m["name"], m["kind"], m["available"]) for m in body["data"]] == [
-        ("tiny", "tiny", "world", True), ("piper-joe-medium", "piper-joe-medium", "tts", False)]
+    assert [(m["id"], m["name"], m["kind"], m["state"], m["available"]) for m in body["data"]] == [
+        ("tiny", "tiny", "world", "ready", True), ("piper-joe-medium", "piper-joe-medium", "tts", "unavailable", False)]
     assert body["data"][0]["uses_prompts"] is False
     assert body["data"][1]["reason"] == "TTS unavailable: missing onnx"
