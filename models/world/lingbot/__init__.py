@@ -73,7 +73,10 @@ def build(path: str | None, options: Any) -> "LingBotWorld":  # noqa: F821 - imp
             taehv = taehv_decoder(shortcuts.taehv, device)
         except ValueError as e:   # names the file and the first tensor off the taew2_1 layout
             raise ValueError(f"option decoder: {e}") from None
-    components = load_components(path, device, dtype)
+    progress = getattr(options, "progress", None)
+    components = load_components(path, device, dtype, progress=progress)
+    if progress is not None:
+        progress("building")
     if shortcuts.fp8:
         quantize_linears(components.transformer, shortcuts.fp8)   # the bf16 layers are dropped
         if cuda:

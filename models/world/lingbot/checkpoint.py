@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -120,17 +120,33 @@ class Components:
 
 
 def load_components(root: str | Path, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32, vae_dtype: torch.dtype = torch.float32) -> Components:
-    """Validate ``root`` and load every component onto ``device``."""
+                    dtype: torch.dtype = torch.float32, vae_dtype: torch.dtype = torch.float32,
+                    progress: Callable[..., None] | None = None) -> Components:
+    """Validate ``root`` and load every component onto ``device``. ``progress(stage, done,
+    total)`` (``models.factory.Progress``) hears the transformer's bytes read, shard by shard
+    (most of the checkpoint: about 74 of 80 GB for the 14B), then each other component."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
     from transformers import T5TokenizerFast, UMT5EncoderModel
 
     root = Path(root)
     validate_checkpoint(root)
     log.info("lingbot: loading %s (transformer, text encoder, tokenizer, vae) to %s", root, device)
-    transformer = load_transformer(root / "transformer", device, dtype)
+    report = progress or (lambda stage, done=None, total=None: None)
+    folder = root / "transformer"
+    total = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    done = 0
+
+    def on_shard(i: int, n: int, shard: str) -> None:
+        nonlocal done
+        done += (folder / shard).stat().st_size
+        report("reading checkpoint", done, total)
+
+    report("reading checkpoint", 0, total)
+    transformer = load_transformer(folder, device, dtype, on_shard=on_shard)
+    report("reading text encoder")
     text_encoder = UMT5EncoderModel.from_pretrained(root / "text_encoder", dtype=dtype).to(device).eval()
     tokenizer = T5TokenizerFast.from_pretrained(root / "tokenizer")
+    report("reading vae")
     vae = AutoencoderKLWan.from_pretrained(root / "vae", torch_dtype=vae_dtype).to(device).eval()
     scheduler = UniPCMultistepScheduler.from_pretrained(root / "scheduler")
     return Components(transformer, text_encoder, tokenizer, vae, scheduler, root)
