@@ -302,16 +302,17 @@ class HTTPProtocol(H11Protocol):
         self.transport.close()
 
 
-async def refuse_upgrade(scope: Any, receive: Any, send: Any, status: int, text: str) -> None:
+async def refuse_upgrade(scope: Any, receive: Any, send: Any, status: int, text: str,
+                         headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
     """Answer a WebSocket upgrade that an ASGI middleware refuses before the app sees it:
-    ``status`` with ``text`` where the server supports denial responses, else a close
-    before accept (a 403 to the client, without the reason)."""
+    ``status`` with ``text`` (and ``headers``) where the server supports denial responses,
+    else a close before accept (a 403 to the client, without the reason)."""
     await receive()  # websocket.connect
     if "websocket.http.response" in scope.get("extensions", {}):
         body = text.encode()
         await send({"type": "websocket.http.response.start", "status": status,
                     "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()), *headers]})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})
