@@ -175,6 +175,7 @@ class OpenPIEndpoint(SessionEndpoint):
         # The real client raises the text as it is; the protocol's echoes are clipped, an
         # exception's may not be.
         text = clipped(f"{code}: {message}" if code else message, MAX_ERROR_CHARS)
+        self.metrics.refused(code)  # counted when it is a refusal (too_many_sessions, idle_timeout, ...)
         await self.conn.send(text, timeout=timeout or self.idle.reply_timeout_s)
 
     async def wind_down(self, why: Why) -> None:
@@ -306,9 +307,9 @@ class OpenPIEndpoint(SessionEndpoint):
         if sid not in self.used:
             assert self.model is not None
             if len(self.used) >= MAX_SESSIONS_PER_CONNECTION:
-                raise _Refused(f"{wire.TOO_MANY_SESSIONS}: this connection holds {len(self.used)} session ids, "
-                               f"the most one connection may (reconnect to start over)",
-                               CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
+                raise Goodbye(wire.TOO_MANY_SESSIONS, f"this connection holds {len(self.used)} session ids, "
+                              "the most one connection may (reconnect to start over)",
+                              CLOSE_TRY_AGAIN_LATER, TOO_MANY_SESSIONS_REASON)
             held = await self._free(sid)
             if held is not None:
                 raise _Refused(f"session_id {sid!r} is in use by another connection")

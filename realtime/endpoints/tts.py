@@ -154,6 +154,7 @@ class TTSEndpoint(SessionEndpoint):
 
     async def error(self, code: str, message: str, timeout: float | None = None) -> None:
         log.info("session %s: error %s: %s", self.session_id, code, message)
+        self.metrics.refused(code)  # counted when it is a refusal (too_many_sessions, idle_timeout, ...)
         await self.send(wire.error(code, message), timeout=timeout)
 
     def dropped(self, reason: str) -> None:

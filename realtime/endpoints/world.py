@@ -140,8 +140,8 @@ class WorldEndpoint(SessionEndpoint):
 
     async def send_error(self, code: str, message: str, event_id: int | None = None,
                          timeout: float | None = None, **extra: Any) -> None:
-        sid = self.session.session_id if self.session else "-"
-        log.info("session %s: error %s: %s", sid, code, message)
+        log.info("session %s: error %s: %s", self.log_id, code, message)
+        self.metrics.refused(code)  # counted when it is a refusal (busy, too_many_sessions, ...)
         await self.send(wire.error(code, message, event_id=event_id, **extra), timeout=timeout)
 
     # ------------------------------------------------------------------ reader
@@ -265,8 +265,8 @@ class WorldEndpoint(SessionEndpoint):
         session = self._need_session()
         event = SessionEvent.from_wire(msg)
         status = session.accept_event(event)
+        self.driver.accepted(event.event_id, status)  # timed from here; wakes the driver
         await self.send(wire.event_accepted(event.event_id, status.value))
-        self.driver.wake.set()
 
     async def reset(self) -> None:
         session = self._need_session()

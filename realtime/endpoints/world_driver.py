@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -33,10 +34,11 @@ from typing import TYPE_CHECKING
 from models.world.base import WorldAdapter, WorldChunk
 from protocols import world_v1 as wire
 from realtime.endpoints.connection import Connection
+from realtime.endpoints.event_clock import EventClock
 from realtime.endpoints.frame_stream import FrameStream, finish_send
 from realtime.endpoints.idle import GOODBYE_TIMEOUT_S
 from realtime.endpoints.lifecycle import ENGINE_ERRORS, Failure, engine_failure
-from sessions import Session, SessionError, SessionState, TickRequest
+from sessions import AcceptResult, Session, SessionError, SessionState, TickRequest
 
 if TYPE_CHECKING:
     from realtime.endpoints.world import WorldEndpoint
@@ -56,6 +58,8 @@ class TickDriver:
         self._ahead: collections.deque[_Queued] = collections.deque()  # ticks in the engine, oldest first
         self._stopping = False
         self.eviction: str | None = None  # why the model dropped the session, until reset
+        # Each event's acceptance to its chunk's first frame out (realtime_world_event_to_frame_seconds).
+        self.events = EventClock(ep.metrics.world_event_to_frame.observe, ep.max_pending)
 
     # ------------------------------------------------------------------ failures
     def evicted(self, reason: str) -> None:
@@ -110,7 +114,22 @@ class TickDriver:
         stopped reading is idle, whatever the driver queued before it stalled."""
         return any(not queued.future.done() for queued in self._ahead)
 
+    def accepted(self, event_id: int, status: AcceptResult) -> None:
+        """The reader accepted an event: time it (a duplicate is not new) and look for a tick."""
+        if status is AcceptResult.ACCEPTED:
+            self.events.accepted(event_id)
+        self.wake.set()
+
+    def _sent(self, request: TickRequest) -> None:
+        """Frames of ``request``'s chunk went out: the client is not idle, and the events the
+        chunk applied have been seen."""
+        self.ep.idle.touch()
+        self.events.shown(request.applied_event_ids)
+
     def start(self) -> None:
+        """Drive a session that starts (create) or starts over (reset): events accepted
+        before are not coming (a reset dropped them)."""
+        self.events.restart()
         self._stopping = False
         self._task = asyncio.create_task(self._drive())
 
@@ -261,7 +280,7 @@ class TickDriver:
             # Streaming sessions have one tick in flight (create): ``sending`` is the chunk before.
             if self.ep.stream_frames:
                 stream = FrameStream(self.ep.conn, request, self.ep.format, adapter.geometry, self.ep.frames,
-                                     after=sending, taken=self.ep.idle.touch)
+                                     after=sending, taken=functools.partial(self._sent, request))
                 work = dataclasses.replace(work, frame_sink=stream.sink)
             try:
                 future = self.ep.engine.submit_future(self.ep.model, work, session_id=session.session_id)
@@ -301,7 +320,7 @@ class TickDriver:
         )
         # One locked send: no other message comes between a chunk and its frames.
         if await self.ep.conn.send(wire.encode(header), *payloads):
-            self.ep.idle.touch()  # the client took a chunk: it is not idle
+            self._sent(request)  # the client took a chunk: it is not idle
 
 
 class StallWatch:

@@ -9,7 +9,10 @@ Two sources, neither on a tick's critical section:
 * what only an endpoint sees goes into histograms from the event loop: a sentence's
   time to first audio into a ``prometheus_client`` one (its per-metric lock is only
   ever contended by the scrape, on the same thread), a robot call's latency, observed
-  on every call, into a plain ``Buckets`` read at scrape time (``_BucketsCollector``).
+  on every call, and a world event's time to its first frame into plain ``Buckets``
+  read at scrape time (``_BucketsCollector``); refusals by code into a counter;
+* the process (CPU, memory, open fds), the interpreter and its GC: prometheus_client's
+  own collectors, registered on this registry (they are on its global one only).
 
 Every family is in the output from the first scrape (histograms and counters with
 no sample yet still show their HELP and TYPE), one registry per app, so two apps
@@ -21,11 +24,22 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from protocols import errors
+from protocols.world_v1 import BUSY
 from realtime.engine.stats import LATENCY_BUCKETS_S, Buckets
+from realtime.server.auth import UNAUTHORIZED
 
 if TYPE_CHECKING:
     from realtime.endpoints.live import LiveSessions
@@ -36,6 +50,13 @@ KINDS = ("world", "policy", "tts")
 # SessionRecord.state values a live session is counted under (sessions/registry.py).
 STATES = ("active", "failed", "closing", "cleanup_failed")
 FAILURE_CODES = ("model_error", "out_of_memory", "engine_dead")  # models.base.failure_code
+# Codes a client is refused or sent away with (``realtime_refusals_total``): a world's model
+# full (busy), a client at its session limit, an idle session closed, no valid API key
+# (realtime/server/auth.py), a session asked for before its model has loaded.
+REFUSALS = (BUSY, errors.TOO_MANY_SESSIONS, errors.IDLE_TIMEOUT, UNAUTHORIZED, "loading")
+# A world event's acceptance to its chunk's first frame out: a tick or two at 16-25 fps
+# is 40-125 ms; seconds mean a queue or a stalled client.
+EVENT_TO_FRAME_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class ServerMetrics:
@@ -54,7 +75,27 @@ class ServerMetrics:
             "realtime_policy_call_seconds",
             "Seconds one robot observation spent in the engine (queue wait and policy forward).",
             self.policy_call))
+        # Observed per applied event (realtime/endpoints/event_clock.py), as policy_call is.
+        self.world_event_to_frame = Buckets(EVENT_TO_FRAME_BUCKETS_S)
+        self.registry.register(_BucketsCollector(
+            "realtime_world_event_to_frame_seconds",
+            "Seconds from a world event being accepted to the first frame of the chunk that applied it "
+            "going out on the socket.", self.world_event_to_frame))
+        self._refusals = Counter("realtime_refusals", "Requests and sessions refused or sent away, by code "
+                                 "(busy, too_many_sessions, idle_timeout, unauthorized, loading).",
+                                 ["code"], registry=self.registry)
+        for code in REFUSALS:
+            self._refusals.labels(code)  # every code shows, at 0, from the first scrape
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self._collector: _ServerCollector | None = None
+
+    def refused(self, code: str | None) -> None:
+        """A client was told ``code``: counted when it is one of ``REFUSALS`` (the endpoints
+        call this for every error they send; ``bad_request`` and the like are not refusals)."""
+        if code in REFUSALS:
+            self._refusals.labels(code).inc()
 
     def bind(self, engine: "Engine", live: "LiveSessions") -> None:
         """Read ``engine`` and ``live`` at every scrape from now on (the app's lifespan)."""

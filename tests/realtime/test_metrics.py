@@ -4,18 +4,22 @@ and each one moves once a world, a robot and a voice have ticked."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
 import pytest
+import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.world import WorldClient
 from models.policy.dummy import DummyPolicy
 from models.world.maze.adapter import MazeWorld
+from models.world.tiny import TinyWorld
 from realtime.server.app import build_app
-from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.config import LimitsConfig, ServerConfig, WorldConfig
 from realtime.server.inventory import Inventory
+from realtime.server.metrics import REFUSALS, ServerMetrics
 from tests.e2e.conftest import serve
 
 FAMILIES = {
@@ -26,6 +30,10 @@ FAMILIES = {
     "realtime_tts_first_audio_seconds": "histogram", "realtime_policy_call_seconds": "histogram",
     "realtime_kv_blocks": "gauge", "realtime_kv_sessions": "gauge", "realtime_kv_host_bytes": "gauge",
     "realtime_kv_swap_bytes": "counter", "realtime_kv_swap_seconds": "counter", "realtime_kv_evictions": "counter",
+    "realtime_world_event_to_frame_seconds": "histogram", "realtime_refusals": "counter",
+    # prometheus_client's process, platform and GC collectors, on the app's registry.
+    "process_cpu_seconds": "counter", "process_resident_memory_bytes": "gauge", "process_open_fds": "gauge",
+    "python_info": "gauge", "python_gc_collections": "counter",
 }
 
 
@@ -63,6 +71,9 @@ def test_every_family_is_typed_documented_and_moves_after_ticks():
             assert before[name].type == kind, name
             assert before[name].documentation, name
         assert value(before, "realtime_kv_blocks", state="used", model="maze") == 0
+        for code in REFUSALS:  # every code shows from the first scrape
+            assert value(before, "realtime_refusals", "_total", code=code) == 0
+        assert value(before, "process_resident_memory_bytes") > 0
 
         async def main() -> None:
             url = f"ws://{addr}/v1/realtime/world"
@@ -76,8 +87,6 @@ def test_every_family_is_typed_documented_and_moves_after_ticks():
                 assert value(mid, "realtime_kv_blocks", state="used", model="maze") > 0
                 assert value(mid, "realtime_kv_sessions", residency="swapped", model="maze") == 1
             if voice is not None:
-                import websockets
-
                 async with websockets.connect(f"ws://{addr}/v1/realtime/tts", max_size=None) as ws:
                     await ws.recv()
                     await ws.send('{"type": "input.text", "text": "Hello there."}')
@@ -119,6 +128,61 @@ def test_every_family_is_typed_documented_and_moves_after_ticks():
             asyncio.run(asyncio.sleep(0.1))
         assert value(final, "realtime_kv_blocks", state="used", model="maze") == 0
         assert value(final, "realtime_kv_sessions", residency="swapped", model="maze") == 0
+
+
+def test_refused_counts_refusal_codes_only():
+    metrics = ServerMetrics()
+    for code in ("busy", "busy", "too_many_sessions", "unauthorized", "loading", "idle_timeout", "bad_request",
+                 "session_failed", None):
+        metrics.refused(code)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    counts = {s.labels["code"]: s.value for s in families["realtime_refusals"].samples if s.name.endswith("_total")}
+    assert counts == {"busy": 2, "too_many_sessions": 1, "idle_timeout": 1, "unauthorized": 1, "loading": 1}
+    assert set(REFUSALS) == set(counts)
+
+
+def test_world_event_to_frame_and_refusals_through_a_real_server():
+    """A held key observed once, when the chunk that applied it is sent (plain and streamed);
+    a duplicate and a chunk without events add nothing; refusals counted by code."""
+    inventory = Inventory()
+    for adapter in (TinyWorld(), DummyPolicy()):
+        inventory.adapters[adapter.name] = adapter
+    config = ServerConfig(world=WorldConfig(models=("tiny",)),
+                          limits=LimitsConfig(idle_timeout_s=1.0, max_sessions_per_client=1))
+    with serve(build_app(config, inventory)) as addr:
+
+        async def main() -> list[float]:
+            url = f"ws://{addr}/v1/realtime/world"
+            waits = []
+            for n, stream in enumerate((False, True)):
+                async with WorldClient.connect(url) as c:
+                    await c.create(f"e{n}", credits=0, format="rgb8", stream_frames=stream)
+                    start = time.perf_counter()
+                    await c.hold_keys(["w"], event_id=0)
+                    assert (await c.hold_keys(["w"], event_id=0))["status"] == "duplicate"
+                    await c.credit(1)
+                    assert (await c.next_chunk(credit=False)).applied_event_ids == [0]
+                    waits.append(time.perf_counter() - start)
+                    await c.credit(1)
+                    assert (await c.next_chunk(credit=False)).applied_event_ids == []
+                    async with WorldClient.connect(url) as other:  # the client's one slot is held
+                        await other.send({"type": "session.create", "session_id": f"x{n}"})
+                        assert (await other.expect("error"))["code"] == "too_many_sessions"
+                    async with websockets.connect(f"ws://{addr}/v1/realtime/robot/openpi") as robot:
+                        assert (await robot.recv()).startswith("too_many_sessions: ")
+                    await c.close()
+            async with WorldClient.connect(url) as idle:  # told idle_timeout after 1 s
+                assert (await idle.expect("error", timeout=10))["code"] == "idle_timeout"
+            return waits
+
+        waits = asyncio.run(asyncio.wait_for(main(), 60))
+        after = scrape(addr)
+    assert value(after, "realtime_world_event_to_frame_seconds", "_count") == 2
+    assert 0 < value(after, "realtime_world_event_to_frame_seconds", "_sum") < sum(waits)
+    assert value(after, "realtime_world_event_to_frame_seconds", "_bucket", le="10.0") == 2
+    assert value(after, "realtime_refusals", "_total", code="too_many_sessions") == 4  # 2 world, 2 OpenPI
+    assert value(after, "realtime_refusals", "_total", code="idle_timeout") == 1
+    assert value(after, "realtime_refusals", "_total", code="busy") == 0
 
 
 def robot_obs(policy) -> dict:
