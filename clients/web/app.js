@@ -2,7 +2,8 @@
 //
 // window.demo (read by tests/e2e/test_web.py):
 //   ready           true once every panel has started (bootError set instead on failure)
-//   models          GET /v1/models data
+//   loading         the progress lines shown while the server loaded its models, in order
+//   models          GET /v1/models data (once no model is loading)
 //   world           WorldPanel.state   (chunkIndex, framesDrawn, appliedEventIds, lastError, connected, usesPrompts,
 //                                       retries, retryStopped, format, codec, bytesPerS, decodeMs,
 //                                       video (h264: H264Decoder.stats), formatFallback, ...)
@@ -12,14 +13,15 @@
 //   panels          the panel objects themselves
 
 import { $, showError } from "./dom.js";
-import { fetchHealth, fetchModels } from "./net.js";
+import { fetchHealth, fetchModelsWhenLoaded, loadingLine } from "./net.js";
 import { RobotPanel } from "./robot.js";
 import { SpeechPanel } from "./speech.js";
 import { WorldPanel } from "./world.js";
 
 const HEALTH_EVERY_MS = 10_000;
 
-window.demo = { ready: false, bootError: null, models: [], world: null, tts: null, robot: null, panels: {} };
+window.demo = { ready: false, bootError: null, loading: [], models: [], world: null, tts: null, robot: null,
+                panels: {} };
 
 async function checkHealth() {
   const pill = $("health");
@@ -36,7 +38,16 @@ async function checkHealth() {
 async function boot() {
   checkHealth();
   setInterval(checkHealth, HEALTH_EVERY_MS);
-  const models = await fetchModels();
+  // A server still loading its models refuses sessions: show how far it has got, then start.
+  const line = $("loading");
+  const models = await fetchModelsWhenLoaded((m) => {
+    const text = loadingLine(m);
+    if (text !== line.textContent) window.demo.loading.push(text);
+    line.textContent = text;
+    line.hidden = false;
+  });
+  line.hidden = true;
+  checkHealth();
   window.demo.models = models;
   const panels = { world: new WorldPanel(models), speech: new SpeechPanel(models), robot: new RobotPanel(models) };
   window.demo.panels = panels;

@@ -22,6 +22,28 @@ export async function fetchModels() {
   return body.data;
 }
 
+/** A model's load as a line: "loading lingbot: reading checkpoint, 12.3 of 74.0 GB …". */
+export function loadingLine(m) {
+  const gb = (n) => (n / 1e9).toFixed(1);
+  const bytes = m.done_bytes == null ? "" : `, ${gb(m.done_bytes)}${m.total_bytes ? ` of ${gb(m.total_bytes)}` : ""} GB`;
+  return `loading ${m.name}: ${m.stage}${bytes} …`;
+}
+
+/**
+ * The model list once the server has loaded its models. While it loads (entries with
+ * `state: "loading"`, sessions refused with `loading`) it asks again every `everyMs`,
+ * calling `progress(entry)` with the model being built (else the first still waiting).
+ */
+export async function fetchModelsWhenLoaded(progress, everyMs = 500) {
+  for (;;) {
+    const models = await fetchModels();
+    const loading = models.filter((m) => m.state === "loading");
+    if (!loading.length) return models;
+    progress(loading.find((m) => m.seconds > 0 && !m.stage.startsWith("built")) || loading[0]);
+    await new Promise((resolve) => setTimeout(resolve, everyMs));
+  }
+}
+
 /** `GET /healthz`: {ok, text}. A 503 carries the engine's reason. */
 export async function fetchHealth() {
   const res = await fetch("/healthz");
