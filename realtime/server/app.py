@@ -19,6 +19,7 @@ from starlette.staticfiles import StaticFiles
 from models.factory import FactoryError
 from realtime import media
 from realtime.server.admin import ROUTES as ADMIN_ROUTES
+from realtime.server.auth import ApiKeyGuard
 from realtime.server.config import ServerConfig
 from realtime.endpoints.live import LiveSessions
 from realtime.engine import Engine
@@ -94,6 +95,8 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     app.add_middleware(OriginGuard, allowed=config.allowed_origins)
     app.add_middleware(SocketGuard, limit=SOCKETS_PER_SESSION_SLOT * config.limits.max_sessions_per_client)
     # Added last, so outermost: a client without a key is refused before it takes a socket slot.
+    app.add_middleware(ApiKeyGuard, keys=config.api_keys, metrics_require_key=config.metrics_require_key,
+                       on_refused=lambda code: app.state.metrics.refused(code))
     app.state.config = config
     # While models load: no engine, an empty inventory, and the load's progress.
     app.state.engine = None
