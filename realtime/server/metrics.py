@@ -53,7 +53,7 @@ FAILURE_CODES = ("model_error", "out_of_memory", "engine_dead")  # models.base.f
 # Codes a client is refused or sent away with (``realtime_refusals_total``): a world's model
 # full (busy), a client at its session limit, an idle session closed, no valid API key
 # (realtime/server/auth.py), a session asked for before its model has loaded.
-REFUSALS = (BUSY, errors.TOO_MANY_SESSIONS, errors.IDLE_TIMEOUT, UNAUTHORIZED, "loading")
+REFUSALS = (BUSY, errors.TOO_MANY_SESSIONS, errors.IDLE_TIMEOUT, UNAUTHORIZED, errors.LOADING)
 # A world event's acceptance to its chunk's first frame out: a tick or two at 16-25 fps
 # is 40-125 ms; seconds mean a queue or a stalled client.
 EVENT_TO_FRAME_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

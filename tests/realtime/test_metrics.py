@@ -4,6 +4,7 @@ and each one moves once a world, a robot and a voice have ticked."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -18,7 +19,8 @@ from models.world.maze.adapter import MazeWorld
 from models.world.tiny import TinyWorld
 from realtime.server.app import build_app
 from realtime.server.config import LimitsConfig, ServerConfig, WorldConfig
-from realtime.server.inventory import Inventory
+from realtime.server.inventory import Inventory, Planned
+from realtime.server.loading import Loading
 from realtime.server.metrics import REFUSALS, ServerMetrics
 from tests.e2e.conftest import serve
 
@@ -183,6 +185,27 @@ def test_world_event_to_frame_and_refusals_through_a_real_server():
     assert value(after, "realtime_refusals", "_total", code="too_many_sessions") == 4  # 2 world, 2 OpenPI
     assert value(after, "realtime_refusals", "_total", code="idle_timeout") == 1
     assert value(after, "realtime_refusals", "_total", code="busy") == 0
+
+
+def test_sessions_refused_while_models_load_are_counted():
+    release = threading.Event()
+
+    def build(progress) -> TinyWorld:
+        release.wait(30)
+        return TinyWorld()
+
+    app = build_app(ServerConfig(world=WorldConfig(models=("tiny",))), loading=Loading([Planned("tiny", "world", build)]))
+    with serve(app) as addr:
+        try:
+            async def main() -> None:
+                for path in ("/v1/realtime/world", "/v1/realtime/robot/openpi"):
+                    async with websockets.connect(f"ws://{addr}{path}") as ws:
+                        assert "loading" in await asyncio.wait_for(ws.recv(), 10)
+
+            asyncio.run(asyncio.wait_for(main(), 30))
+            assert value(scrape(addr), "realtime_refusals", "_total", code="loading") == 2
+        finally:
+            release.set()
 
 
 def robot_obs(policy) -> dict:
