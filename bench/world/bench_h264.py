@@ -14,14 +14,15 @@ goal walls and their beacons, for ``--seconds`` at 16 frames/s. Each frame is th
   B-frames, CBR-like at ``--bitrate-kbps``), one stream, once per preset in ``--presets``
   (the server's preset, ``realtime.video.PRESET``, is marked).
 
-and decoded back (PIL; PyAV's H.264 decoder, then FFmpeg's yuv420p -> RGB) to measure it against
+and decoded back (PIL; PyAV's H.264 decoder, then ``rgb_from_yuv420``: full-range BT.601 with
+chroma sampled bilinearly, as a browser's GPU draws a decoded frame) to measure it against
 the raw frames: bytes a frame (mean, and the first, an IDR), PSNR (RGB, mean and worst frame)
 and SSIM (luma, 11x11 Gaussian window, sigma 1.5), and the encoder's ms a frame with this
 process pinned to one core (RGB in, payload out: the colour conversion counts), wall clock and
 the thread's CPU time (the CPU time is the encoder's own when other work shares the core; the
 load average is recorded). ``--sessions`` streams then encode the same frames at once on
 threads, unpinned, as a server's sessions do: frames/s each, against the 16 a session needs.
-``yuv420_round_trip``: the frames through the colour conversions alone (RGB -> yuv420p -> RGB),
+``yuv420_round_trip``: the frames through the colour conversions alone (RGB -> 4:2:0 -> RGB),
 the PSNR ceiling of any 4:2:0 stream decoded that way. The JSON holds the hardware, versions and
 the command.
 """
@@ -151,12 +152,33 @@ def h264_settings(raw: np.ndarray, bitrate: int, profile: str) -> video.H264Sett
     return video.H264Settings(raw.shape[1], raw.shape[2], FPS, bitrate, profile)
 
 
+# Full-range BT.601 Y'CbCr -> RGB (JFIF's inverse matrix; realtime.video.yuv420_planes is the forward one).
+CB_TO_RGB = torch.tensor([0.0, -0.344136, 1.772])
+CR_TO_RGB = torch.tensor([1.402, -0.714136, 0.0])
+
+
+def rgb_from_yuv420(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
+    """Full-range 4:2:0 planes -> ``[H, W, 3]`` uint8 RGB, chroma upsampled bilinearly (centred
+    samples, as ``yuv420_planes`` averages them): what a browser's GPU does with a decoded frame."""
+    c = torch.from_numpy(np.stack([cb, cr])).float()[None] - 128.0
+    c = F_nn.interpolate(c, size=y.shape, mode="bilinear", align_corners=False)[0]
+    rgb = torch.from_numpy(y).float()[..., None] + c[0, ..., None] * CB_TO_RGB + c[1, ..., None] * CR_TO_RGB
+    return rgb.round_().clamp_(0, 255).to(torch.uint8).numpy()
+
+
+def planes(frame: Any) -> list[np.ndarray]:
+    """A decoded PyAV frame's planes without FFmpeg's row padding."""
+    return [np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:, :p.width] for p in frame.planes]
+
+
 def decode_h264(units: list[bytes]) -> list[np.ndarray]:
     import av
 
     ctx = av.CodecContext.create("h264", "r")
-    out = [f.to_ndarray(format="rgb24") for u in units for f in ctx.decode(av.Packet(u))]
-    return out + [f.to_ndarray(format="rgb24") for f in ctx.decode(None)]
+    frames = [f for u in units for f in ctx.decode(av.Packet(u))] + list(ctx.decode(None))
+    if any(f.format.name != video.PIX_FMT for f in frames):
+        raise RuntimeError(f"decoded {frames[0].format.name}, not the encoder's {video.PIX_FMT}")
+    return [rgb_from_yuv420(*planes(f)) for f in frames]
 
 
 def run_h264(raw: np.ndarray, preset: str, bitrate: int, profile: str) -> dict[str, Any]:
@@ -174,12 +196,9 @@ def run_h264(raw: np.ndarray, preset: str, bitrate: int, profile: str) -> dict[s
 
 
 def run_round_trip(raw: np.ndarray) -> dict[str, Any]:
-    """RGB -> yuv420p -> RGB through the same conversions as the encoder and decoder, no codec:
+    """RGB -> 4:2:0 -> RGB through the same conversions as the encoder and decoder, no codec:
     the most PSNR an h264 stream decoded this way can have."""
-    import av
-
-    back = [av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format="yuv420p").to_ndarray(format="rgb24")
-            for f in raw]
+    back = [rgb_from_yuv420(*video.yuv420_planes(f)) for f in raw]
     p = [psnr(r, d) for r, d in zip(raw, back)]
     s = [ssim(r, d) for r, d in zip(raw, back)]
     return {"psnr_db_mean": statistics.fmean(p), "psnr_db_min": min(p), "ssim_mean": statistics.fmean(s)}

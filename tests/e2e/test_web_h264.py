@@ -118,6 +118,9 @@ def test_an_h264_session_draws_every_frame_it_receives_and_moves_with_the_keys(s
     # The canvas shows the server's picture: the square where the server put it.
     index, before = p.canvas()
     assert square_at(before) == session.positions[index] == (8, 8)
+    # In the server's colours: the stream is full range (as JPEG) and the browser draws it so
+    # (read as limited range, the background's green of 60 would come out near 51).
+    assert np.abs(before[60:90, 40:120, 1].astype(int) - 60).max() <= 3
     # D held: the square walks right, frame after frame.
     p.focus_page()
     p.hold("d", 1.0)

@@ -47,6 +47,34 @@ def is_idr(unit: bytes) -> bool:
 
 
 
+def test_frames_go_in_as_jpeg_colours_full_range_with_2x2_mean_chroma():
+    from PIL import Image
+
+    rgb = scene(1)[0]
+    y, cb, cr = video.yuv420_planes(rgb)
+    assert y.shape == (H, W) and cb.shape == cr.shape == (H // 2, W // 2)
+    jfif = np.asarray(Image.fromarray(rgb).convert("YCbCr")).astype(int)      # JPEG's matrix
+    assert np.abs(y.astype(int) - jfif[..., 0]).max() <= 1
+    mean = jfif[..., 1:].reshape(H // 2, 2, W // 2, 2, 2).mean((1, 3))
+    assert np.abs(np.stack([cb, cr], -1) - mean).max() <= 1.5
+    extremes = np.array([[[0, 0, 0], [255, 255, 255]]] * 2, np.uint8)        # the full range is used
+    y, cb, cr = video.yuv420_planes(extremes)
+    assert y.tolist() == [[0, 255], [0, 255]] and cb.item() == cr.item() == 128
+
+
+def test_the_stream_says_full_range_and_decodes_to_the_colours_it_was_given():
+    grey_red = np.zeros((8, H, W, 3), np.uint8)
+    grey_red[:, :, : W // 2] = (128, 128, 128)
+    grey_red[:, :, W // 2:] = (200, 30, 40)
+    units = H264Encoder(settings()).encode(grey_red)
+    ctx = av.CodecContext.create("h264", "r")
+    frame = [f for u in units for f in ctx.decode(av.Packet(u))][0]
+    assert frame.format.name == video.PIX_FMT                      # the VUI's full-range flag, read back
+    back = frame.to_ndarray(format="rgb24").astype(int)
+    assert np.abs(back[H // 2, 8] - (128, 128, 128)).max() <= 3
+    assert np.abs(back[H // 2, W - 8] - (200, 30, 40)).max() <= 4
+
+
 def test_the_stream_decodes_back_close_to_the_input():
     frames = scene(24)
     units = H264Encoder(settings()).encode(frames)

@@ -4,7 +4,8 @@ It keeps the wire contract of docs/protocols.md (session.create with ``format``,
 ``bitrate_kbps`` and ``profile``; ``session.created`` with ``codec``; a ``chunk`` message then
 one binary message a frame, each an Annex B access unit with SPS/PPS before each IDR; an
 IDR at the first chunk, after ``session.reset`` and after ``keyframe``, at most one a
-chunk; ``format_unavailable`` without an encoder) with libx264 through PyAV, and records
+chunk; ``format_unavailable`` without an encoder) with the server's libx264 stream
+(realtime/video.py ``H264Encoder``), and records
 what it did so a test can assert the page's side exactly. It also sends jpeg, for the
 page's fallback.
 
@@ -18,7 +19,6 @@ import asyncio
 import io
 import json
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -86,32 +86,16 @@ def render(height: int, width: int, frame: int, x: int, y: int) -> np.ndarray:
 
 
 class Encoder:
-    """libx264 as the server's H.264 streams are set up: zero latency, no B-frames, no
-    periodic IDR, SPS/PPS repeated before each IDR, Annex B; an IDR on demand."""
+    """The server's own libx264 stream (realtime/video.py), one frame at a time, an IDR on demand."""
 
     def __init__(self, height: int, width: int, fps: float, bitrate_kbps: int, profile: str) -> None:
-        import av
+        from realtime.video import H264Encoder, H264Settings
 
-        self.av = av
-        ctx = av.CodecContext.create("libx264", "w")
-        ctx.width, ctx.height, ctx.pix_fmt = width, height, "yuv420p"
-        rate = Fraction(fps).limit_denominator(1001)
-        ctx.time_base, ctx.framerate = 1 / rate, rate
-        ctx.bit_rate = bitrate_kbps * 1000
-        ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "profile": profile, "forced-idr": "1",
-                       "x264-params": "bframes=0:keyint=infinite:scenecut=0:repeat-headers=1:annexb=1:threads=1"}
-        ctx.open()
-        self.ctx = ctx
-        self.pts = 0
+        self.stream = H264Encoder(H264Settings(height, width, fps, bitrate_kbps, profile), preset="ultrafast")
 
     def encode(self, rgb: np.ndarray, idr: bool) -> bytes:
-        frame = self.av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
-        frame.pts = self.pts
-        self.pts += 1
-        if idr:
-            frame.pict_type = self.av.video.frame.PictureType.I
-        (packet,) = self.ctx.encode(frame)
-        return bytes(packet)
+        (unit,) = self.stream.encode(rgb[None], idr_at=0 if idr else None)
+        return unit
 
 
 def is_idr(unit: bytes) -> bool:
