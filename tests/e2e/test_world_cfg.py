@@ -12,7 +12,7 @@ from models.world.cfg import CFGWorldConfig, CFGWorldCore
 from models.world.cfg.adapter import CFGWorld, to_image
 from realtime.server.app import build_app
 from realtime.server.config import PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.server.inventory import Inventory
+from realtime.server.inventory import Inventory, build_inventory
 from tests.e2e.conftest import serve
 
 PROMPT = "a red door"
@@ -134,7 +134,8 @@ def test_cli_budget_sizes_the_pool_and_a_real_server_refuses_with_busy():
     two = required_bytes(g, 2, ticks_in_flight=1)
     args = parse_args(["serve", "--models", "cfg-tiny", "--max-batch", "1", "--no-tts", "--policy", "",
                        "--kv-budget-gib", repr(two / (1 << 30)), "--kv-host-gib", "0"])
-    app = build_app(config_from_args(args))  # the registry and the factory build the model
+    config = config_from_args(args)
+    app = build_app(config, build_inventory(config))  # the registry and the factory build the model
     model = app.state.inventory.adapters["cfg-tiny"]
     assert (model.plan.capacity, model.plan.required_bytes) == (2, two)
     with serve(app) as addr:
