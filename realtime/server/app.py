@@ -40,6 +40,9 @@ WEB_DIR = Path(__file__).resolve().parents[2] / "clients" / "web"
 # At shutdown, how long the lifespan waits for the engine thread to end (a daemon thread:
 # a forward still running past the drain deadline does not keep the process alive).
 ENGINE_STOP_TIMEOUT_S = 2.0
+# At a shutdown while models load, how long the lifespan waits for the model being built to
+# reach its next progress report (realtime/server/loading.py Loading.join).
+LOADER_STOP_TIMEOUT_S = 10.0
 
 
 def build_app(config: ServerConfig | None = None, inventory: Inventory | None = None, *,
@@ -66,10 +69,12 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
             yield
         finally:
             if waiting is not None and not waiting.done():
-                loading.stop()  # type: ignore[union-attr]
+                assert loading is not None
+                loading.stop()
                 waiting.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiting
+                await loading.join(LOADER_STOP_TIMEOUT_S)
             app.state.encoder.close()
             engine: Engine | None = app.state.engine
             if engine is not None:

@@ -52,10 +52,16 @@ class ModelLoad:
     done_bytes: int | None = None  # of the stage, where it reads a known amount
     total_bytes: int | None = None
     started: float | None = None  # time.monotonic() when its build began
+    built: float | None = None  # ... and when it ended
     reason: str | None = None  # unavailable: why
 
+    @property
+    def building(self) -> bool:
+        return self.state is ModelState.LOADING and self.started is not None and self.built is None
+
     def seconds(self, now: float) -> float:
-        return 0.0 if self.started is None else now - self.started
+        """How long its build took, or has taken so far."""
+        return 0.0 if self.started is None else (self.built or now) - self.started
 
     def describe(self, now: float) -> str:
         """``reading checkpoint, 1.2 of 74.0 GB, 35 s`` (the log and ``/healthz``)."""
@@ -76,6 +82,10 @@ class ModelLoad:
             entry.update(stage=self.stage, done_bytes=self.done_bytes, total_bytes=self.total_bytes,
                          seconds=round(self.seconds(now), 1))
         return entry
+
+
+# The stage of a model built while others still load.
+BUILT = "built, waiting for the other models"
 
 
 def _gb(n: int | None) -> str:
@@ -150,31 +160,41 @@ def load(planned: list[Planned], fallback: Planned | None = None,
          report: Callable[[ModelLoad], None] = lambda _: None,
          stop: Callable[[], bool] = lambda: False) -> Inventory:
     """Build ``planned`` in order on this thread; ``fallback`` too if no world loaded.
-    ``report`` gets every change of a model's ``ModelLoad`` (from this thread); ``stop`` is
-    asked between models (the server is shutting down: what was built is closed, and the
-    inventory returned is empty)."""
+    ``report`` gets every change of a model's ``ModelLoad`` (from this thread). ``stop`` is
+    asked between models and at each stage a build reports (the server is shutting down:
+    the build in progress ends there, what was built is closed, and the inventory returned
+    is empty)."""
     for p in planned:
         report(ModelLoad(p.name, p.kind))
     inv = Inventory()
-    for p in planned:
-        if stop():
-            break
-        _load_one(inv, p, report)
-    if fallback is not None and not inv.names("world") and not stop():
-        log.warning("no world model loaded; falling back to %r", fallback.name)
-        report(ModelLoad(fallback.name, fallback.kind))
-        _load_one(inv, fallback, report)
+    try:
+        for p in planned:
+            if stop():
+                break
+            _load_one(inv, p, report, stop)
+        if fallback is not None and not inv.names("world") and not stop():
+            log.warning("no world model loaded; falling back to %r", fallback.name)
+            report(ModelLoad(fallback.name, fallback.kind))
+            _load_one(inv, fallback, report, stop)
+    except LoadStopped:
+        pass
     if stop():
         close_all(inv)
         return Inventory()
     return inv
 
 
-def _load_one(inv: Inventory, p: Planned, report: Callable[[ModelLoad], None]) -> None:
+class LoadStopped(Exception):
+    """Raised out of a build's progress report once the load is to stop."""
+
+
+def _load_one(inv: Inventory, p: Planned, report: Callable[[ModelLoad], None], stop: Callable[[], bool]) -> None:
     current = ModelLoad(p.name, p.kind, started=time.monotonic())
 
     def progress(stage: str, done: int | None = None, total: int | None = None) -> None:
         nonlocal current
+        if stop():
+            raise LoadStopped(p.name)
         current = replace(current, stage=stage, done_bytes=done, total_bytes=total)
         report(current)
 
@@ -186,7 +206,8 @@ def _load_one(inv: Inventory, p: Planned, report: Callable[[ModelLoad], None]) -
         return
     inv.add(adapter)
     # Still LOADING: its sessions are served once every model has loaded (app.py says why).
-    progress("built, waiting for the other models")
+    current = replace(current, stage=BUILT, done_bytes=None, total_bytes=None, built=time.monotonic())
+    report(current)
 
 
 def close_all(inv: Inventory) -> None:

@@ -52,9 +52,21 @@ class Loading:
         self.thread.start()
 
     def stop(self) -> None:
-        """The server is shutting down: the model being built finishes, none is started after
-        it, and what was built is closed (the thread is a daemon: the process does not wait)."""
+        """The server is shutting down: the model being built stops at its next progress
+        report (or when it is built), none is started after it, and what was built is closed."""
         self._stop.set()
+
+    async def join(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the loader thread to end (after ``stop``); whether it has.
+        The process should not exit under it: torch's thread pools are torn down at exit, and
+        a thread still inside a parallel op then aborts the process."""
+        deadline = time.monotonic() + timeout_s
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        if self.thread.is_alive():
+            m = self.current()
+            log.warning("shutting down while %s is still loading", m.name if m else "a model")
+        return not self.thread.is_alive()
 
     def _run(self) -> None:
         try:
@@ -83,14 +95,14 @@ class Loading:
     def log_progress(self) -> None:
         now = time.monotonic()
         for m in list(self.models.values()):
-            if m.state is ModelState.LOADING and m.started is not None and m.seconds(now) >= SLOW_S:
+            if m.building and m.seconds(now) >= SLOW_S:
                 log.info("loading %s (%s): %s", m.name, m.kind, m.describe(now))
 
     # ------------------------------------------------------------------ what the app shows
     def current(self) -> ModelLoad | None:
         """The model being built now (else the first still waiting), or None."""
         loading = [m for m in list(self.models.values()) if m.state is ModelState.LOADING]
-        building = [m for m in loading if m.started is not None and not m.stage.startswith("built")]
+        building = [m for m in loading if m.building]
         return (building or loading or [None])[0]
 
     def health(self) -> str:

@@ -200,3 +200,27 @@ def test_a_slow_model_logs_its_progress(monkeypatch, caplog):
             wait_ready(addr)
     line = next(r.getMessage() for r in caplog.records if "loading slow-world" in r.getMessage())
     assert line.startswith("loading slow-world (world): reading checkpoint, 1.5 GB of 3.0 GB, ")
+
+
+def test_a_shutdown_while_loading_stops_the_build_at_its_next_report_and_closes_what_was_built():
+    closed: list[str] = []
+    reading = threading.Event()
+
+    class Closing(TinyWorld):
+        def close(self) -> None:
+            closed.append(self.name)
+
+    def endless(progress):
+        for n in range(10_000):  # a checkpoint of many shards, reported one by one
+            progress("reading checkpoint", n, 10_000)
+            reading.set()
+            time.sleep(0.01)
+        raise AssertionError("the load was not stopped")
+
+    loading = Loading([Planned("tiny", "world", lambda progress: Closing()),
+                       Planned("huge", "world", endless)])
+    with serve(build_app(CONFIG, loading=loading)) as addr:
+        assert reading.wait(10)
+        assert get(addr, "/healthz").text.startswith("loading: huge (world): reading checkpoint")
+    assert not loading.thread.is_alive()  # the process may exit: no build is left inside torch
+    assert closed == ["tiny"]
