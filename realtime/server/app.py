@@ -29,6 +29,7 @@ from realtime.server.inventory import Inventory, close_all, plan
 from realtime.server.loading import Loading
 from realtime.endpoints.openpi import openpi_endpoint
 from realtime.server.origins import OriginGuard
+from realtime.server.version import version
 from realtime.endpoints.tts import tts_endpoint
 from realtime.endpoints.world import world_endpoint
 from sessions import SessionManager
@@ -84,6 +85,7 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     routes = [
         Route("/healthz", healthz),
         Route("/livez", livez),
+        Route("/version", version),
         Route("/v1/models", list_models),
         Route("/metrics", metrics),
         *ADMIN_ROUTES,
