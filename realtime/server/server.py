@@ -52,13 +52,16 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
+                   access_log: bool = True) -> uvicorn.Config:
     # The proxies whose X-Forwarded-For names the client (the per-client session limit and
     # the admin check count that client): the app's config, else uvicorn's own default.
     config = getattr(getattr(app, "state", None), "config", None)
     proxies = list(getattr(config, "forwarded_allow_ips", LOOPBACK_PROXIES))
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=WS_MAX_BYTES,
-                          proxy_headers=True, forwarded_allow_ips=proxies,
+    # access_log=False (``--no-access-log``): no INFO line per HTTP request, so health probes
+    # every few seconds do not bury the server's own lines.
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                          ws_max_size=WS_MAX_BYTES, proxy_headers=True, forwarded_allow_ips=proxies,
                           ws_ping_interval=WS_PING_INTERVAL_S, ws_ping_timeout=None,
                           # No permessage-deflate: the sockets carry mostly images (PNG/JPEG already
                           # compressed, rgb8 for loopback or a LAN) and msgpack'd arrays, and zlib on the
@@ -111,7 +114,16 @@ class _Server(uvicorn.Server):
     3. their handlers get CLOSE_GRACE_S to let go, then are cancelled;
     4. uvicorn's own shutdown (nothing of ours is left open) and the lifespan's
        (the engine stops).
+
+    A second Ctrl-C while it drains is an operator who will not wait: the process exits at
+    once with status 130, abandoning what was still in flight.
     """
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            log.warning("second Ctrl-C: exiting now, without finishing the drain")
+            _exit_now(130)
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
@@ -159,12 +171,21 @@ class _Server(uvicorn.Server):
             log.info("serving on %s (the demo page; Ctrl-C to stop)", url)
 
 
-def run(app: Any, *, sock: socket.socket, log_level: str = "info") -> None:
+def _exit_now(status: int) -> None:
+    """End the process at once, the logs flushed, waiting for no thread (sockets, handlers,
+    the engine thread in a forward)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def run(app: Any, *, sock: socket.socket, log_level: str = "info", access_log: bool = True) -> None:
     """Serve on ``sock`` (from :func:`bind_socket`) in the foreground, as ``realtime
     serve`` does; returns once a signal has stopped and drained the server."""
     tune_malloc()
     host, port = sock.getsockname()[:2]
-    _Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run(sockets=[sock])
+    _Server(uvicorn_config(app, host=host, port=port, log_level=log_level, access_log=access_log)).run(sockets=[sock])
     # The process ends when the last non-daemon thread does: name any that would hold it.
     left = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon and t is not threading.main_thread()]
     if left:
@@ -175,10 +196,7 @@ def run(app: Any, *, sock: socket.socket, log_level: str = "info") -> None:
         # but with torch loaded the interpreter's exit waits for it all the same): every
         # socket is closed and the engine stopped, so nothing is left to lose by not waiting.
         log.warning("exiting while the engine thread is still inside a forward")
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_now(0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
