@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import errno
-import math
 import os
-import re
 import sys
-from typing import MutableMapping
+from typing import Mapping, MutableMapping
 
 from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
-from protocols.echo import shown
-from realtime.server.admin import ANYONE, LOOPBACK, admin_entry_valid
+from realtime.server import option_types as types
+from realtime.server.admin import LOOPBACK
 from realtime.server.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
-from realtime.server.origins import parse_allowed
+from realtime.server.settings import Resolved, SettingsError, render, resolve
+from realtime.server.version import package_version
 
 DESCRIPTION = """\
 A realtime session server for interactive generative models: world, robot-policy
@@ -29,7 +28,23 @@ examples:
   realtime serve --models tiny --policy dummy --no-tts   quick start, no weights
   realtime serve --models 'lingbot=/ckpt?steps=2&reuse_kv=1&fp8=ffn'
                                                   LingBot-World with opt-in shortcuts
-Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0."""
+  REALTIME_PORT=8080 realtime serve --config serve.toml --print-config
+                                                  the settings, and where each came from
+
+settings: every option is also an environment variable REALTIME_<OPTION>
+(--max-sessions-per-client: REALTIME_MAX_SESSIONS_PER_CLIENT; a flag such as --no-tts
+takes 1/0, true/false or yes/no; REALTIME_API_KEY takes keys separated by commas) and a
+key of the --config file (TOML, JSON, or YAML with PyYAML installed; option names with
+dashes or underscores). A flag beats the environment, which beats the file, which beats
+the default. An unknown REALTIME_* variable or file key stops the server.
+
+Ctrl-C (SIGINT) or SIGTERM drains the server and exits with status 0; a second Ctrl-C
+exits at once with status 130."""
+
+# Options that only a flag gives (not the environment nor the file), and those whose values
+# are never printed (--print-config, errors).
+FLAG_ONLY = ("print_config",)
+SECRET = ("api_key",)
 
 
 # torch's OpenMP (libgomp on Linux) makes a thread that waits at the end of a parallel op
@@ -63,86 +78,16 @@ def openmp_defaults(env: MutableMapping[str, str]) -> None:
         env.update(OPENMP_DEFAULTS)
 
 
-def _origins(text: str) -> tuple[str, ...]:
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    """The keys of --api-key and --api-key-file together, each once, in order;
+    ``FactoryError`` for one no header could carry (the message never quotes it)."""
+    from realtime.server.auth import check_keys
+
+    keys = [*(args.api_key or ()), *(args.api_key_file.keys if args.api_key_file else ())]
     try:
-        return parse_allowed(text)
+        return check_keys(dict.fromkeys(keys))
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:  # the socket layer would take 99999 as 99999 % 65536
-        raise argparse.ArgumentTypeError(f"must be a TCP port in [0, 65535], got {text}")
-    return value
-
-
-def _finite_positive(text: str) -> float:
-    value = _positive(text)
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, got {text}")
-    return value
-
-
-def _device(text: str) -> str:
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N or auto, got {shown(text)}")
-    return text
-
-
-def _directory(text: str) -> str:
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"no such directory: {shown(text)}")
-    return text
-
-
-def _admin_addresses(text: str) -> tuple[str, ...]:
-    entries = _addresses(text)
-    for entry in entries:
-        if not admin_entry_valid(entry):
-            raise argparse.ArgumentTypeError(
-                f"not an address: {shown(entry)} (want an IP address, a network such as 10.0.0.0/8, "
-                f"{LOOPBACK!r} or {ANYONE!r})")
-    return entries
-
-
-def _addresses(text: str) -> tuple[str, ...]:
-    return tuple(a.strip() for a in text.split(",") if a.strip())
+        raise FactoryError(f"--api-key: {exc}") from None
 
 
 def _gib(value: float | None) -> int | None:
@@ -158,13 +103,14 @@ def _ticks_in_flight(choice: str) -> dict[str, int | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="realtime", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve world, policy and tts sessions over WebSockets",
                            description=DESCRIPTION, epilog=SERVE_EPILOG,
                            formatter_class=_Formatter)
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on; 0.0.0.0 (or ::) for every interface")
-    serve.add_argument("--port", type=_port, default=8000, help="TCP port to listen on")
+    serve.add_argument("--port", type=types.port, default=8000, help="TCP port to listen on")
     serve.add_argument("--models", default=",".join(DEFAULT_WORLDS),
                        help="models to load, comma-separated 'name' or 'name=path' entries of the factory table "
                             f"(models/factory.py: {', '.join(sorted(FACTORIES))}); world entries in order, the "
@@ -176,35 +122,35 @@ def build_parser() -> argparse.ArgumentParser:
                             "per-row scales), decoder=wan|taehv:PATH (a taew2_1 state dict); each changes the frames "
                             "(models/world/lingbot/MODEL_CARD.md: how, and how far from the exact path); a bad one "
                             "stops the server at start")
-    serve.add_argument("--device", type=_device, default="auto", help="cpu, cuda or auto (cuda when available)")
-    serve.add_argument("--max-batch", type=_at_least_one, default=32, help="most world ticks batched into one forward")
+    serve.add_argument("--device", type=types.device, default="auto", help="cpu, cuda or auto (cuda when available)")
+    serve.add_argument("--max-batch", type=types.at_least_one, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
                        help="world ticks a session may have queued in the engine at once: 2 queues the next "
                             "tick while one runs, so the engine never waits for the event loop (throughput), "
                             "at one more chunk of input latency; 1 builds each tick after the last committed; "
                             "auto (the default) is 2 while other world sessions share the server and 1 for a "
                             "session alone")
-    serve.add_argument("--frames-per-chunk", type=_at_least_one, default=None,
+    serve.add_argument("--frames-per-chunk", type=types.at_least_one, default=None,
                        help="frames a world session gets per tick (chunk); held keys apply per frame; maze and "
                             "tiny make 1, lingbot one 12-frame block (default: the model's own)")
-    serve.add_argument("--steps", type=_at_least_one, default=None,
+    serve.add_argument("--steps", type=types.at_least_one, default=None,
                        help="denoising steps per frame (maze; default: 4 on CUDA, 2 on CPU); lingbot takes its "
                             "steps in its entry (lingbot=DIR?steps=N)")
     serve.add_argument("--cpu-format", choices=("auto",) + tuple(CPU_FORMATS), default="auto",
                        help="number format of the CPU models' products (maze, voice): auto (the default) keeps "
                             "float32 unless this CPU has native bf16 and a pass timed at start is faster in "
                             "bfloat16; the model cards say what bfloat16 changes")
-    serve.add_argument("--gpu-memory-fraction", type=_fraction, default=0.9,
+    serve.add_argument("--gpu-memory-fraction", type=types.fraction, default=0.9,
                        help="world models size their KV pool to this fraction of the device's free memory "
                             "(measured after the weights load); a session that does not fit is refused "
                             "at session.create with 'busy'")
-    serve.add_argument("--kv-budget-gib", type=_positive, default=None,
+    serve.add_argument("--kv-budget-gib", type=types.positive, default=None,
                        help="a fixed KV budget per world model in GiB instead of the fraction of free memory "
                             "(on any device; on CPU the default is no limit)")
-    serve.add_argument("--kv-host-gib", type=_non_negative, default=None,
+    serve.add_argument("--kv-host-gib", type=types.non_negative, default=None,
                        help="host memory per world model for idle sessions' KV swapped out of the pool "
                             "(default: the model's own); when it is full too, new sessions get 'busy'")
-    serve.add_argument("--trajectory-root", type=_directory, default=None, metavar="DIR",
+    serve.add_argument("--trajectory-root", type=types.directory, default=None, metavar="DIR",
                        help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
                             "intrinsics.npy) for world models that play them")
     serve.add_argument("--policy", default=None,
@@ -212,41 +158,71 @@ def build_parser() -> argparse.ArgumentParser:
                             f"({', '.join(_names('policy'))}, as 'name' or 'name=path'), a user policy "
                             "'module:factory', or '' to disable (default: default)")
     serve.add_argument("--no-tts", action="store_true", help="do not load the TTS voice")
-    serve.add_argument("--allowed-origins", type=_origins, default=ServerConfig.allowed_origins,
+    serve.add_argument("--allowed-origins", type=types.origins, default=ServerConfig.allowed_origins,
                        metavar="ORIGINS",
                        help="comma-separated browser origins (scheme://host[:port]) that may open "
                             "WebSockets besides the server's own page; 'loopback' allows any "
                             "localhost port, '*' any origin; clients that send no Origin "
                             "(Python, robots) are always allowed")
-    serve.add_argument("--admin-from", type=_admin_addresses, default=(LOOPBACK,), metavar="ADDRESSES",
+    serve.add_argument("--admin-from", type=types.admin_addresses, default=(LOOPBACK,), metavar="ADDRESSES",
                        help="comma-separated client addresses or networks (10.0.0.0/8) that may list and "
                             "close sessions (GET /v1/sessions, DELETE /v1/sessions/KIND/ID); 'loopback' "
                             "(default) or '*' for anyone")
-    serve.add_argument("--idle-timeout-s", type=_non_negative, default=LimitsConfig.idle_timeout_s,
+    serve.add_argument("--idle-timeout-s", type=types.non_negative, default=LimitsConfig.idle_timeout_s,
                        metavar="SECONDS",
                        help="close a session whose client sent nothing and took nothing this long (world: no "
                             "message and no chunk sent; tts: no message and nothing spoken; OpenPI: no request): "
                             "error 'idle_timeout', then close 4408; a tick, window or inference in flight is "
                             "never idle; 0 disables")
-    serve.add_argument("--max-sessions-per-client", type=_count, default=LimitsConfig.max_sessions_per_client,
+    serve.add_argument("--max-sessions-per-client", type=types.count, default=LimitsConfig.max_sessions_per_client,
                        metavar="N",
                        help="live sessions one client address may hold across kinds (a world session, a tts or "
                             "OpenPI connection each count one); more get 'too_many_sessions' (tts and OpenPI: "
                             "then close 1013); 0: no limit")
-    serve.add_argument("--forwarded-allow-ips", type=_addresses, default=ServerConfig.forwarded_allow_ips,
+    serve.add_argument("--forwarded-allow-ips", type=types.addresses, default=ServerConfig.forwarded_allow_ips,
                        metavar="ADDRESSES",
                        help="comma-separated proxy addresses or networks whose X-Forwarded-For names the client "
                             "(for the per-client limit and the admin check); the default trusts a proxy on this "
                             "host, as deploy/ runs nginx; '*' trusts any peer")
-    serve.add_argument("--drain-timeout", type=_finite_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
+    serve.add_argument("--drain-timeout", type=types.finite_positive, default=DRAIN_TIMEOUT_S, metavar="SECONDS",
                        help="on SIGTERM, how long in-flight work may take to finish before every socket "
                             "is closed with 1001 anyway; the process exits at most 5 s later")
+    serve.add_argument("--api-key", action="append", metavar="KEY",
+                       help="a key clients must present (docs/protocols.md, Authentication); repeat for "
+                            "several; with no key configured, anyone who reaches the port is served. A flag "
+                            "shows in ps: prefer --api-key-file or REALTIME_API_KEY")
+    serve.add_argument("--api-key-file", type=types.key_file, metavar="PATH",
+                       help="more keys, one per line (blank lines and lines starting with # skipped)")
+    serve.add_argument("--metrics-require-key", action="store_true",
+                       help="/metrics asks for a key too (needs one configured)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="log level of the server and of uvicorn")
+    serve.add_argument("--no-access-log", action="store_true",
+                       help="no INFO line per HTTP request (health probes stop flooding the log)")
+    serve.add_argument("--config", metavar="PATH",
+                       help="a TOML, JSON or YAML file of option values (see settings below)")
+    serve.add_argument("--print-config", action="store_true",
+                       help="print every setting and where it came from, then exit (keys redacted)")
     return parser
 
 
+def serve_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``serve`` subcommand's parser inside ``build_parser()``'s."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
+def resolve_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> Resolved:
+    """The flags in ``argv`` over the REALTIME_* variables of ``environ`` (default:
+    ``os.environ``) over the --config file over the defaults; ``SettingsError`` for a bad
+    value from the environment or the file."""
+    parser = build_parser()
+    return resolve(parser, serve_parser(parser), argv, os.environ if environ is None else environ,
+                   config_dest="config", flag_only=FLAG_ONLY, secret=SECRET)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags alone (``resolve_args`` adds the environment and the config file)."""
     return build_parser().parse_args(argv)
 
 
@@ -278,6 +254,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
               or torch.device(device).index not in (None, *range(torch.cuda.device_count()))):
             found = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
             raise FactoryError(f"--device {device}: torch {torch.__version__} sees {found} here")
+    keys = api_keys(args)
+    if args.metrics_require_key and not keys:
+        raise FactoryError("--metrics-require-key: no API key is configured "
+                           "(--api-key, --api-key-file or REALTIME_API_KEY)")
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -286,6 +266,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_allow_ips=args.forwarded_allow_ips,
         limits=LimitsConfig(idle_timeout_s=args.idle_timeout_s, max_sessions_per_client=args.max_sessions_per_client),
         drain_timeout_s=args.drain_timeout,
+        api_keys=keys,
+        metrics_require_key=args.metrics_require_key,
         engine=EngineConfig(device=device, cpu_format=None if args.cpu_format == "auto" else args.cpu_format),
         world=WorldConfig(models=worlds, max_batch=args.max_batch, frames_per_chunk=args.frames_per_chunk,
                           steps=args.steps, gpu_memory_fraction=args.gpu_memory_fraction,
@@ -317,8 +299,17 @@ def _split_models(models: str, policy: str | None) -> tuple[tuple[str, ...], str
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        resolved = resolve_args(argv)
+    except SettingsError as exc:
+        print(f"realtime serve: {exc}", file=sys.stderr)
+        return 2
+    args = resolved.args
+    if args.print_config:
+        print(render([s for s in resolved.settings if s.dest not in FLAG_ONLY], secret=SECRET))
+        return 0
     openmp_defaults(os.environ)  # nothing has imported torch yet
+    from realtime.server.auth import warn_if_exposed
     from realtime.server.server import bind_socket, configure_logging, run
 
     # The port first: a busy one is reported now, not after every model has loaded.
@@ -342,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while models load: nothing to drain
         print("realtime serve: interrupted while loading models", file=sys.stderr)
         return 130
-    run(app, sock=sock, log_level=args.log_level)
+    warn_if_exposed(args.host, config.api_keys)
+    run(app, sock=sock, log_level=args.log_level, access_log=not args.no_access_log)
     return 0
 
 
