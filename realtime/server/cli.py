@@ -330,11 +330,15 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         print(f"realtime serve: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C while models load: nothing to drain
-        print("realtime serve: interrupted while loading models", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C while the entries are checked: nothing to drain
+        print("realtime serve: interrupted at start", file=sys.stderr)
         return 130
     warn_if_exposed(args.host, config.api_keys)
     run(app, sock=sock, log_level=args.log_level, access_log=not args.no_access_log)
+    failure = app.state.loading.failure if app.state.loading is not None else None
+    if failure is not None:  # a model failed to build in the background: the server stopped itself
+        print(f"realtime serve: {failure}", file=sys.stderr)
+        return 2
     return 0
 
 
