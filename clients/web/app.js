@@ -11,9 +11,13 @@
 //                                       retryStopped, ...)
 //   robot           RobotPanel.state   (policies, placeholder, canDrive, running, frame, calls, chunks, result, ...)
 //   panels          the panel objects themselves
+//   auth            {required, refusals, error}: the server asked for an API key (401), how many
+//                   keys it refused, the message the key field shows (null: none)
 
+import { apiKey, keyProblem, setApiKey, takeKeyFromFragment } from "./api_key.js";
 import { $, showError } from "./dom.js";
-import { fetchHealth, fetchModelsWhenLoaded, loadingLine } from "./net.js";
+import { askForKey } from "./key_form.js";
+import { Unauthorized, fetchHealth, fetchModelsWhenLoaded, loadingLine } from "./net.js";
 import { RobotPanel } from "./robot.js";
 import { SpeechPanel } from "./speech.js";
 import { WorldPanel } from "./world.js";
@@ -21,7 +25,7 @@ import { WorldPanel } from "./world.js";
 const HEALTH_EVERY_MS = 10_000;
 
 window.demo = { ready: false, bootError: null, loading: [], models: [], world: null, tts: null, robot: null,
-                panels: {} };
+                panels: {}, auth: { required: false, refusals: 0, error: null } };
 
 async function checkHealth() {
   const pill = $("health");
@@ -35,12 +39,47 @@ async function checkHealth() {
   }
 }
 
+/** A key given as `/#api_key=KEY`: held for this tab, or why it cannot be (shown if the server asks). */
+function keyFromFragment() {
+  const key = takeKeyFromFragment();
+  if (key === null) return null;
+  const problem = keyProblem(key);
+  if (!problem) setApiKey(key);
+  return problem && `the key in the address (#api_key=) was not used: ${problem}`;
+}
+
+/**
+ * The model list. A server with API keys answers 401 until the tab holds a valid key:
+ * the key field asks for one, and again (saying so) after the server refused it.
+ */
+async function loadModels(onProgress) {
+  const auth = window.demo.auth;
+  let message = keyFromFragment();
+  for (;;) {
+    try {
+      return await fetchModelsWhenLoaded(onProgress);
+    } catch (err) {
+      if (!(err instanceof Unauthorized)) throw err;
+      auth.required = true;
+      if (apiKey() !== null) {
+        // A refused key is not kept: a reload must not send it again.
+        setApiKey(null);
+        auth.refusals += 1;
+        message = "the server refused this key (HTTP 401 unauthorized): check it and try again";
+      }
+      await askForKey(message, (text) => { auth.error = text || null; });
+      auth.error = null;
+      message = null;
+    }
+  }
+}
+
 async function boot() {
   checkHealth();
   setInterval(checkHealth, HEALTH_EVERY_MS);
   // A server still loading its models refuses sessions: show how far it has got, then start.
   const line = $("loading");
-  const models = await fetchModelsWhenLoaded((m) => {
+  const models = await loadModels((m) => {
     const text = loadingLine(m);
     if (text !== line.textContent) window.demo.loading.push(text);
     line.textContent = text;

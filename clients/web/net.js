@@ -1,5 +1,7 @@
 // HTTP and WebSocket addresses of the server that served this page.
 
+import { openSocket, withKey } from "./api_key.js";
+
 /** The URL query key a proxy routes on (protocols/routing.py, deploy/nginx). */
 export const SESSION_ID_PARAM = "session_id";
 
@@ -14,9 +16,26 @@ export function wsUrl(path, sessionId) {
   return `${proto}//${location.host}${path}${query}`;
 }
 
+/** A WebSocket to `path` on this server (wsUrl), offering the API key if the tab holds one. */
+export function connect(path, sessionId) {
+  return openSocket(wsUrl(path, sessionId));
+}
+
+/** The server refused the request for want of a valid API key (HTTP 401). */
+export class Unauthorized extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "Unauthorized";
+  }
+}
+
 /** The model list of `GET /v1/models`: [{name, kind, available, reason?, ...}]. */
 export async function fetchModels() {
-  const res = await fetch("/v1/models");
+  const res = await fetch("/v1/models", withKey());
+  if (res.status === 401) {
+    const body = await res.json().catch(() => null);
+    throw new Unauthorized(body?.error?.message || "GET /v1/models answered 401");
+  }
   if (!res.ok) throw new Error(`GET /v1/models answered ${res.status}`);
   const body = await res.json();
   return body.data;

@@ -7,7 +7,7 @@
 // error (the real client raises it), after which the server closes the socket.
 
 import { pack, unpack } from "./msgpack.js";
-import { wsUrl } from "./net.js";
+import { connect } from "./net.js";
 
 export const PATH = "/v1/realtime/robot/openpi";
 // A reply slower than this ends the episode: the server's own limits (idle timeout,
@@ -20,7 +20,7 @@ export class OpenPIClient {
   /** Connect and read the metadata; resolves to a client with `metadata` set. */
   static connect(routeId) {
     return new Promise((resolve, reject) => {
-      const client = new OpenPIClient(new WebSocket(wsUrl(PATH, routeId)));
+      const client = new OpenPIClient(connect(PATH, routeId));
       client.waiter = { resolve: (meta) => { client.metadata = meta; resolve(client); }, reject };
     });
   }

@@ -12,7 +12,7 @@
 // Everything the tests look at lives in `state` (window.demo.tts).
 
 import { $, describeError, showError } from "./dom.js";
-import { randomId, wsUrl } from "./net.js";
+import { connect, randomId } from "./net.js";
 import { PcmPlayer } from "./pcm_player.js";
 import { Reconnector, noRetryReason } from "./reconnect.js";
 import { TextStreamer } from "./sentences.js";
@@ -175,7 +175,7 @@ export class SpeechPanel {
     this.el.status.textContent = "connecting";
     this.cancelling = false;
     // tts.v1 has no session id; a fresh routing id per socket keeps it on one replica.
-    const ws = new WebSocket(wsUrl(PATH, randomId("tts")));
+    const ws = connect(PATH, randomId("tts"));
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     ws.onopen = () => {

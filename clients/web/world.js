@@ -18,7 +18,7 @@ import { $, describeError, showError } from "./dom.js";
 import { FramePlayer } from "./frames.js";
 import { FrameFormat, videoLine } from "./frame_format.js";
 import { HeldKeys } from "./keys.js";
-import { randomId, wsUrl } from "./net.js";
+import { connect, randomId } from "./net.js";
 import { RateMeter } from "./rate_meter.js";
 import { Reconnector, noRetryReason } from "./reconnect.js";
 
@@ -250,7 +250,7 @@ export class WorldPanel {
     this.socketError = null;
     // The reconnect button stays until a socket opens: no flicker while retries fail.
     this.#setStatus("connecting");
-    const ws = new WebSocket(wsUrl(PATH, createOptions.session_id));
+    const ws = connect(PATH, createOptions.session_id);
     this.socketSessionId = createOptions.session_id;
     ws.binaryType = "arraybuffer";
     // The old socket's session (if any) ends with it: the server closes it on disconnect.

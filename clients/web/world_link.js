@@ -13,7 +13,7 @@
 // chunk indexes must be contiguous; any server `error` or close ends the link with it.
 
 import { describeError } from "./dom.js";
-import { wsUrl } from "./net.js";
+import { connect } from "./net.js";
 
 const PATH = "/v1/realtime/world";
 const MAX_CREDITS = 64; // per credit message (protocols/world_v1.py MAX_CREDITS)
@@ -43,7 +43,7 @@ export class WorldLink {
     this.waiter = null; // {resolve, reject} of next()
     this.header = null; // a chunk header whose frame is due
     this.failed = null;
-    this.ws = new WebSocket(wsUrl(PATH, sessionId));
+    this.ws = connect(PATH, sessionId);
     this.ws.binaryType = "arraybuffer";
     this.ws.onopen = () => this.#send({
       type: "session.create", session_id: sessionId, model, seed, format: "rgb8", credits: 1,
