@@ -75,6 +75,19 @@ def test_the_stream_says_full_range_and_decodes_to_the_colours_it_was_given():
     assert np.abs(back[H // 2, W - 8] - (200, 30, 40)).max() <= 4
 
 
+def test_the_bitrate_is_a_ceiling_under_which_quality_is_constant():
+    frames = scene(64)
+    noisy = np.clip(frames + np.random.default_rng(0).integers(-40, 40, frames.shape), 0, 255).astype(np.uint8)
+
+    def kbit_per_s(kbps: int, clip: np.ndarray) -> float:
+        units = H264Encoder(settings(bitrate_kbps=kbps)).encode(clip)
+        return sum(map(len, units[16:])) * 8 / 1000 / ((len(units) - 16) / 16.0)
+
+    assert kbit_per_s(100, noisy) <= 100 * 1.1                   # noise would take far more
+    assert kbit_per_s(20000, noisy) > 4 * kbit_per_s(100, noisy)
+    assert kbit_per_s(20000, frames) < 0.5 * kbit_per_s(20000, noisy)  # a quiet scene costs less
+
+
 def test_the_stream_decodes_back_close_to_the_input():
     frames = scene(24)
     units = H264Encoder(settings()).encode(frames)
