@@ -134,7 +134,14 @@ class Nginx:
                  ", ".join(u.addr for u in self.upstreams))
 
     def error_log(self) -> str:
-        path = self.run_dir / "error.log" if self.run_dir else None
+        return self._log("error.log")
+
+    def access_log(self) -> str:
+        """The access log so far: paths without their query strings (the template says why)."""
+        return self._log("access.log")
+
+    def _log(self, name: str) -> str:
+        path = self.run_dir / name if self.run_dir else None
         return path.read_text(errors="replace") if path and path.exists() else ""
 
     def stop(self, timeout_s: float = 5.0) -> None:
