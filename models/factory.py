@@ -50,10 +50,11 @@ FACTORIES: dict[str, tuple[str, str]] = {
 
 # Models whose entries take ``?key=value&...`` options after the path (each factory
 # documents its own; lingbot: models/world/lingbot/options.py). Others refuse any.
-TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot"})
+TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot", "maze-sim"})
 # name -> "module.path:function" that checks an entry's options without loading anything
 # (a ValueError names the bad one): ``validate`` runs it before a server starts to load.
-OPTION_CHECKS: dict[str, str] = {"lingbot": "models.world.lingbot.options:parse_options"}
+OPTION_CHECKS: dict[str, str] = {"lingbot": "models.world.lingbot.options:parse_options",
+                                  "maze-sim": "models.maze.sim_world:parse_options"}
 
 # The worlds served by default, in order (the first is a session's default world).
 # maze-sim (the simulator the maze world learned) is what the page's robot panel drives.
@@ -127,11 +128,12 @@ class ModelUnavailable(FactoryError):
 
 
 def parse_entry(text: str) -> ModelEntry:
-    """``"maze"``, ``"lingbot=/path"`` or ``"lingbot=/path?steps=2&fp8=ffn"`` -> ``ModelEntry``
-    (the name is not looked up; the options are checked by the model's factory)."""
-    name, sep, rest = text.strip().partition("=")
+    """``"maze"``, ``"lingbot=/path"``, ``"lingbot=/path?steps=2&fp8=ffn"`` or a model without a
+    path with options, ``"maze-sim?size=480x832"`` -> ``ModelEntry`` (the name is not looked up;
+    the options are checked by the model's factory)."""
+    head, query_sep, query = text.strip().partition("?")
+    name, sep, path = head.partition("=")
     name = name.strip()
-    path, query_sep, query = rest.partition("?")
     if not name or (sep and not path.strip()):
         raise FactoryError(f"model entry {text!r}: expected 'name' or 'name=path' "
                            "(with options: 'name=path?key=value&...')")

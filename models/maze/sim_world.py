@@ -213,11 +213,33 @@ class MazeSimWorld(WorldAdapter):
         return len(self._sessions)
 
 
+# ``maze-sim?size=HxW``: the render size, even (4:2:0 video) and at most 1080 x 1920.
+MAX_SIZE = (1080, 1920)
+
+
+def parse_options(options: Sequence[tuple[str, str]]) -> tuple[int, int]:
+    """The entry's options -> the render size (``size=480x832``; default 64 x 64). A
+    ``ValueError`` names a bad one."""
+    size = (H, W)
+    for key, value in options:
+        if key != "size":
+            raise ValueError(f"unknown maze-sim option {key!r} (it takes size=HEIGHTxWIDTH)")
+        h, x, w = value.partition("x")
+        if not (x and h.isdigit() and w.isdigit()):
+            raise ValueError(f"size={value!r}: expected HEIGHTxWIDTH, e.g. size=480x832")
+        size = (int(h), int(w))
+        if not all(16 <= n <= most and n % 2 == 0 for n, most in zip(size, MAX_SIZE)):
+            raise ValueError(f"size={value}: each side even, 16..{MAX_SIZE[0]} x 16..{MAX_SIZE[1]}")
+    return size
+
+
 def build(path: str | None, options: BuildOptions) -> MazeSimWorld:
-    """Factory-table entry ``maze-sim``; it has no weights and takes no path."""
+    """Factory-table entry ``maze-sim``; it has no weights and takes no path. Its one option,
+    ``size=480x832``, renders at a world model's size (codecs measured on corridors and turns)."""
     if path is not None:
         raise FactoryError("maze-sim is the simulator and takes no path")
-    kwargs: dict[str, Any] = {"frames_per_chunk": options.frames_per_chunk or 1}
+    height, width = parse_options(options.model_options)
+    kwargs: dict[str, Any] = {"frames_per_chunk": options.frames_per_chunk or 1, "height": height, "width": width}
     if options.max_batch is not None:
         kwargs["max_batch"] = options.max_batch
     try:

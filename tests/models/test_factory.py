@@ -37,6 +37,20 @@ def test_unknown_names_and_wrong_kinds_are_factory_errors():
         factory.build("tiny=/x")
 
 
+def test_maze_sim_renders_at_the_size_its_entry_asks_for():
+    entry = factory.parse_entry("maze-sim?size=480x832")
+    assert entry == ModelEntry("maze-sim", None, (("size", "480x832"),)) and str(entry) == "maze-sim?size=480x832"
+    world = factory.build(entry, BuildOptions(max_batch=2))
+    assert (world.geometry.height, world.geometry.width) == (480, 832)
+    assert (factory.build("maze-sim").geometry.height, factory.build("maze-sim").geometry.width) == (64, 64)
+    for bad, says in (("size=480", "expected HEIGHTxWIDTH"), ("size=481x832", "each side even"),
+                      ("size=4000x832", "each side even"), ("scale=2", "unknown maze-sim option 'scale'")):
+        with pytest.raises(FactoryError, match=says):
+            factory.validate(f"maze-sim?{bad}")
+    with pytest.raises(FactoryError, match="maze-sim is the simulator and takes no path"):
+        factory.build("maze-sim=/x?size=64x64")
+
+
 def test_tiny_goes_through_the_table():
     adapter = factory.build("tiny", BuildOptions(max_batch=4, frames_per_chunk=2))
     assert (adapter.kind, adapter.name, adapter.max_batch, adapter.geometry.frames_per_chunk) == ("world", "tiny", 4, 2)
