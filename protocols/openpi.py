@@ -49,13 +49,16 @@ import re
 import struct
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
 from protocols import close_codes, errors
 from protocols.echo import clipped, shown, shown_all
+
+if TYPE_CHECKING:  # protocols/roboarena.py imports this module; its config is only held here
+    from protocols.roboarena import RoboArenaConfig
 
 # A request body above this is refused with an error frame (close 1011). Three
 # 224x224 cameras pack to ~452 KB, so this leaves two orders of magnitude of room.
@@ -101,6 +104,8 @@ MAX_MAP_ITEMS = 65536
 MAX_OBJECTS = 2 * MAX_LIST_ITEMS
 
 RESET_ENDPOINT = "reset"
+# RoboArena's clients name the endpoint of every observation (protocols/roboarena.py).
+INFER_ENDPOINT = "infer"
 RESET_REPLY: Mapping[str, str] = MappingProxyType({"status": "reset successful"})
 # Top-level request keys that belong to the protocol, never to the observation.
 RESERVED_KEYS = frozenset({"session_id", "sampling_params", "endpoint", "batch"})
@@ -450,6 +455,15 @@ class PolicyMetadata:
     prompt_key: str = "prompt"
     # Anything else the policy wants the robot to know (wire-safe values only).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # A camera may carry up to this many frames, [T, H, W, 3] (every camera the same T), as well
+    # as one frame [H, W, 3]: a video policy's frames since its last call. Sent as "max_frames" when > 1.
+    max_frames: int = 1
+    # The longest prompt accepted; a policy with a short text window bounds it lower. Sent as
+    # "max_prompt_chars" when below MAX_PROMPT_CHARS.
+    max_prompt_chars: int = MAX_PROMPT_CHARS
+    # RoboArena's server config, sent beside these keys; its cameras must be image_keys, and
+    # observations must carry its state vectors (protocols/roboarena.py).
+    roboarena: RoboArenaConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("action_horizon", "action_dim"):
@@ -466,6 +480,25 @@ class PolicyMetadata:
             raise ValueError(f"metadata keys must be distinct non-empty strings, got {names!r}")
         if RESERVED_KEYS & set(names):
             raise ValueError(f"metadata keys may not use the reserved {sorted(RESERVED_KEYS & set(names))}")
+        if not _is_int(self.max_frames) or self.max_frames < 1:
+            raise ValueError(f"metadata max_frames must be a positive int, got {self.max_frames!r}")
+        if not _is_int(self.max_prompt_chars) or not 0 < self.max_prompt_chars <= MAX_PROMPT_CHARS:
+            raise ValueError(f"metadata max_prompt_chars must be an int in [1, {MAX_PROMPT_CHARS}], "
+                             f"got {self.max_prompt_chars!r}")
+        arena = self.roboarena
+        if arena is not None:
+            if set(arena.camera_keys) != set(keys) or len(keys) != len(arena.camera_keys):
+                raise ValueError(f"metadata image_keys {list(keys)} must be the roboarena cameras "
+                                 f"{list(arena.camera_keys)}")
+            if tuple(arena.image_resolution) != tuple(int(v) for v in res):
+                raise ValueError(f"metadata image_resolution {list(res)} differs from roboarena's "
+                                 f"{list(arena.image_resolution)}")
+            if self.action_dim != arena.action_dim:
+                raise ValueError(f"metadata action_dim {self.action_dim} differs from roboarena's "
+                                 f"{arena.action_dim} ({arena.action_space})")
+            clash = sorted(set(self.extra) & set(arena.to_wire()))
+            if clash:
+                raise ValueError(f"metadata extra {clash} would hide the roboarena config")
         object.__setattr__(self, "image_keys", keys)
         object.__setattr__(self, "image_resolution", (int(res[0]), int(res[1])))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))
@@ -475,7 +508,7 @@ class PolicyMetadata:
 
     def to_wire(self) -> dict[str, Any]:
         """The metadata dict sent as the first frame (plain types only)."""
-        return {
+        wire = {
             **self.extra,
             "action_horizon": int(self.action_horizon),
             "action_dim": int(self.action_dim),
@@ -485,6 +518,13 @@ class PolicyMetadata:
             "state_key": self.state_key,
             "prompt_key": self.prompt_key,
         }
+        if self.max_frames > 1:
+            wire["max_frames"] = int(self.max_frames)
+        if self.max_prompt_chars < MAX_PROMPT_CHARS:
+            wire["max_prompt_chars"] = int(self.max_prompt_chars)
+        if self.roboarena is not None:
+            wire.update(self.roboarena.to_wire())
+        return wire
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> PolicyMetadata:
@@ -523,6 +563,12 @@ class PolicyMetadata:
     def action_shape(self) -> tuple[int, int]:
         return (self.action_horizon, self.action_dim)
 
+    @property
+    def needs_session_id(self) -> bool:
+        """The policy keeps per-robot state under a client's ``session_id`` beyond one
+        connection (RoboArena's ``needs_session_id``): see docs/protocols_openpi.md, Stateful policies."""
+        return self.roboarena is not None and self.roboarena.needs_session_id
+
 
 # --------------------------------------------------------------------------- requests
 
@@ -543,7 +589,7 @@ _DEFAULT_SAMPLING = SamplingParams()
 class Observation:
     """A validated observation. Arrays are read-only; ``state`` is float32."""
 
-    images: Mapping[str, np.ndarray] = field(repr=False)  # key -> uint8 [H, W, 3]
+    images: Mapping[str, np.ndarray] = field(repr=False)  # key -> uint8 [H, W, 3] (or [T, H, W, 3]: max_frames)
     state: np.ndarray = field(repr=False)  # float32 [state_dim]
     prompt: str | None
     # Keys the metadata does not name (non-image), passed to the policy as decoded.
@@ -597,8 +643,10 @@ def parse_request(msg: Any, metadata: PolicyMetadata) -> Request:
         endpoint = msg["endpoint"]
         if not isinstance(endpoint, str):
             raise ProtocolError(f"endpoint must be a string, got {_describe(endpoint)}")
+        if endpoint == INFER_ENDPOINT:  # RoboArena's observation: the same, named
+            return _infer_request({k: v for k, v in msg.items() if k != "endpoint"}, metadata, "")
         if endpoint != RESET_ENDPOINT:
-            raise ProtocolError(f"unknown endpoint {shown(endpoint)} (known: {RESET_ENDPOINT!r})")
+            raise ProtocolError(f"unknown endpoint {shown(endpoint)} (known: {INFER_ENDPOINT!r}, {RESET_ENDPOINT!r})")
         extra = set(msg) - {"endpoint", "session_id"}
         if extra:
             raise ProtocolError(f"reset takes only 'session_id', got {shown_all(sorted(extra))}")
@@ -634,17 +682,25 @@ def _infer_request(msg: dict, metadata: PolicyMetadata, where: str) -> InferRequ
 
 
 def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where: str = "") -> Observation:
-    """Check camera keys, image shape/dtype, state length and finiteness, prompt type."""
+    """Check camera keys, image shape/dtype, state length and finiteness, prompt type and length,
+    and a RoboArena policy's state vectors."""
     image_shape = metadata.image_shape
     images: dict[str, np.ndarray] = {}
+    frames = None  # the T of the first camera sent as [T, H, W, 3]; None: one frame
     for key in metadata.image_keys:
         if key not in msg:
             raise ProtocolError(f"missing camera {where}{key!r}")
         img = msg[key]
         if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
-                or img.shape != image_shape:
+                or (img.shape != image_shape and not _frames_ok(img, metadata)):
             h, w = metadata.image_resolution
-            raise ProtocolError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3], got {_describe(img)}")
+            stack = f" or [T, {h}, {w}, 3] with T in [1, {metadata.max_frames}]" if metadata.max_frames > 1 else ""
+            raise ProtocolError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3]{stack}, got {_describe(img)}")
+        t = img.shape[0] if img.ndim == 4 else None
+        if images and t != frames:
+            raise ProtocolError(f"camera {where}{key!r} has {_frame_count(t)}, {where}{metadata.image_keys[0]!r} "
+                                f"has {_frame_count(frames)}: every camera must carry the same")
+        frames = t
         images[key] = img
 
     if metadata.state_dim > 0 or metadata.state_key in msg:
@@ -656,10 +712,11 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     if prompt is not None:
         if not isinstance(prompt, str):
             raise ProtocolError(f"{where}{metadata.prompt_key!r} must be a string, got {_type_name(prompt)}")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise ProtocolError(f"{where}{metadata.prompt_key!r} is over {MAX_PROMPT_CHARS} characters")
+        if len(prompt) > metadata.max_prompt_chars:
+            raise ProtocolError(f"{where}{metadata.prompt_key!r} is over {metadata.max_prompt_chars} characters")
         prompt = str(prompt)
 
+    vectors = metadata.roboarena.state_vectors(msg, where) if metadata.roboarena is not None else None
     extras = {}
     known = len(images) + (metadata.state_key in msg) + (metadata.prompt_key in msg)
     if len(msg) > known:  # more than cameras, state and prompt: look at the rest
@@ -671,7 +728,17 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
                 raise ProtocolError(f"unknown camera key {where}{shown(key)} (this policy's cameras: "
                                     f"{list(metadata.image_keys)})")
             extras[key] = value
+    if vectors:
+        extras.update(vectors)
     return Observation(MappingProxyType(images), state, prompt, MappingProxyType(extras))
+
+
+def _frames_ok(img: np.ndarray, metadata: PolicyMetadata) -> bool:
+    return img.ndim == 4 and img.shape[1:] == metadata.image_shape and 1 <= img.shape[0] <= metadata.max_frames
+
+
+def _frame_count(t: int | None) -> str:
+    return "one frame [H, W, 3]" if t is None else f"{t} frames"
 
 
 def _state(value: Any, metadata: PolicyMetadata, where: str) -> np.ndarray:

@@ -321,7 +321,7 @@ def test_bad_extensions(over, text):
 def test_reset_request():
     assert op.parse_request({"endpoint": "reset"}, META) == op.ResetRequest(None)
     assert op.parse_request({"endpoint": "reset", "session_id": "r1"}, META) == op.ResetRequest("r1")
-    assert _error({"endpoint": "load"}) == "unknown endpoint 'load' (known: 'reset')"
+    assert _error({"endpoint": "load"}) == "unknown endpoint 'load' (known: 'infer', 'reset')"
     assert _error({"endpoint": "reset", "x": 1}) == "reset takes only 'session_id', got ['x']"
     assert op.reset_reply() == {"status": "reset successful"}
 
@@ -390,7 +390,7 @@ def test_a_malformed_dtype_in_the_usual_request_is_a_wire_error(spec):
     (np.zeros(3, np.uint8), "endpoint must be a string, got uint8 [3]"),
     (np.zeros(0, np.uint8), "endpoint must be a string, got uint8 [0]"),  # once answered as a reset
     (["reset"], "endpoint must be a string, got array"),
-    ("r" * 100_000, "unknown endpoint '" + "r" * 64 + "'... (100000 characters) (known: 'reset')"),
+    ("r" * 100_000, "unknown endpoint '" + "r" * 64 + "'... (100000 characters) (known: 'infer', 'reset')"),
 ])
 def test_only_the_string_reset_is_a_reset_and_echoes_are_short(endpoint, text):
     assert _error({"endpoint": endpoint}) == text
