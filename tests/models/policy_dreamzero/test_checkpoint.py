@@ -1,0 +1,141 @@
+"""The checkpoint folder: exact load of the tiny one; extra, missing and misplaced keys named."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from models.policy.dreamzero.checkpoint import (DIT_PREFIX, INDEX_NAME, CheckpointError, load_checkpoint,
+                                                validate_checkpoint)
+from models.policy.dreamzero.config import DROID, TINY, ConfigError, DreamZeroConfig
+from models.policy.dreamzero.tiny_checkpoint import tiny_metadata
+from models.policy.dreamzero.vae import wan_vae_names
+
+
+def _all_tensors(folder):
+    wm = json.loads((folder / INDEX_NAME).read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(wm.values())):
+        with safe_open(str(folder / shard), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return wm, out
+
+
+def test_tiny_folder_loads_every_tensor_exactly(tiny_folder, tiny):
+    wm, stored = _all_tensors(tiny_folder)
+    assert set(wm) == set(stored) and len(set(wm.values())) == 3
+    assert tiny.config == TINY
+    dit = dict(tiny.dit.named_parameters())
+    assert {DIT_PREFIX + n for n in dit} == {n for n in stored if n.startswith(DIT_PREFIX)}
+    for n, p in dit.items():
+        assert torch.equal(p, stored[DIT_PREFIX + n]), n
+    te = dict(tiny.text_encoder.named_parameters())
+    assert torch.equal(te["encoder.block.0.layer.1.DenseReluDense.wi_0.weight"],
+                       stored["action_head.text_encoder.blocks.0.ffn.gate.0.weight"])
+    assert torch.equal(te["shared.weight"], stored["action_head.text_encoder.token_embedding.weight"])
+    ie = dict(tiny.image_encoder.named_parameters())
+    assert torch.equal(ie["model.visual.transformer.1.attn.to_qkv.weight"],
+                       stored["action_head.image_encoder.model.visual.transformer.1.attn.to_qkv.weight"])
+    vae = dict(tiny.vae.named_parameters())
+    assert torch.equal(vae["decoder.up_blocks.1.resnets.0.conv_shortcut.weight"],
+                       stored["action_head.vae.model.decoder.upsamples.4.shortcut.weight"])
+    # Every stored tensor went somewhere: the modules hold as many tensors as the folder.
+    assert len(dit) + len(te) + len(ie) + len(vae) == len(stored)
+    assert tiny.metadata == tiny_metadata()
+
+
+def test_published_structure_counts():
+    # The 14B checkpoint: 1317 DiT tensors, 194 VAE tensors (the public debugging note).
+    with torch.device("meta"):
+        from models.policy.dreamzero.model import DreamZeroDiT
+        assert len(list(DreamZeroDiT(DROID).named_parameters())) == 1317
+    assert len(wan_vae_names()) == 194
+
+
+def _copy(tiny_folder, tmp_path):
+    dst = tmp_path / "ck"
+    shutil.copytree(tiny_folder, dst)
+    return dst
+
+
+def _add_tensor(folder, name, tensor):
+    index = json.loads((folder / INDEX_NAME).read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    data = load_file(str(folder / shard))
+    data[name] = tensor
+    save_file(data, str(folder / shard))
+    index["weight_map"][name] = shard
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("name", [
+    "action_head.model.blocks.0.self_attn.extra.weight",   # in the DiT, not the model's
+    "backbone.proj.weight",                                  # outside every known prefix
+])
+def test_an_extra_key_fails_naming_it(tiny_folder, tmp_path, name):
+    folder = _copy(tiny_folder, tmp_path)
+    _add_tensor(folder, name, torch.zeros(2))
+    with pytest.raises(CheckpointError, match="unknown 1 key") as e:
+        validate_checkpoint(folder)
+    assert name in str(e.value)
+
+
+def test_an_extra_vae_key_fails_naming_it(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path)
+    _add_tensor(folder, "action_head.vae.model.decoder.upsamples.99.residual.0.gamma", torch.zeros(2))
+    with pytest.raises(CheckpointError, match="decoder.upsamples.99.residual.0.gamma"):
+        load_checkpoint(folder)
+
+
+def test_a_missing_key_fails_naming_it(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path)
+    index = json.loads((folder / INDEX_NAME).read_text())
+    gone = "action_head.model.blocks.1.cross_attn.k_img.weight"
+    del index["weight_map"][gone]
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="missing 1 key") as e:
+        validate_checkpoint(folder)
+    assert gone in str(e.value)
+
+
+def test_a_missing_text_encoder_key_fails_naming_it(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path)
+    index = json.loads((folder / INDEX_NAME).read_text())
+    del index["weight_map"]["action_head.text_encoder.blocks.0.ffn.fc1.weight"]
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"text encoder: missing 1 key.*blocks\.0\.ffn\.fc1\.weight"):
+        load_checkpoint(folder)
+
+
+def test_a_shard_lacking_an_indexed_key_and_a_wrong_shape_are_named(tiny_folder, tmp_path):
+    folder = _copy(tiny_folder, tmp_path)
+    index = json.loads((folder / INDEX_NAME).read_text())
+    name = "action_head.model.head.modulation"
+    shard = index["weight_map"][name]
+    data = load_file(str(folder / shard))
+    data[name] = torch.zeros(3)
+    save_file(data, str(folder / shard))
+    with pytest.raises(CheckpointError, match=r"head\.modulation has shape \(3,\), expected \(1, 2, 24\)"):
+        load_checkpoint(folder)
+    del data[name]
+    save_file(data, str(folder / shard))
+    with pytest.raises(CheckpointError, match=r"lists \['action_head\.model\.head\.modulation'\]"):
+        load_checkpoint(folder)
+
+
+def test_config_round_trip_and_refusals():
+    assert DreamZeroConfig.from_checkpoint_config(DROID.to_checkpoint_config()) == DROID
+    assert DROID.local_attn_size == 9 and DROID.head_dim == 128 and DROID.condition_latents == 9
+    cfg = DROID.to_checkpoint_config()
+    cfg["action_head_cfg"]["config"]["diffusion_model_cfg"]["window"] = 3
+    with pytest.raises(ConfigError, match="unknown diffusion_model_cfg field 'window'"):
+        DreamZeroConfig.from_checkpoint_config(cfg)
+    with pytest.raises(ConfigError, match="model_type='t2v' changes the topology"):
+        DreamZeroConfig(model_type="t2v")
+    with pytest.raises(ConfigError, match="architectures"):
+        DreamZeroConfig.from_checkpoint_config({"architectures": ["Other"]})
