@@ -47,9 +47,10 @@ CODEC = "libx264"
 PIX_FMT = "yuvj420p"
 INSTALL_HINT = "pip install 'realtime-sessions[video]'"
 # 480x832 maze frames on one core (AMD EPYC, bench/results/h264_maze_cpu.json), CPU ms a frame
-# (colour conversion included) and bytes a frame: ultrafast 3.1 ms / 6.7 KB, superfast 4.1 / 5.9,
-# veryfast 5.8 / 5.2. superfast: half the 8 ms budget, so 4 sessions at 16 frames/s take a
-# quarter of a core beside the model on a 2-core box; veryfast's 11 % fewer bytes cost 1.4x the time.
+# (colour conversion included) and bytes a frame at CRF 24: ultrafast 4.8 ms / 3.2 KB, superfast
+# 5.5 / 3.0, veryfast 7.2 / 2.5. superfast: two thirds of the 8 ms budget, so 4 sessions at 16
+# frames/s take a third of a core beside the model on a 2-core box; veryfast's 15 % fewer bytes
+# cost 1.3x the time and leave no margin.
 PRESET = "superfast"
 # Constant quality under the client's bitrate ceiling: on the same frames CRF 24 kept 44.55 dB
 # of PSNR at 2,966 bytes a frame, against JPEG q92's 44.35 dB at 17,934 (CRF 23: 45.02 dB at
