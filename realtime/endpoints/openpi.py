@@ -33,7 +33,10 @@ drain is not started (the real client's ``recv`` raises ``ConnectionClosedOK``).
 Sessions: a request's ``session_id`` names the robot's state in the policy;
 without one the connection's own id is used (``<conn>/<i>`` for the i-th entry of
 a batch). An explicit id is held by one connection at a time, and every session a
-connection used is released when it closes.
+connection used is released when it closes. A stateful policy (its metadata's
+``needs_session_id``, RoboArena's flag) keeps an explicit id's state past the close,
+so that a robot reconnecting under the id continues its episode; the policy bounds
+what it keeps, and a reset or an operator's close drops it.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class OpenPIEndpoint(SessionEndpoint):
         self.requests = itertools.count()
         self.prev_total_ms: float | None = None
         self.left = False  # the robot disconnected while a request was in flight
+        self.closed_by_admin = False  # an operator ended it: no session's state outlives it
         self.in_request = False  # a request is being handled (a disconnect then cancels it)
         # Set while no request is being handled and answered (a drain waits for it).
         self.quiet = asyncio.Event()
@@ -180,6 +184,8 @@ class OpenPIEndpoint(SessionEndpoint):
 
     async def wind_down(self, why: Why) -> None:
         """At a drain, the request in flight, if any, is answered first."""
+        if why is Why.ADMIN:
+            self.closed_by_admin = True
         if why is Why.DRAIN:
             await self.quiet.wait()
             log.info("session %s: drained", self.conn_id)
@@ -261,14 +267,28 @@ class OpenPIEndpoint(SessionEndpoint):
 
     def _end_sessions(self) -> None:
         """End every session this connection used. Each stays listed (state
-        ``closing``, no owner) until the policy has released it: see ``_session``."""
+        ``closing``, no owner) until the policy has released it: see ``_session``.
+        A stateful policy's explicit ids are only unlisted: their state stays in the policy."""
+        kept = 0
         for sid, entry in self.used.items():
             if self.model is None:
                 self.live.remove(entry)
                 continue
+            if self._outlives_connection(sid):
+                self.live.remove(entry)  # free for the robot's next connection
+                kept += 1
+                continue
             entry.owner, entry.state = None, SessionState.CLOSING
             asyncio.ensure_future(self._drop_state(sid, entry))
-        log.info("session %s: robot disconnected (%d sessions released)", self.conn_id, len(self.used))
+        log.info("session %s: robot disconnected (%d sessions released, %d kept by the policy)",
+                 self.conn_id, len(self.used) - kept, kept)
+
+    def _outlives_connection(self, sid: str) -> bool:
+        """Whether ``sid``'s state stays in the policy when this connection ends: a client's own
+        id on a stateful policy, unless an operator closed the connection."""
+        if self.adapter is None or not self.adapter.metadata.needs_session_id or self.closed_by_admin:
+            return False
+        return sid != self.conn_id and not sid.startswith(self.conn_id + "/")
 
     async def _drop_state(self, sid: str, entry: SessionRecord) -> None:
         assert self.model is not None
@@ -287,7 +307,12 @@ class OpenPIEndpoint(SessionEndpoint):
         frame: Any = message.data if message.data is not None else message.text
         req = wire.parse_client(frame, self.metadata)
         if isinstance(req, wire.ResetRequest):
-            await self.reset(await self._session(req.session_id, None))
+            # A reset naming an id claims it first (one in use elsewhere is refused, its robot
+            # untouched); a bare one resets every session this connection has used.
+            if req.session_id is not None or not self.used:
+                await self.reset([await self._session(req.session_id, None)])
+            else:
+                await self.reset(list(self.used))
             return self.packer.pack(wire.reset_reply())
         if isinstance(req, wire.BatchRequest):
             sids = [await self._session(item.session_id, i) for i, item in enumerate(req.items)]
@@ -341,10 +366,8 @@ class OpenPIEndpoint(SessionEndpoint):
             outputs=result.outputs,
         )
 
-    async def reset(self, sid: str) -> None:
+    async def reset(self, sids: list[str]) -> None:
         assert self.model is not None
-        # Connection-scoped batch sessions (<conn>/<i>) reset with the connection.
-        sids = [sid] if sid != self.conn_id else [s for s in self.used if s.split("/")[0] == self.conn_id]
         self._watch()
         for s in sids:
             try:
