@@ -14,17 +14,19 @@ state dict loads name for name. One forward runs one chunk of every row::
     action flow  = action_decoder(x[actions])     [rows, 24, action_dim]
 
 RoPE: video tokens 3-D (frame, row, column; the frame at its absolute latent index),
-action and state tokens 1-D at positions ``k * 24 + j`` and ``k`` for the chunk's index
-``k = (start_frame - 1) // num_frame_per_block`` (upstream ``causal_rope_action_apply``).
+action and state tokens 1-D at positions ``k * 24 + j`` and ``k`` for the index ``k`` of
+the block the call's last frame is in: ``(start_frame - 1) // num_frame_per_block`` for a
+chunk (upstream ``causal_rope_action_apply``), 0 for a one-block training sequence.
 
 Self-attention (inference, upstream ``CausalWanSelfAttention`` with a kv cache): every
 query of the chunk (video, actions and the state) attends to the cached video K/V, the
 chunk's video K/V and its action/state K/V, without a mask. Only video K/V are cached:
 ``forward`` returns, per layer, the cache with the chunk's video K/V appended and cut to
 the window (``local_attn_size`` frames), which a ``t = 0`` pass keeps and a denoising
-pass drops. Given ``mask`` and no cache, the chunk is instead a whole training sequence
-of video frames attended under that mask (``mask.block_causal_mask``); the tests build
-the same K/V both ways.
+pass drops. Given ``mask`` and no cache, the call is instead a whole training sequence
+attended under that mask (``mask.block_causal_mask``; with actions, one block, whose
+``[first frame | block | actions | state]`` order is a chunk's); the tests build the same
+K/V and flows both ways.
 
 Shared with LingBot (``models/world/lingbot/transformer.py``): RMS norm, the affine-free
 LayerNorm, the sinusoidal timestep embedding, 3-D RoPE angles and their application, and
@@ -298,8 +300,8 @@ class DreamZeroDiT(nn.Module):
         register = actions is not None
         if register != (action_timestep is not None) or register != (state is not None):
             raise ValueError("actions, action_timestep and state come together")
-        if mask is not None and (past is not None or register):
-            raise ValueError("a masked forward is a whole video sequence: no cache, no actions")
+        if mask is not None and past is not None:
+            raise ValueError("a masked forward is a whole sequence: no cache")
         ph, pw = cfg.patch_size[1:]
         hp, wp = H // ph, W // pw
         tpf = hp * wp
@@ -323,7 +325,7 @@ class DreamZeroDiT(nn.Module):
             enc = self.action_encoder(actions.to(dtype), ta)
             x = torch.cat([x, enc, self.state_encoder(state.to(dtype))], 1)
             t = torch.cat([t, ta.to(t.dtype), action_timestep[:, None].expand(R, S).to(t.dtype)], 1)
-            k = (start_frame - 1) // cfg.num_frame_per_block
+            k = (start_frame + Fr - 2) // cfg.num_frame_per_block     # the last frame's block
             pos = torch.cat([k * cfg.num_action_per_block + torch.arange(T, device=x.device),
                              k * cfg.num_state_per_block + torch.arange(S, device=x.device)])
             angles = torch.cat([angles, action_rope_angles(cfg.head_dim, pos)[None].expand(R, -1, -1)], 1)

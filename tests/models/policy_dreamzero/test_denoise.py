@@ -119,3 +119,34 @@ def test_refuses_bad_shapes(tiny):
     with pytest.raises(ValueError, match="actions, action_timestep and state come together"):
         dit(torch.zeros(1, 16, 2, H, W), torch.zeros(1, 20, 2, H, W), torch.zeros(1), 1,
             [None] * 2, actions=torch.zeros(1, 3, 5))
+
+
+@torch.no_grad()
+def test_a_chunk_is_the_training_mask_with_the_state_row_open(tiny):
+    # Serving: the first frame's K/V from a t=0 pass, then one chunk (2 noisy frames, actions,
+    # state) over that cache. Training: one masked pass over [first | block | actions | state]
+    # with t=0 on the first frame. Video and action queries see the same keys either way; the
+    # state token sees only itself in training but the whole chunk when serving (upstream), so
+    # the two agree exactly when the mask's state row is opened, and not with the training mask.
+    dit, cfg = tiny.dit, tiny.config
+    x = _inputs(cfg, seed=4)
+    cross = dit.encode_context(x["text"], x["image"])
+    t = torch.tensor([700.0])
+    first = dit(x["frames"][:, :, :1], x["y"][:, :, :1], torch.zeros(1), 0, cross)
+    chunk = dit(x["noise"], x["y"][:, :, 1:3], t, 1, cross, first.kv, actions=x["actions"],
+                action_timestep=t, state=x["state"])
+    seq = torch.cat([x["frames"][:, :, :1], x["noise"]], 2)
+    per_frame = torch.tensor([[0.0, 700.0, 700.0]])
+    mask = block_causal_mask(1, tokens_per_frame=4, frames_per_block=2,
+                             actions_per_block=cfg.num_action_per_block, states_per_block=1)
+    opened = mask.clone()
+    opened[-1, :] = True
+    whole = dit(seq, x["y"][:, :, :3], per_frame, 0, cross, actions=x["actions"], action_timestep=t,
+                state=x["state"], mask=opened)
+    assert torch.allclose(whole.video[:, :, 1:], chunk.video, atol=1e-5)
+    assert torch.allclose(whole.actions, chunk.actions, atol=1e-5)
+    trained = dit(seq, x["y"][:, :, :3], per_frame, 0, cross, actions=x["actions"], action_timestep=t,
+                  state=x["state"], mask=mask)
+    # Two tiny layers leave the state's reach small (its K/V change from layer 2 on), but there.
+    assert (trained.actions - chunk.actions).abs().max() > 1e-5
+    assert (trained.video[:, :, 1:] - chunk.video).abs().max() > 1e-5
