@@ -75,6 +75,18 @@ def test_openpi_client_unchanged_keeps_state_for_its_connection(served):
     wait_for(lambda: sid in policy.drops)  # no session_id: the state ends with its connection
 
 
+def test_openpi_client_with_a_session_id_continues_after_reconnecting(served):
+    addr, policy = served
+    robot = WebsocketClientPolicy(host=f"ws://{addr}{PATH}")
+    assert [state(robot.infer(droid_obs(session_id="ep-O")))[0] for _ in range(2)] == [1, 2]
+    robot._ws.close()
+    robot = WebsocketClientPolicy(host=f"ws://{addr}{PATH}")
+    assert state(robot.infer(droid_obs(session_id="ep-O")))[0] == 3
+    assert robot.infer({"endpoint": "reset", "session_id": "ep-O"}) == {"status": "reset successful"}
+    assert state(robot.infer(droid_obs(session_id="ep-O")))[:2] == (1, 1)
+    assert policy.drops == []
+
+
 def test_two_robots_keep_separate_state_and_a_reset_clears_one(served):
     addr, policy = served
     a, b = arena(addr), arena(addr)
