@@ -1,0 +1,73 @@
+"""DreamZeroDiT against values recorded from upstream's ``CausalWanModel`` (fixtures/README.md).
+
+Weights and inputs are closed-form (sines of the element index), not drawn from a random
+generator, so the recorded values stay valid across torch versions. The recorded run is
+upstream's inference path: the first frame's t=0 pass, a chunk at start frame 1, the t=0
+pass of two observed frames, a chunk at start frame 3 (actions' 1-D RoPE at chunk 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from models.policy.dreamzero.config import TINY
+from models.policy.dreamzero.model import DreamZeroDiT
+
+FIXTURE = Path(__file__).with_name("fixtures") / "upstream_tiny.json"
+# Upstream's MLPProj takes 1280-wide CLIP features whatever the DiT's size.
+CONFIG = dataclasses.replace(TINY, image_dim=1280)
+T = 937.0     # a timestep of the 16-step schedule
+
+
+def det(shape: tuple[int, ...], salt: float, scale: float = 1.0) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    i = torch.arange(n, dtype=torch.float64)
+    return (scale * torch.sin(0.37 * i + salt) * torch.cos(0.11 * i - 0.5 * salt)).float().reshape(shape)
+
+
+def model() -> DreamZeroDiT:
+    m = DreamZeroDiT(CONFIG).eval()
+    with torch.no_grad():
+        for k, (_, p) in enumerate(sorted(m.named_parameters())):
+            p.copy_(det(tuple(p.shape), 1.3 * k, 0.2))
+    return m
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    c = CONFIG
+    return {"text": det((1, c.text_len, c.text_dim), 0.1), "clip": det((1, 257, 1280), 0.2),
+            "frames": det((1, 16, 3, 4, 4), 0.3), "ys": det((1, 20, 5, 4, 4), 0.4),
+            "noise": det((1, 16, 2, 4, 4), 0.5), "actions": det((1, c.action_horizon, c.action_dim), 0.6),
+            "state": det((1, 1, c.max_state_dim), 0.7)}
+
+
+@torch.no_grad()
+def run(m: DreamZeroDiT) -> dict[str, torch.Tensor]:
+    x = inputs()
+    t = torch.full((1,), T)
+    cross = m.encode_context(x["text"], x["clip"])
+    first = m(x["frames"][:, :, :1], x["ys"][:, :, :1], torch.zeros(1), 0, cross)
+    chunk1 = m(x["noise"], x["ys"][:, :, 1:3], t, 1, cross, first.kv, actions=x["actions"], action_timestep=t,
+               state=x["state"])
+    observed = m(x["frames"][:, :, 1:3], x["ys"][:, :, 1:3], torch.zeros(1), 1, cross, first.kv)
+    chunk3 = m(x["noise"], x["ys"][:, :, 3:5], t, 3, cross, observed.kv, actions=x["actions"], action_timestep=t,
+               state=x["state"])
+    return {"chunk1_video": chunk1.video, "chunk1_actions": chunk1.actions,
+            "observed_k_last_layer": observed.kv[-1][0], "observed_v_last_layer": observed.kv[-1][1],
+            "chunk3_video": chunk3.video, "chunk3_actions": chunk3.actions}
+
+
+def test_matches_upstream_causal_wan_model():
+    want = json.loads(FIXTURE.read_text())
+    got = run(model())
+    assert set(got) == set(want["values"])
+    for name, value in got.items():
+        ref = torch.tensor(want["values"][name])
+        assert value.shape == ref.shape, name
+        assert torch.allclose(value, ref, atol=2e-5, rtol=1e-5), (name, (value - ref).abs().max().item())
