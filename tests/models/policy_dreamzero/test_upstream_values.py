@@ -70,4 +70,7 @@ def test_matches_upstream_causal_wan_model():
     for name, value in got.items():
         ref = torch.tensor(want["values"][name])
         assert value.shape == ref.shape, name
-        assert torch.allclose(value, ref, atol=2e-5, rtol=1e-5), (name, (value - ref).abs().max().item())
+        # float32 rounding: within 1e-5 of each tensor's largest value (a 1-D RoPE shifted by one
+        # position moves the actions by 1e-4 of theirs, the video by 2e-4).
+        tol = 1e-5 * ref.abs().max().item()
+        assert (value - ref).abs().max().item() <= tol, (name, (value - ref).abs().max().item(), tol)
