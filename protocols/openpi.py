@@ -114,6 +114,7 @@ _REFUSED_KINDS = ("V", "O", "c")
 # The state of a policy that takes none (read-only, shared by every observation).
 _NO_STATE = np.zeros((0,), np.float32)
 _NO_STATE.flags.writeable = False
+_SAME_KEYS: Mapping[str, str] = MappingProxyType({})
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,128}$")
 # numpy's dtypes of builtin types are singletons: "is" first, then the full comparison.
 _UINT8 = np.dtype(np.uint8)
@@ -687,18 +688,22 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     image_shape = metadata.image_shape
     images: dict[str, np.ndarray] = {}
     frames = None  # the T of the first camera sent as [T, H, W, 3]; None: one frame
+    # Cameras a RoboArena client sent under its own numbering (their key -> the key sent).
+    sent = metadata.roboarena.sent_cameras(msg) if metadata.roboarena is not None else _SAME_KEYS
     for key in metadata.image_keys:
-        if key not in msg:
-            raise ProtocolError(f"missing camera {where}{key!r}")
-        img = msg[key]
+        name = sent.get(key, key)
+        if name not in msg:
+            raise ProtocolError(f"missing camera {where}{name!r}")
+        img = msg[name]
         if not isinstance(img, np.ndarray) or (img.dtype is not _UINT8 and img.dtype != _UINT8) \
                 or (img.shape != image_shape and not _frames_ok(img, metadata)):
             h, w = metadata.image_resolution
             stack = f" or [T, {h}, {w}, 3] with T in [1, {metadata.max_frames}]" if metadata.max_frames > 1 else ""
-            raise ProtocolError(f"camera {where}{key!r} must be uint8 [{h}, {w}, 3]{stack}, got {_describe(img)}")
+            raise ProtocolError(f"camera {where}{name!r} must be uint8 [{h}, {w}, 3]{stack}, got {_describe(img)}")
         t = img.shape[0] if img.ndim == 4 else None
         if images and t != frames:
-            raise ProtocolError(f"camera {where}{key!r} has {_frame_count(t)}, {where}{metadata.image_keys[0]!r} "
+            first = sent.get(metadata.image_keys[0], metadata.image_keys[0])
+            raise ProtocolError(f"camera {where}{name!r} has {_frame_count(t)}, {where}{first!r} "
                                 f"has {_frame_count(frames)}: every camera must carry the same")
         frames = t
         images[key] = img
@@ -721,8 +726,9 @@ def validate_observation(msg: Mapping[str, Any], metadata: PolicyMetadata, where
     known = len(images) + (metadata.state_key in msg) + (metadata.prompt_key in msg)
     if len(msg) > known:  # more than cameras, state and prompt: look at the rest
         named = metadata.named_keys
+        renamed = set(sent.values())
         for key, value in msg.items():
-            if key in named:
+            if key in named or key in renamed:
                 continue
             if _looks_like_image(value):
                 raise ProtocolError(f"unknown camera key {where}{shown(key)} (this policy's cameras: "

@@ -10,7 +10,8 @@ is a copy of it) speaks OpenPI's msgpack-numpy over a WebSocket. What it adds:
 * Every request names its ``endpoint``: ``"infer"`` with an observation, ``"reset"`` with the
   ``reset_info`` the client passes (its ``session_id``, or nothing).
 * The observation's keys are fixed: ``observation/exterior_image_{i}_left`` for i < n (0-indexed, as
-  RoboArena's own test and DreamZero's DROID clients write them), ``observation/wrist_image_left``,
+  RoboArena's own test and DreamZero's DROID clients write them; RoboArena's evaluator numbers them
+  from 1, which is read too: ``sent_cameras``), ``observation/wrist_image_left``,
   ``_right`` twins when stereo, ``observation/joint_position`` (7),
   ``observation/cartesian_position`` (6), ``observation/gripper_position`` (1), ``prompt`` and, when
   ``needs_session_id``, ``session_id``: one id per evaluation episode.
@@ -41,6 +42,9 @@ STATE_VECTORS: Mapping[str, int] = MappingProxyType({JOINT_POSITION: 7, CARTESIA
 # The keys of the config map, in RoboArena's order.
 CONFIG_KEYS = ("image_resolution", "needs_wrist_camera", "n_external_cameras", "needs_stereo_camera",
                "needs_session_id", "action_space")
+
+
+_SAME_KEYS: Mapping[str, str] = MappingProxyType({})
 
 
 def exterior_image(i: int, side: str = "left") -> str:
@@ -96,6 +100,19 @@ class RoboArenaConfig:
         if self.action_space.startswith("cartesian"):
             return (JOINT_POSITION, CARTESIAN_POSITION, GRIPPER_POSITION)
         return (JOINT_POSITION, GRIPPER_POSITION)
+
+    def sent_cameras(self, msg: Mapping[str, Any]) -> Mapping[str, str]:
+        """Camera key -> the key ``msg`` carries it under, for the cameras sent under another.
+
+        RoboArena's evaluator numbers the exteriors from 1 (``exterior_image_1_left``,
+        ``exterior_image_2_left`` for two), RoboArena's own test and DreamZero's clients from 0. A
+        request without ``exterior_image_0_left`` but with ``exterior_image_{n}_left`` (a key no
+        0-indexed client sends) is read as numbered from 1: its i-th exterior is camera i - 1."""
+        n = self.n_external_cameras
+        if n == 0 or exterior_image(0) in msg or exterior_image(n) not in msg:
+            return _SAME_KEYS
+        sides = ("left", "right") if self.needs_stereo_camera else ("left",)
+        return {exterior_image(i, s): exterior_image(i + 1, s) for i in range(n) for s in sides}
 
     def to_wire(self) -> dict[str, Any]:
         return {

@@ -175,3 +175,13 @@ def test_a_bad_observation_is_named_and_ends_only_its_robot(served, bad, message
     # The refused robot's episode is still there for its next connection.
     assert state(arena(addr).infer(droid_obs(session_id="ep-B")))[0] == 2
     assert policy.calls.count("ep-B") == 2
+
+
+def test_roboarenas_evaluator_numbering_is_served(served):
+    addr, _ = served
+    robot = arena(addr)
+    # As RoboArena's evaluator builds it for two exteriors: numbered from 1, float64 state, its session id.
+    obs = droid_obs(1.5, session_id="ep-A")
+    obs["observation/exterior_image_2_left"] = obs.pop("observation/exterior_image_1_left")
+    obs["observation/exterior_image_1_left"] = obs.pop("observation/exterior_image_0_left")
+    assert state(robot.infer(obs)) == (1, 0, 1.5)

@@ -110,3 +110,17 @@ def test_state_vectors_and_prompt(over, message):
         assert isinstance(op.parse_request(obs(**over), META), op.InferRequest)
     else:
         assert _error(obs(**over)) == message
+
+
+def test_exteriors_numbered_from_one_are_read_as_roboarenas_evaluator_sends_them():
+    left, right = np.full((6, 8, 3), 1, np.uint8), np.full((6, 8, 3), 2, np.uint8)
+    evaluator = obs(**{CAMS[0]: None, CAMS[1]: left, "observation/exterior_image_2_left": right})
+    images = op.parse_request(evaluator, META).observation.images
+    assert sorted(images) == sorted(CAMS) and images[CAMS[0]] is left and images[CAMS[1]] is right
+    # Errors name the key as sent.
+    bad = {**evaluator, "observation/exterior_image_2_left": np.zeros((6, 9, 3), np.uint8)}
+    assert _error(bad).startswith("camera 'observation/exterior_image_2_left' must be uint8 [6, 8, 3]")
+    assert ARENA.sent_cameras(obs()) == {}
+    # A 0-indexed request with one camera too many still names it.
+    assert _error(obs(**{"observation/exterior_image_2_left": right})).startswith(
+        "unknown camera key 'observation/exterior_image_2_left'")

@@ -13,6 +13,9 @@ Cameras. The robot sends RoboArena's keys (0-indexed); DreamZero's DROID names a
     observation/exterior_image_1_left -> exterior_image_2_left  (right exterior)
     observation/wrist_image_left      -> wrist_image_left
 
+(RoboArena's evaluator numbers the exteriors from 1, ``exterior_image_1_left`` and ``_2_left``; the
+protocol layer reads those as 0 and 1: ``protocols/roboarena.py``, ``sent_cameras``.)
+
 Each frame (uint8 [180, 320, 3]) goes through the eval transforms: to float32 / 255, a centre
 crop to ``int(H * 0.95) x int(W * 0.95)`` (torchvision's ``CenterCrop``: offsets rounded half to
 even), a bilinear resize to 176 x 320 (torchvision's ``Resize``, antialiased), then ``* 255`` cast

@@ -217,6 +217,14 @@ def test_validate_observation_returns_the_droid_fields():
     assert four.frames == 4 and four.task == "" and four.session_id is None
 
 
+def test_validate_observation_reads_exteriors_numbered_from_one():
+    # RoboArena's evaluator sends exterior_image_1_left (its left camera) and exterior_image_2_left.
+    cams = {ob.EXTERIOR_LEFT: None, ob.EXTERIOR_RIGHT: np.full((180, 320, 3), 5, np.uint8),
+            "observation/exterior_image_2_left": np.full((180, 320, 3), 6, np.uint8)}
+    got = ob.validate_observation(good_obs(**cams))
+    assert int(got.images[ob.EXTERIOR_LEFT][0, 0, 0, 0]) == 5 and int(got.images[ob.EXTERIOR_RIGHT][0, 0, 0, 0]) == 6
+
+
 @pytest.mark.parametrize("over, message", [
     ({ob.WRIST: None}, "missing camera 'observation/wrist_image_left'"),
     ({ob.EXTERIOR_LEFT: np.zeros((180, 321, 3), np.uint8)},
