@@ -96,8 +96,11 @@ def build_text_encoder(weights: dict[str, torch.Tensor], device: torch.device | 
         config = config_from_shapes(weights)
     except KeyError as e:   # a tensor the sizes are read from
         raise CheckpointError(f"text encoder: missing 1 key(s), first [{e.args[0]!r}]") from None
-    model = UMT5EncoderModel(config).to(dtype)
-    params = dict(model.named_parameters())      # shared once (embed_tokens is tied to it)
+    with torch.device("meta"):       # no random init of 5.7B parameters to overwrite
+        model = UMT5EncoderModel(config)
+    model = model.to_empty(device=device).to(dtype)
+    model.tie_weights()               # to_empty gives encoder.embed_tokens a tensor of its own
+    params = dict(model.named_parameters())      # shared once
     mapped = {hf_name(n): n for n in weights}
     missing = sorted(wan_name(h) for h in set(params) - set(mapped))
     if missing:
@@ -108,7 +111,7 @@ def build_text_encoder(weights: dict[str, torch.Tensor], device: torch.device | 
                 raise CheckpointError(f"text encoder: {n} has shape {tuple(weights[n].shape)}, "
                                       f"expected {tuple(params[h].shape)}")
             params[h].copy_(weights[n])
-    return model.to(device).eval()
+    return model.eval()
 
 
 @torch.no_grad()

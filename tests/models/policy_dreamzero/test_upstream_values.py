@@ -74,3 +74,57 @@ def test_matches_upstream_causal_wan_model():
         # position moves the actions by 1e-4 of theirs, the video by 2e-4).
         tol = 1e-5 * ref.abs().max().item()
         assert (value - ref).abs().max().item() <= tol, (name, (value - ref).abs().max().item(), tol)
+
+
+# -- the encoders, from Wan's names (fixtures/upstream_encoders.json) ---------------------------
+
+ENCODERS = Path(__file__).with_name("fixtures") / "upstream_encoders.json"
+
+
+def text_weights() -> dict[str, torch.Tensor]:
+    """A 2-layer umt5 (width 16, 2 heads of 4, ffn 24, 8 buckets, vocabulary 30) in Wan's names."""
+    shapes = {"token_embedding.weight": (30, 16), "norm.weight": (16,)}
+    for i in range(2):
+        shapes.update({f"blocks.{i}.norm1.weight": (16,), f"blocks.{i}.norm2.weight": (16,),
+                       f"blocks.{i}.pos_embedding.embedding.weight": (8, 2),
+                       f"blocks.{i}.ffn.gate.0.weight": (24, 16), f"blocks.{i}.ffn.fc1.weight": (24, 16),
+                       f"blocks.{i}.ffn.fc2.weight": (16, 24)})
+        shapes.update({f"blocks.{i}.attn.{p}.weight": (8, 16) if p != "o" else (16, 8) for p in "qkvo"})
+    return {n: det(s, 0.7 * k, 0.4) for k, (n, s) in enumerate(sorted(shapes.items()))}
+
+
+def image_weights() -> dict[str, torch.Tensor]:
+    """A 3-block CLIP vision tower (width 160 = 2 heads of 80, 2x2 patches of a 4x4 image) in Wan's names."""
+    shapes = {"model.log_scale": (), "model.visual.patch_embedding.weight": (160, 3, 2, 2),
+              "model.visual.cls_embedding": (1, 1, 160), "model.visual.pos_embedding": (1, 5, 160),
+              "model.visual.pre_norm.weight": (160,), "model.visual.pre_norm.bias": (160,),
+              "model.visual.post_norm.weight": (160,), "model.visual.post_norm.bias": (160,),
+              "model.visual.head": (160, 6)}
+    for i in range(3):
+        b = f"model.visual.transformer.{i}."
+        shapes.update({b + "norm1.weight": (160,), b + "norm1.bias": (160,), b + "norm2.weight": (160,),
+                       b + "norm2.bias": (160,), b + "attn.to_qkv.weight": (480, 160), b + "attn.to_qkv.bias": (480,),
+                       b + "attn.proj.weight": (160, 160), b + "attn.proj.bias": (160,),
+                       b + "mlp.0.weight": (320, 160), b + "mlp.0.bias": (320,), b + "mlp.2.weight": (160, 320),
+                       b + "mlp.2.bias": (160,)})
+    return {n: det(s, 0.9 * k, 0.3) for k, (n, s) in enumerate(sorted(shapes.items()))}
+
+
+TEXT_IDS = torch.tensor([[5, 9, 13, 4, 1, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
+TEXT_MASK = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+
+
+def test_encoders_match_upstream():
+    from models.policy.dreamzero.image_encoder import build_image_encoder
+    from models.policy.dreamzero.text_encoder import build_text_encoder
+
+    want = json.loads(ENCODERS.read_text())["values"]
+    with torch.no_grad():
+        text = build_text_encoder(text_weights())(input_ids=TEXT_IDS, attention_mask=TEXT_MASK).last_hidden_state
+        image = build_image_encoder(image_weights()).model.visual(det((2, 3, 4, 4), 0.8))
+    # Only the prompt's tokens: upstream zeroes the rest after the encoder anyway.
+    text = text * TEXT_MASK[..., None]
+    for name, value in (("text", text), ("image", image)):
+        ref = torch.tensor(want[name])
+        assert value.shape == ref.shape, name
+        assert (value - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), name
