@@ -128,3 +128,29 @@ def test_encoders_match_upstream():
         ref = torch.tensor(want[name])
         assert value.shape == ref.shape, name
         assert (value - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), name
+
+
+VAE = Path(__file__).with_name("fixtures") / "upstream_vae.json"
+
+
+def vae_weights() -> dict[str, torch.Tensor]:
+    """Wan2.1's VAE at width 4 in its original names (shapes from diffusers' class)."""
+    from models.policy.dreamzero.vae import diffusers_names, make_vae, wan_vae_names
+
+    params = dict(make_vae(4, 16).named_parameters())
+    names = diffusers_names(wan_vae_names())
+    return {n: det(tuple(params[names[n]].shape), 0.3 * k, 0.2) for k, n in enumerate(sorted(names))}
+
+
+def test_vae_matches_upstream():
+    from models.policy.dreamzero.vae import build_vae
+
+    want = json.loads(VAE.read_text())["values"]
+    vae = build_vae(vae_weights())
+    with torch.no_grad():
+        mu = vae.encode(det((1, 3, 9, 16, 16), 0.9)).latent_dist.mode()
+        frames = vae.decode(det((1, 16, 3, 2, 2), 1.1)).sample
+    for name, value in (("encode", mu), ("decode", frames)):
+        ref = torch.tensor(want[name])
+        assert value.shape == ref.shape, name
+        assert (value - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), name
