@@ -17,12 +17,15 @@ the names differ::
 
 The sizes come from the tensors' shapes (umt5-xxl: vocabulary 256384, width 4096, 24
 layers, 64 heads of 64, feed-forward 10240, 32 buckets); the bucket distance (128) is
-umt5's. Prompts are padded to 512 tokens and the states past a prompt's end zeroed, as
-upstream's ``encode_prompt`` does.
+umt5's. Prompts are cleaned as upstream's tokenizer wrapper does (HTML entities
+unescaped twice, whitespace collapsed; upstream also runs ``ftfy.fix_text``, which only
+changes mis-decoded text and is not a dependency here), padded to 512 tokens, and the
+states past a prompt's end zeroed, as upstream's ``encode_prompt`` does.
 """
 
 from __future__ import annotations
 
+import html
 import re
 
 import torch
@@ -42,6 +45,18 @@ _BLOCK = {
 _TOP = {"token_embedding.weight": "shared.weight", "norm.weight": "encoder.final_layer_norm.weight"}
 _BLOCK_NAME = re.compile(r"blocks\.(\d+)\.(.+)")
 MAX_DISTANCE = 128
+
+# The CFG negative branch's prompt (upstream dreamzero_cotrain.py: Wan's default, in English).
+NEGATIVE_PROMPT = (
+    "Vibrant colors, overexposed, static, blurry details, text, subtitles, style, artwork, painting, "
+    "image, still, grayscale, dull, worst quality, low quality, JPEG artifacts, ugly, mutilated, extra "
+    "fingers, bad hands, bad face, deformed, disfigured, mutated limbs, fused fingers, stagnant image, "
+    "cluttered background, three legs, many people in the background, walking backwards.")
+
+
+def clean_prompt(text: str) -> str:
+    """Upstream's ``whitespace_clean(basic_clean(text))`` without ``ftfy``."""
+    return re.sub(r"\s+", " ", html.unescape(html.unescape(text)).strip()).strip()
 
 
 def hf_name(name: str) -> str | None:
@@ -117,7 +132,7 @@ def build_text_encoder(weights: dict[str, torch.Tensor], device: torch.device | 
 @torch.no_grad()
 def encode_prompts(encoder, tokenizer, prompts: list[str], length: int = 512) -> torch.Tensor:
     """``[len(prompts), length, d_model]`` states, zero past each prompt's last token."""
-    batch = tokenizer(prompts, padding="max_length", truncation=True, max_length=length,
+    batch = tokenizer([clean_prompt(p) for p in prompts], padding="max_length", truncation=True, max_length=length,
                       add_special_tokens=True, return_tensors="pt")
     device = next(encoder.parameters()).device
     ids, mask = batch.input_ids.to(device), batch.attention_mask.to(device)

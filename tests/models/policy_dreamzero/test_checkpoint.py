@@ -139,3 +139,16 @@ def test_config_round_trip_and_refusals():
         DreamZeroConfig(model_type="t2v")
     with pytest.raises(ConfigError, match="architectures"):
         DreamZeroConfig.from_checkpoint_config({"architectures": ["Other"]})
+
+
+def test_prompts_are_cleaned_padded_and_zeroed(tiny):
+    from models.policy.dreamzero.text_encoder import NEGATIVE_PROMPT, clean_prompt, encode_prompts
+    from models.world.lingbot.tiny_checkpoint import tiny_tokenizer
+
+    assert clean_prompt("  pick&amp;amp;place \n the   cup ") == "pick&place the cup"
+    assert NEGATIVE_PROMPT.startswith("Vibrant colors, overexposed") and NEGATIVE_PROMPT.endswith("walking backwards.")
+    states = encode_prompts(tiny.text_encoder, tiny_tokenizer(), ["ab", "a  b"], length=6)
+    assert states.shape == (2, 6, TINY.text_dim)
+    # "ab" is the word marker, a, b, </s>; "a b" one marker more: zeros after each prompt's end.
+    assert states[0, 4:].abs().sum() == 0 and states[0, :4].abs().sum() > 0
+    assert states[1, 5:].abs().sum() == 0 and states[1, :5].abs().sum() > 0
