@@ -50,10 +50,20 @@ def test_tiny_folder_loads_every_tensor_exactly(tiny_folder, tiny):
 
 
 def test_published_structure_counts():
-    # The 14B checkpoint: 1317 DiT tensors, 194 VAE tensors (the public debugging note).
+    # The 14B checkpoint's tensors per prefix (a public debugging note): DiT 1317, text
+    # encoder 242, image encoder 393, VAE 194; the modules here hold exactly as many.
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from models.policy.dreamzero.image_encoder import WanImageEncoder
+    from models.policy.dreamzero.model import DreamZeroDiT
+
     with torch.device("meta"):
-        from models.policy.dreamzero.model import DreamZeroDiT
         assert len(list(DreamZeroDiT(DROID).named_parameters())) == 1317
+        umt5_xxl = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                              relative_attention_num_buckets=32, feed_forward_proj="gated-gelu")
+        assert len(list(UMT5EncoderModel(umt5_xxl).named_parameters())) == 242
+        vit_h14 = WanImageEncoder(dim=1280, patch=14, grid=16, layers=32, mlp=5120, out_dim=1024)
+        assert len(list(vit_h14.named_parameters())) == 393
     assert len(wan_vae_names()) == 194
 
 
