@@ -16,9 +16,10 @@ Tensor names by prefix (upstream ``VLA`` -> ``WANPolicyHead``)::
     action_head.vae.model.*       the Wan2.1 VAE (original Wan names: encoder.conv1, ...)
 
 Every name is accounted for before a byte of weights is read: a name outside these
-prefixes, or a DiT name the model does not have, fails naming it ("unknown"), as does a
-DiT parameter the index lacks ("missing"); a shard that lacks a name its index lists, or
-a tensor of another shape, fails naming both. The DiT is built on the meta device and
+prefixes, or one its component's module does not have, fails naming it ("unknown"), as
+does a name a module needs that the index lacks ("missing"; the encoders' layer counts
+are read from the names); a shard that lacks a name its index lists, or a tensor of
+another shape, fails naming both. The DiT is built on the meta device and
 filled shard by shard (one shard open at a time). The other components' tensors are read
 into one name -> tensor map each (prefix removed) and then loaded, every name checked the
 same way, into their modules: ``text_encoder.py`` (transformers' UMT5 encoder),
@@ -117,11 +118,25 @@ def _component_of(name: str) -> str | None:
     return None
 
 
+def _expected_component_names(names: set[str]) -> set[str]:
+    """The full names each component's module needs, sized from the names found (layer counts)."""
+    from models.policy.dreamzero import image_encoder, text_encoder, vae
+
+    modules = {"text_encoder": text_encoder, "image_encoder": image_encoder, "vae": vae}
+    out: set[str] = set()
+    for comp, prefix in COMPONENT_PREFIXES.items():
+        found = {n[len(prefix):] for n in names if n.startswith(prefix)}
+        if found:
+            out |= {prefix + n for n in modules[comp].expected_names(found)}
+    return out
+
+
 def check_names(expected_dit: dict[str, tuple[int, ...]], names: set[str], where: str) -> None:
-    """Every name belongs to a known component and the DiT's names are exactly the model's."""
-    unknown = sorted(n for n in names if _component_of(n) is None
-                     or (_component_of(n) == "dit" and n not in expected_dit))
-    missing = sorted(set(expected_dit) - names)
+    """Every name belongs to a known component and is one its module has; every name the
+    modules need is there. Checked before any tensor is read."""
+    expected = set(expected_dit) | _expected_component_names(names)
+    unknown = sorted(n for n in names if n not in expected)
+    missing = sorted(expected - names)
     empty = [c for c, p in COMPONENT_PREFIXES.items() if not any(n.startswith(p) for n in names)]
     parts = []
     if missing:

@@ -96,6 +96,20 @@ class WanImageEncoder(nn.Module):
         return v(x.to(v.patch_embedding.weight.dtype))
 
 
+_TOP = ("model.log_scale", "model.visual.patch_embedding.weight", "model.visual.cls_embedding",
+        "model.visual.pos_embedding", "model.visual.pre_norm.weight", "model.visual.pre_norm.bias",
+        "model.visual.post_norm.weight", "model.visual.post_norm.bias", "model.visual.head")
+_PER_LAYER = tuple(f"{m}.{p}" for m in ("norm1", "attn.to_qkv", "attn.proj", "norm2", "mlp.0", "mlp.2")
+                   for p in ("weight", "bias"))
+
+
+def expected_names(found: set[str]) -> set[str]:
+    """Every name a tower with as many blocks as ``found`` names must have."""
+    layers = {int(m.group(1)) for n in found if (m := _LAYER.match(n))}
+    return set(_TOP) | {f"model.visual.transformer.{i}.{p}" for i in range(max(layers, default=-1) + 1)
+                        for p in _PER_LAYER}
+
+
 def build_image_encoder(weights: dict[str, torch.Tensor], device: torch.device | str = "cpu",
                         dtype: torch.dtype = torch.float32) -> WanImageEncoder:
     """The encoder holding exactly ``weights``; an unknown or missing name, or another shape,

@@ -81,6 +81,12 @@ def wan_name(hf: str) -> str:
     raise KeyError(hf)
 
 
+def expected_names(found: set[str]) -> set[str]:
+    """Every Wan name an encoder with as many layers as ``found`` names must have."""
+    layers = {int(m.group(1)) for n in found if (m := _BLOCK_NAME.fullmatch(n))}
+    return set(_TOP) | {f"blocks.{i}.{b}" for i in range(max(layers, default=-1) + 1) for b in _BLOCK}
+
+
 def config_from_shapes(weights: dict[str, torch.Tensor]):
     """The ``UMT5Config`` the tensors describe."""
     from transformers import UMT5Config

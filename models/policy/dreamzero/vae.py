@@ -69,6 +69,11 @@ def wan_vae_names() -> list[str]:
     return names
 
 
+def expected_names(found: set[str]) -> set[str]:
+    """Every original name the VAE must have (its structure is fixed)."""
+    return set(wan_vae_names())
+
+
 def diffusers_names(names) -> dict[str, str]:
     """Original name -> diffusers name, by diffusers' own converter."""
     from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers

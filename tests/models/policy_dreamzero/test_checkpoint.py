@@ -95,31 +95,43 @@ def test_an_extra_key_fails_naming_it(tiny_folder, tmp_path, name):
     assert name in str(e.value)
 
 
-def test_an_extra_vae_key_fails_naming_it(tiny_folder, tmp_path):
+@pytest.mark.parametrize("name", [
+    "action_head.vae.model.decoder.upsamples.99.residual.0.gamma",
+    "action_head.text_encoder.blocks.0.ffn.gate.1.weight",
+    "action_head.image_encoder.model.visual.transformer.0.attn.q.weight",
+])
+def test_an_extra_component_key_fails_before_any_tensor_is_read(tiny_folder, tmp_path, name):
     folder = _copy(tiny_folder, tmp_path)
-    _add_tensor(folder, "action_head.vae.model.decoder.upsamples.99.residual.0.gamma", torch.zeros(2))
-    with pytest.raises(CheckpointError, match="decoder.upsamples.99.residual.0.gamma"):
-        load_checkpoint(folder)
+    _add_tensor(folder, name, torch.zeros(2))
+    with pytest.raises(CheckpointError, match=r"unknown 1 key") as e:
+        validate_checkpoint(folder)
+    assert name in str(e.value)
 
 
 def test_a_missing_key_fails_naming_it(tiny_folder, tmp_path):
     folder = _copy(tiny_folder, tmp_path)
     index = json.loads((folder / INDEX_NAME).read_text())
-    gone = "action_head.model.blocks.1.cross_attn.k_img.weight"
-    del index["weight_map"][gone]
+    gone = ["action_head.model.blocks.1.cross_attn.k_img.weight", "action_head.text_encoder.blocks.0.ffn.fc1.weight",
+            "action_head.image_encoder.model.visual.transformer.1.mlp.2.bias", "action_head.vae.model.conv2.bias"]
+    for name in gone:
+        del index["weight_map"][name]
     (folder / INDEX_NAME).write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match="missing 1 key") as e:
+    with pytest.raises(CheckpointError, match="missing 4 key") as e:
         validate_checkpoint(folder)
-    assert gone in str(e.value)
+    for name in gone:
+        assert name in str(e.value)
 
 
-def test_a_missing_text_encoder_key_fails_naming_it(tiny_folder, tmp_path):
-    folder = _copy(tiny_folder, tmp_path)
-    index = json.loads((folder / INDEX_NAME).read_text())
-    del index["weight_map"]["action_head.text_encoder.blocks.0.ffn.fc1.weight"]
-    (folder / INDEX_NAME).write_text(json.dumps(index))
+def test_the_builders_check_their_names_too(tiny):
+    from models.policy.dreamzero.text_encoder import build_text_encoder, wan_name
+    from models.policy.dreamzero.vae import build_vae
+
+    wan = {wan_name(n): p.detach() for n, p in tiny.text_encoder.named_parameters()}
+    del wan["blocks.0.ffn.fc1.weight"]
     with pytest.raises(CheckpointError, match=r"text encoder: missing 1 key.*blocks\.0\.ffn\.fc1\.weight"):
-        load_checkpoint(folder)
+        build_text_encoder(wan)
+    with pytest.raises(CheckpointError, match=r"vae: missing .*conv1\.weight"):
+        build_vae({"extra.weight": torch.zeros(1)})
 
 
 def test_a_shard_lacking_an_indexed_key_and_a_wrong_shape_are_named(tiny_folder, tmp_path):
