@@ -69,7 +69,8 @@ def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: 
         if run[i]:
             R = x.shape[0]
             tt = t.to(device=device, dtype=torch.float32).expand(R)
-            out = _forward(model, stacked, x, y, tt, start_frame, actions=a, action_timestep=tt, state=state)
+            out = _forward(model, stacked, x, y, tt, start_frame, keep_kv=False, actions=a, action_timestep=tt,
+                           state=state)
             v, act = out.video.chunk(len(branches)), out.actions.chunk(len(branches))
             video_flow = v[1] + guidance * (v[0] - v[1]) if len(branches) == 2 else v[0]
             action_flow = act[0]
@@ -111,11 +112,11 @@ def _stack(branches: Sequence[Branch]) -> _Stacked:
 
 
 def _forward(model: DreamZeroDiT, branches, latents: torch.Tensor, y: torch.Tensor, t: torch.Tensor,
-             start_frame: int, **register) -> _Out:
+             start_frame: int, keep_kv: bool = True, **register) -> _Out:
     s = _stack(branches)
     n = s.branches
     rep = {k: torch.cat([v] * n) for k, v in register.items()}
     out = model(torch.cat([latents] * n), torch.cat([y] * n), torch.cat([t] * n), start_frame, s.cross, s.kv,
-                **rep)
+                keep_kv=keep_kv, **rep)
     per = [[(k.chunk(n)[b], v.chunk(n)[b]) for k, v in out.kv] for b in range(n)]
     return _Out(out.video, out.actions, per)

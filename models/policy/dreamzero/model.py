@@ -67,6 +67,7 @@ class ChunkOutput:
     video: torch.Tensor                  # flow [rows, out_dim, frames, h, w], float32
     actions: torch.Tensor | None         # flow [rows, action_horizon, action_dim], float32
     kv: list[KV]                         # per layer: cache + this chunk's video K/V, windowed
+                                         # (empty for a forward with keep_kv=False)
 
 
 # -- the action / state MLPs (one embodiment: upstream indexes category 0 only) ----------------
@@ -282,13 +283,15 @@ class DreamZeroDiT(nn.Module):
     def forward(self, latents: torch.Tensor, y: torch.Tensor, timestep: torch.Tensor, start_frame: int,
                 cross: list[CrossKV], past: list[KV] | None = None, *, actions: torch.Tensor | None = None,
                 action_timestep: torch.Tensor | None = None, state: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> ChunkOutput:
+                mask: torch.Tensor | None = None, keep_kv: bool = True) -> ChunkOutput:
         """One chunk. ``latents [R, out_dim, F, h, w]``, ``y [R, in_dim - out_dim, F, h, w]`` (mask
         channels + first-frame latents), ``timestep [R]`` or ``[R, F]`` (0 for a K/V pass),
         ``start_frame``: the absolute latent index of the chunk's first frame, ``cross``: every
         layer's cross K/V (rows as ``latents``), ``past``: every layer's cached video K/V or None.
         ``actions [R, T, action_dim]`` with ``action_timestep [R]`` and ``state [R, S, max_state_dim]``
-        add the action register (all three or none)."""
+        add the action register (all three or none). ``keep_kv=False`` (a denoising pass) drops
+        each layer's cache + chunk K/V as soon as the layer is done (at 14B, 7 cached frames and
+        2 rows, about 6 GB held to the end otherwise)."""
         cfg = self.config
         if latents.ndim != 5 or latents.shape[1] != cfg.out_dim:
             raise ValueError(f"latents must be [rows, {cfg.out_dim}, frames, h, w], got {tuple(latents.shape)}")
@@ -338,7 +341,9 @@ class DreamZeroDiT(nn.Module):
         for i, blk in enumerate(self.blocks):
             x, kv = blk(x, e0, cos, sin, video_tokens, None if past is None else past[i], window,
                         cross[i], mask)
-            kv_out.append(kv)
+            if keep_kv:
+                kv_out.append(kv)
+            del kv
         video = self.head(x[:, :video_tokens], e[:, :video_tokens]).float()
         C = cfg.out_dim
         video = torch.einsum("bfhwpqrc->bcfphqwr", video.view(R, Fr, hp, wp, 1, ph, pw, C))
