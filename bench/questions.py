@@ -401,6 +401,24 @@ def h264_maze(result: Result) -> list[str]:
     return out
 
 
+def page_latency(result: Result) -> list[str]:
+    formats, g = result.get("formats") or {}, result.get("goal") or {}
+    rows = [[f, fmt(r.get("median_ms")), fmt(r.get("p90_ms")), fmt(r.get("max_ms")), fmt(r.get("n"), "d"),
+             fmt(r.get("missed"), "d"), fmt(r.get("rtt_median_ms")), fmt(r.get("queued_at_key_median"), ".0f"),
+             fmt(r.get("frames_drawn_per_s_median")), fmt(r.get("stalls"), "d")] for f, r in formats.items()]
+    out = [f"`{fmt(result.get('world'))}` at {fmt(result.get('height'), 'd')}x{fmt(result.get('width'), 'd')} "
+           f"({fmt(result.get('fps'), '.0f')} frames/s) through `realtime serve` on CPU, the page in headless Chromium; "
+           f"a turn key pressed on a still picture, in blocks of {fmt(result.get('block'), 'd')} presses, the formats "
+           "alternating. Key press to the first canvas paint that differs, ms (the page's clock):", ""]
+    out += table(["format", "median", "p90", "max", "N", "missed", "event round trip (median)",
+                  "chunks queued at the press (median)", "frames/s drawn", "stalls"], rows)
+    return out + ["", f"h264 - jpeg, medians: **{fmt(g.get('h264_minus_jpeg_median_ms'))} ms** = "
+                  f"{fmt(g.get('h264_minus_jpeg_median_frames'), '.2f')} frames of "
+                  f"{fmt(g.get('frame_interval_ms'))} ms; within one frame: {fmt(g.get('within_one_frame'))}. "
+                  f"Load average during the run: {fmt(dig(result, 'load_average_at_start', 0), '.1f')} at the start, "
+                  f"{fmt(dig(result, 'load_average_at_end', 0), '.1f')} at the end."]
+
+
 def fuzz(result: Result) -> list[str]:
     protocols = list(dict.fromkeys([*(result.get("decoders") or {}), *(result.get("live") or {})]))
     rows = [[p, fmt(dig(result, "decoders", p, "cases"), ",d"), fmt(dig(result, "decoders", p, "crashes"), "d"),
@@ -502,6 +520,11 @@ QUESTIONS: tuple[Question, ...] = (
              "h264 at most 1/5 of jpeg's bytes at equal or better PSNR; at most 8 ms a frame on one CPU core; 4 "
              "sessions at 16 frames/s each on 2 cores.",
              (Source("h264_maze_cpu.json"),), h264_maze),
+    Question("Key press to the page's canvas: h264 against jpeg",
+             "End to end on the demo page in real Chromium: from a key press to the first canvas paint that shows "
+             "its effect, world.v1 `h264` (WebCodecs) against `jpeg`. Goal: h264's median no more than one frame "
+             "interval above jpeg's.",
+             (Source("page_latency_cpu.json"),), page_latency),
     Question("Replicas behind nginx",
              "Several replicas behind nginx against connecting to each directly, and what the proxy adds per chunk.",
              (Source("deploy_replicas_cpu.json"),), replicas),
