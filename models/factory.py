@@ -45,16 +45,18 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
     "pi0": ("policy", "models.policy.pi0:build"),
+    "dreamzero": ("policy", "models.policy.dreamzero:build"),
     "piper-joe-medium": ("tts", "models.tts.piper:build"),
 }
 
 # Models whose entries take ``?key=value&...`` options after the path (each factory
 # documents its own; lingbot: models/world/lingbot/options.py). Others refuse any.
-TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot", "maze-sim"})
+TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot", "maze-sim", "dreamzero"})
 # name -> "module.path:function" that checks an entry's options without loading anything
 # (a ValueError names the bad one): ``validate`` runs it before a server starts to load.
 OPTION_CHECKS: dict[str, str] = {"lingbot": "models.world.lingbot.options:parse_options",
-                                  "maze-sim": "models.maze.sim_world:parse_options"}
+                                  "maze-sim": "models.maze.sim_world:parse_options",
+                                  "dreamzero": "models.policy.dreamzero.options:parse_options"}
 
 # The worlds served by default, in order (the first is a session's default world).
 # maze-sim (the simulator the maze world learned) is what the page's robot panel drives.

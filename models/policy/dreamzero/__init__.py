@@ -11,5 +11,61 @@
     vae.py              the Wan2.1 VAE from its original names into diffusers' AutoencoderKLWan
     checkpoint.py       the folder: shards + index, every tensor consumed, metadata.json exposed
     observation.py      DROID cameras stitched, state/action normalisation, the prompt template
-    tiny_checkpoint.py  a tiny random checkpoint in the exact layout (tests)
+    conditioning.py     the frames a call uses, the first-frame condition (CLIP + y), frames to latents
+    options.py          the entry's options: tokenizer=PATH, step_cache=1, sessions=N
+    adapter.py          DreamZeroPolicy: per-session window, K/V and condition; one chunk a call
+    tiny_checkpoint.py  a tiny random checkpoint in the exact layout, and a tiny tokenizer (tests)
+
+``build(path, options)`` is the factory (``realtime serve --policy 'dreamzero=DIR?tokenizer=TOK'``;
+see MODEL_CARD.md).
 """
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(path: str, tokenizer: str, *, device: str = "cpu", sessions: int | None = None,
+                step_cache: bool = False, max_batch: int | None = None, name: str = "dreamzero",
+                progress: Any = None) -> Any:
+    """The checkpoint folder ``path`` and the umt5 tokenizer folder ``tokenizer`` as a
+    ``DreamZeroPolicy`` (bf16 on CUDA, float32 on CPU; the VAE float32)."""
+    from pathlib import Path
+
+    import torch
+    from transformers import T5TokenizerFast
+
+    from models.policy.dreamzero.adapter import DreamZeroPolicy
+    from models.policy.dreamzero.checkpoint import load_checkpoint
+    from models.policy.dreamzero.options import DEFAULT_SESSIONS
+
+    if not Path(tokenizer).is_dir():
+        raise FileNotFoundError(f"{tokenizer}: not a folder (expected the umt5-xxl tokenizer)")
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    on_shard = None
+    if progress is not None:
+        on_shard = lambda i, n, file: progress("reading checkpoint", i + 1, n)  # noqa: E731
+    ckpt = load_checkpoint(path, dev, dtype, on_shard=on_shard)
+    tok = T5TokenizerFast.from_pretrained(tokenizer, local_files_only=True)
+    policy = DreamZeroPolicy(ckpt, tok, sessions=sessions or DEFAULT_SESSIONS, step_cache=step_cache,
+                             max_batch=max_batch, name=name)
+    log.info("dreamzero: serving %s on %s (%d sessions resident at most, %s DiT steps)", path, dev,
+             policy.capacity, "8 of 16" if step_cache else "16")
+    return policy
+
+
+def build(path: str | None, options: Any) -> Any:
+    """Factory-table entry ``dreamzero``: ``dreamzero=DIR?tokenizer=TOK[&step_cache=1][&sessions=N]``."""
+    from models.policy.dreamzero.checkpoint import CheckpointError
+    from models.policy.dreamzero.options import parse_options
+
+    opts = parse_options(getattr(options, "model_options", ()))
+    if not path:
+        raise CheckpointError("dreamzero needs its checkpoint folder: dreamzero=/path/to/DreamZero-DROID?tokenizer=...")
+    return load_policy(path, opts.tokenizer, device=str(getattr(options, "device", "cpu") or "cpu"),
+                       sessions=opts.sessions, step_cache=opts.step_cache,
+                       max_batch=getattr(options, "max_batch", None), progress=getattr(options, "progress", None))

@@ -199,3 +199,7 @@ TINY = DreamZeroConfig(frame_seqlen=4, text_len=6, dim=24, ffn_dim=32, freq_dim=
                        num_heads=2, num_layers=2, max_chunk_size=2, action_dim=5, max_state_dim=6,
                        hidden_size=10, num_action_per_block=3, image_dim=8, action_horizon=3,
                        num_frames=9)
+
+# TINY with DROID's action register (24 actions of 32 values, a 64-wide state): it serves the
+# DROID protocol (observation.METADATA: 24 x 8 actions) through the same code as the 14B model.
+TINY_DROID = dataclasses.replace(TINY, num_action_per_block=24, action_horizon=24, action_dim=32, max_state_dim=64)

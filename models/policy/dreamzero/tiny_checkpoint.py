@@ -100,6 +100,16 @@ def tiny_state(cfg: DreamZeroConfig = TINY) -> dict[str, torch.Tensor]:
     return state
 
 
+def write_tiny_tokenizer(root: str | Path) -> Path:
+    """Write the tiny umt5 tokenizer folder (``tokenizer.json`` + config) under ``root``."""
+    from models.world.lingbot.tiny_checkpoint import tiny_tokenizer
+
+    root = Path(root)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(root)
+    return root
+
+
 def write_tiny_checkpoint(root: str | Path, seed: int = 0, *, shards: int = 3,
                           cfg: DreamZeroConfig = TINY) -> Path:
     """Write the tiny checkpoint under ``root`` (``shards`` safetensors files) and return it."""

@@ -116,3 +116,14 @@ def build_vae(weights: dict[str, torch.Tensor], device: torch.device | str = "cp
                 raise CheckpointError(f"vae: {n} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
             p.copy_(t)
     return vae.to(device).eval()
+
+
+@torch.no_grad()
+def encode_latents(vae, video: torch.Tensor) -> torch.Tensor:
+    """``video [R, 3, 1 + 4n, H, W]`` in [-1, 1] -> normalised latents ``[R, z_dim, 1 + n, H/8, W/8]``:
+    the posterior mean, then ``(mu - latents_mean) * (1 / latents_std)`` with Wan2.1's 16 values
+    (diffusers' config holds upstream ``WanVideoVAE``'s mean and std), as upstream's encode scales it."""
+    mu = vae.encode(video.to(vae.dtype)).latent_dist.mode()
+    mean = torch.tensor(vae.config.latents_mean, dtype=mu.dtype, device=mu.device).view(1, -1, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std, dtype=mu.dtype, device=mu.device).view(1, -1, 1, 1, 1)
+    return (mu - mean) * inv_std

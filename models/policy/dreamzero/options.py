@@ -1,0 +1,61 @@
+"""The options of the ``dreamzero`` entry: parsed, checked and named before anything loads.
+
+They come after the checkpoint folder as ``key=value`` pairs (``models.factory.parse_entry``)::
+
+    realtime serve --policy 'dreamzero=/ckpt/DreamZero-DROID?tokenizer=/ckpt/umt5-xxl&sessions=2'
+
+    tokenizer=PATH   the umt5-xxl tokenizer folder (google/umt5-xxl's tokenizer.json or
+                     spiece.model with its tokenizer_config.json); required: the checkpoint
+                     folder does not hold it, and nothing is ever downloaded
+    step_cache=1     upstream's DiT cache: the DiT runs on 8 of the 16 steps, the others
+                     reuse the last flows (scheduler.DIT_STEPS_8; default 0, every step)
+    sessions=N       robots whose state (K/V, first-frame condition, frames) stays resident,
+                     1..64 (default 2: at 14B a session's K/V are ~13 GB); past it the least
+                     recently used idle one is evicted
+
+This module imports nothing heavy: ``models.factory.validate`` runs ``parse_options`` before a
+server starts to load. A bad option is a ``ValueError`` naming it, printed as one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+KEYS = ("tokenizer", "step_cache", "sessions")
+MAX_SESSIONS = 64
+DEFAULT_SESSIONS = 2
+
+
+class OptionError(ValueError):
+    """A ``dreamzero`` entry option this model does not take, naming it."""
+
+
+@dataclass(frozen=True)
+class DreamZeroOptions:
+    tokenizer: str
+    step_cache: bool = False
+    sessions: int = DEFAULT_SESSIONS
+
+
+def parse_options(pairs: Iterable[tuple[str, str]]) -> DreamZeroOptions:
+    """``(key, value)`` pairs of the entry -> ``DreamZeroOptions``; ``OptionError`` names a bad one."""
+    got: dict[str, str] = {}
+    for key, value in pairs:
+        if key not in KEYS:
+            raise OptionError(f"unknown option {key!r} (dreamzero takes {', '.join(KEYS)})")
+        got[key] = value
+    if "tokenizer" not in got:
+        raise OptionError("option tokenizer=PATH is required: the umt5-xxl tokenizer folder "
+                          "(google/umt5-xxl), which the checkpoint folder does not hold")
+    tokenizer = got["tokenizer"]
+    if not Path(tokenizer).is_dir():
+        raise OptionError(f"option tokenizer={tokenizer}: not a folder (expected the umt5-xxl tokenizer folder)")
+    step_cache = got.get("step_cache", "0")
+    if step_cache not in ("0", "1"):
+        raise OptionError(f"option step_cache={step_cache}: must be 0 or 1")
+    sessions = got.get("sessions", str(DEFAULT_SESSIONS))
+    if not sessions.isdigit() or not 1 <= int(sessions) <= MAX_SESSIONS:
+        raise OptionError(f"option sessions={sessions}: must be an integer in 1..{MAX_SESSIONS}")
+    return DreamZeroOptions(tokenizer, step_cache == "1", int(sessions))

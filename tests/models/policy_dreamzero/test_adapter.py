@@ -1,0 +1,151 @@
+"""DreamZeroPolicy on the tiny checkpoint (DROID's action register): per-session windows, batching
+that does not change a session's chunks, reset, eviction, bad observations, uncommitted ticks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from models.base import ModelError
+from models.policy.base import PolicyWork
+from models.policy.dreamzero import load_policy
+from models.policy.dreamzero.adapter import EVICTED_REASON
+from models.policy.dreamzero.config import TINY_DROID
+from models.policy.dreamzero.observation import METADATA
+from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write_tiny_tokenizer
+from protocols.openpi import validate_observation
+from protocols.roboarena import JOINT_POSITION
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dreamzero_served")
+    return str(write_tiny_checkpoint(root / "ckpt", cfg=TINY_DROID)), str(write_tiny_tokenizer(root / "tok"))
+
+
+@pytest.fixture
+def policy(folders):
+    return load_policy(*folders, sessions=3)
+
+
+def observation(seed: int, call: int, prompt: str = "wipe the table", **over):
+    """Call ``call`` of an episode ``seed``: one frame a camera on the first call, then 4."""
+    rng = np.random.default_rng([seed, call])
+    shape = (180, 320, 3) if call == 0 else (4, 180, 320, 3)
+    msg = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
+    msg.update({"observation/joint_position": rng.uniform(-1, 1, 7), "observation/gripper_position": rng.uniform(0, 1, 1),
+                "prompt": prompt, **over})
+    return validate_observation(msg, METADATA)
+
+
+def step(policy, calls: dict[str, tuple[int, int]], commit: bool = True) -> dict[str, np.ndarray]:
+    """One engine call: session -> (episode seed, call index); returns session -> actions."""
+    works = [PolicyWork(sid, f"{sid}:{call}", observation(seed, call)) for sid, (seed, call) in calls.items()]
+    results = policy.run_batch(works)
+    for w in works:
+        policy.end_tick(w.session_id, commit)
+    return {r.session_id: r.actions for r in results}
+
+
+def episode(policy, sid: str, seed: int, calls: int) -> list[np.ndarray]:
+    return [step(policy, {sid: (seed, i)})[sid] for i in range(calls)]
+
+
+def test_chunks_are_droid_actions_and_the_window_walks(policy):
+    starts = []
+    for i in range(5):
+        actions = step(policy, {"a": (0, i)})["a"]
+        assert actions.shape == (24, 8) and actions.dtype == np.float32 and np.isfinite(actions).all()
+        starts.append(policy._sessions["a"].start)
+    # TINY: chunks of 2 latent frames, a window of 5: restart (first call), continue, restart, ...
+    assert starts == [3, 5, 3, 5, 3]
+    assert [len(policy._sessions["a"].history)] == [4]
+
+
+def test_a_session_alone_and_beside_another_gives_the_same_chunks(policy):
+    alone = episode(policy, "solo", seed=7, calls=4)
+    policy.reset("solo")
+    # z one call behind: the two are never at the same window position, so each engine call
+    # runs them one group after the other, and x's chunks are exactly its chunks alone.
+    beside = [step(policy, {"x": (7, i), **({"z": (9, i - 1)} if i else {})})["x"] for i in range(4)]
+    for a, b in zip(alone, beside):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sessions_at_one_window_position_share_a_forward(policy):
+    alone = episode(policy, "solo", seed=7, calls=4)
+    policy.reset("solo")
+    both = [step(policy, {"x": (7, i), "y": (8, i)}) for i in range(4)]
+    # Rows of one forward: x's chunks are its chunks alone to float32 rounding (a batch of 2
+    # rows takes other CPU matrix kernels than one, last bits apart: 5e-7 seen), y's are its own.
+    for a, b in zip(alone, both):
+        np.testing.assert_allclose(b["x"], a, rtol=0, atol=2e-6)
+        assert np.abs(b["y"] - a).max() > 1e-2
+    assert policy.resident == ("x", "y")
+
+
+def test_reset_gives_the_first_calls_chunk_again(policy):
+    first = episode(policy, "a", seed=1, calls=2)
+    policy.reset("a")
+    assert "a" not in policy.resident
+    again = episode(policy, "a", seed=1, calls=2)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], first[1])
+
+
+def test_an_uncommitted_tick_leaves_the_session_as_it_was(policy):
+    step(policy, {"a": (2, 0)})
+    before = policy._sessions["a"]
+    failed = step(policy, {"a": (2, 1)}, commit=False)["a"]
+    assert policy._sessions["a"] is before and policy.resident == ("a",)
+    np.testing.assert_array_equal(step(policy, {"a": (2, 1)})["a"], failed)
+
+
+def test_the_least_recently_used_idle_session_is_evicted_reported_and_refused(policy):
+    dropped = []
+    policy.set_drop_listener(lambda sid, why: dropped.append((sid, why)))
+    for sid in ("a", "b", "c"):
+        step(policy, {sid: (3, 0)})
+    step(policy, {"a": (3, 1)})                     # b is now the least recently used
+    step(policy, {"d": (3, 0), "c": (3, 1)})
+    assert dropped == [("b", EVICTED_REASON)] and policy.resident == ("a", "d", "c")
+    with pytest.raises(ModelError, match="session b: its state was evicted"):
+        step(policy, {"b": (3, 1)})
+    policy.reset("b")
+    step(policy, {"b": (3, 0)})                    # starts over; evicts a, the oldest now
+    assert dropped[-1] == ("a", EVICTED_REASON) and policy.resident == ("d", "c", "b")
+
+
+def test_a_bad_observation_names_its_field_and_leaves_the_other_session_untouched(policy, folders):
+    control = load_policy(*folders, sessions=3)
+    want = episode(control, "good", seed=4, calls=2)
+    assert np.array_equal(step(policy, {"good": (4, 0)})["good"], want[0])
+    bad = observation(5, 0)
+    joints = np.array([0, 0, np.nan, 0, 0, 0, 0], np.float64)
+    bad = dataclasses.replace(bad, extras={**bad.extras, JOINT_POSITION: joints})
+    works = [PolicyWork("good", "g1", observation(4, 1)), PolicyWork("bad", "b0", bad)]
+    with pytest.raises(ModelError) as info:
+        policy.run_batch(works)
+    assert str(info.value) == ("session bad: invalid observation: 'observation/joint_position' has a non-finite "
+                               "value (NaN or inf) at index 2")
+    assert policy.resident == ("good",)
+    np.testing.assert_array_equal(step(policy, {"good": (4, 1)})["good"], want[1])
+
+
+def test_a_new_prompt_restarts_the_window(policy):
+    step(policy, {"a": (6, 0)})
+    works = [PolicyWork("a", "a1", observation(6, 1, prompt="open the drawer"))]
+    policy.run_batch(works)
+    policy.end_tick("a", True)
+    assert policy._sessions["a"].start == 3           # a restart's next start, not 5
+
+
+def test_step_cache_runs_eight_dit_steps(folders):
+    cached = load_policy(*folders, sessions=1, step_cache=True)
+    full = load_policy(*folders, sessions=1)
+    a, b = step(cached, {"a": (0, 0)})["a"], step(full, {"a": (0, 0)})["a"]
+    assert cached.dit_steps == (0, 1, 2, 6, 10, 13, 14, 15) and full.dit_steps is None
+    assert a.shape == b.shape and not np.array_equal(a, b)
