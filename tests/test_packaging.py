@@ -100,8 +100,11 @@ def test_the_wheel_is_the_package_folders_less_training(package_files, wheel):
             "models/world/maze/training/evaluate.py", "models/policy/maze/training/train.py",
             "models/policy/maze/training/evaluate.py"} <= training
     assert sorted(name for name in names if _in_training(name) or "train_log" in name) == []
+    # The container and cluster recipes build from a clone too (docs/deploy.md).
+    recipes = {name for name in package_files if name == "deploy/Dockerfile" or name.startswith("deploy/kubernetes/")}
+    assert "deploy/kubernetes/kustomization.yaml" in recipes and not recipes & names
     # Everything else ships: modules, weights, model cards, the page's files.
-    assert names == package_files - training
+    assert names == package_files - training - recipes
     assert {"models/world/maze/weights/maze.safetensors", "models/policy/maze/weights/maze_policy.safetensors",
             "clients/web/index.html"} <= names
 

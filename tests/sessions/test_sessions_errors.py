@@ -38,6 +38,7 @@ def test_codes_are_wire_strings():
         "idle_timeout",
         "too_many_sessions",
         "format_unavailable",
+        "loading",
     ]
     assert ErrorCode("busy") is ErrorCode.BUSY
 
