@@ -10,7 +10,7 @@ They come after the checkpoint folder as ``key=value`` pairs (``models.factory.p
     step_cache=1     upstream's DiT cache: the DiT runs on 8 of the 16 steps, the others
                      reuse the last flows (scheduler.DIT_STEPS_8; default 0, every step)
     sessions=N       robots whose state (K/V, first-frame condition, frames) stays resident,
-                     1..64 (default 2: at 14B a session's K/V are ~13 GB); past it the least
+                     1..64 (default 2: at 14B a session holds ~11 GB of K/V); past it the least
                      recently used idle one is evicted
 
 This module imports nothing heavy: ``models.factory.validate`` runs ``parse_options`` before a
