@@ -133,7 +133,10 @@ def crop_and_resize(frames: np.ndarray, height: int, width: int) -> np.ndarray:
     """uint8 [T, H, W, 3] -> the centre crop resized to uint8 [T, height, width, 3], as upstream:
     float32 / 255, crop, antialiased bilinear resize (half-pixel centres), ``* 255`` truncated."""
     top, left, crop_h, crop_w = center_crop_box(frames.shape[1], frames.shape[2])
-    x = torch.from_numpy(np.ascontiguousarray(frames)).to(torch.float32) / 255.0
+    frames = np.ascontiguousarray(frames)
+    if not frames.flags.writeable:
+        frames = frames.copy()  # the wire's arrays are read-only, which torch.from_numpy warns about
+    x = torch.from_numpy(frames).to(torch.float32) / 255.0
     x = x.permute(0, 3, 1, 2)[:, :, top:top + crop_h, left:left + crop_w]
     if (crop_h, crop_w) != (height, width):
         x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=True)

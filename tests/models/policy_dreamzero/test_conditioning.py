@@ -67,3 +67,20 @@ def test_a_continuing_call_encodes_four_frames_repeated_after_the_first(tiny):
     assert got.shape == (1, 16, 2, 2, 8) and torch.equal(got, want)
     with pytest.raises(ValueError, match="encodes 4 frames"):
         observed_latents(tiny.vae, frames[:3], TINY, "cpu")
+
+
+def test_the_wires_read_only_frames_are_stitched_without_a_warning():
+    import warnings
+
+    from models.policy.dreamzero.observation import CAMERA_KEYS, stitch_cameras
+
+    images = {}
+    for i, key in enumerate(CAMERA_KEYS):
+        img = np.full((4, 180, 320, 3), 40 * i, np.uint8)
+        img.flags.writeable = False
+        images[key] = img
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = stitch_cameras(images, 16, 64)
+    writable = stitch_cameras({k: v.copy() for k, v in images.items()}, 16, 64)
+    assert out.shape == (4, 16, 64, 3) and np.array_equal(out, writable)
