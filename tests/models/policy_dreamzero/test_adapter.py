@@ -69,7 +69,13 @@ def test_a_session_alone_and_beside_another_gives_the_same_chunks(policy):
     policy.reset("solo")
     # z one call behind: the two are never at the same window position, so each engine call
     # runs them one group after the other, and x's chunks are exactly its chunks alone.
-    beside = [step(policy, {"x": (7, i), **({"z": (9, i - 1)} if i else {})})["x"] for i in range(4)]
+    rows = []
+    hook = policy.ckpt.dit.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    try:
+        beside = [step(policy, {"x": (7, i), **({"z": (9, i - 1)} if i else {})})["x"] for i in range(4)]
+    finally:
+        hook.remove()
+    assert rows == [2] * 17 * 7                     # each session's own passes, its 2 branches as rows
     for a, b in zip(alone, beside):
         np.testing.assert_array_equal(a, b)
 
@@ -77,7 +83,14 @@ def test_a_session_alone_and_beside_another_gives_the_same_chunks(policy):
 def test_sessions_at_one_window_position_share_a_forward(policy):
     alone = episode(policy, "solo", seed=7, calls=4)
     policy.reset("solo")
-    both = [step(policy, {"x": (7, i), "y": (8, i)}) for i in range(4)]
+    rows = []
+    hook = policy.ckpt.dit.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    try:
+        both = [step(policy, {"x": (7, i), "y": (8, i)}) for i in range(4)]
+    finally:
+        hook.remove()
+    # Each call: one t = 0 pass and 16 denoising passes, every one over 2 sessions x 2 branches.
+    assert rows == [4] * 17 * 4
     # Rows of one forward: x's chunks are its chunks alone to float32 rounding (a batch of 2
     # rows takes other CPU matrix kernels than one, last bits apart: 5e-7 seen), y's are its own.
     for a, b in zip(alone, both):
