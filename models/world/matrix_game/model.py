@@ -88,16 +88,16 @@ def empty_kv(cfg: MatrixGameConfig, tokens_per_frame: int, *, device: torch.devi
     """The cache of a session before its first block."""
     H, D = cfg.num_heads, cfg.head_dim
     a = cfg.action
-    Ha, Da = a.heads_num, a.mouse_hidden_dim // a.heads_num
+    Ha, Dm, Dk = a.heads_num, a.mouse_hidden_dim // a.heads_num, a.keyboard_hidden_dim // a.heads_num
     z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)  # noqa: E731
     layers = []
     for i in range(cfg.num_layers):
         act = i in a.blocks
         mouse = act and a.enable_mouse
         layers.append(LayerKV(z(0, H, D), z(0, H, D),
-                              z(tokens_per_frame, 0, Ha, Da) if mouse else None,
-                              z(tokens_per_frame, 0, Ha, Da) if mouse else None,
-                              z(0, Ha, Da) if act else None, z(0, Ha, Da) if act else None))
+                              z(tokens_per_frame, 0, Ha, Dm) if mouse else None,
+                              z(tokens_per_frame, 0, Ha, Dm) if mouse else None,
+                              z(0, Ha, Dk) if act else None, z(0, Ha, Dk) if act else None))
     return SessionKV((), (), tuple(layers))
 
 
