@@ -124,6 +124,8 @@ class DreamZeroPolicy(PolicyAdapter):
     # -- the seam ------------------------------------------------------------------------------
 
     def infer_batch(self, works: Sequence[PolicyWork]) -> list[Mapping[str, Any]]:
+        if len(works) > self.capacity:
+            raise ModelError(f"{len(works)} sessions in one call, {self.capacity} may be resident")
         calls = [self._check(w) for w in works]         # every check before anything changes
         self._make_room([w.session_id for w in works])
         # Sessions at the same window position run as rows of one forward (rows = sessions x 2
@@ -175,8 +177,9 @@ class DreamZeroPolicy(PolicyAdapter):
         stitched = stitch_cameras(obs.images, *self.frame_hw)
         history = ((old.history if old else ()) + tuple(stitched))[-HISTORY:]
         prompt = clean_prompt(prompt_text(obs.task))
-        # Upstream restarts the window on a new prompt (its token ids) and on a one-frame call,
-        # which its client sends only first; plan_call restarts a full window itself.
+        # Upstream restarts the window on a new prompt (it compares token ids) and on a one-frame
+        # video, which only a session's first call makes (later ones are padded to 4 frames);
+        # plan_call restarts a full window itself.
         restart = old is None or old.prompt != prompt
         plan = plan_call(0 if old is None else old.start, self.cfg, restart=restart)
         state = torch.from_numpy(self.normalizer.state(obs.joint_position, obs.gripper_position))

@@ -162,3 +162,12 @@ def test_step_cache_runs_eight_dit_steps(folders):
     a, b = step(cached, {"a": (0, 0)})["a"], step(full, {"a": (0, 0)})["a"]
     assert cached.dit_steps == (0, 1, 2, 6, 10, 13, 14, 15) and full.dit_steps is None
     assert a.shape == b.shape and not np.array_equal(a, b)
+
+
+def test_more_sessions_in_one_call_than_may_be_resident_are_refused_before_anything_changes(policy):
+    step(policy, {"a": (0, 0)})
+    assert policy.max_batch == 3
+    works = [PolicyWork(sid, f"{sid}:0", observation(0, 0)) for sid in "bcde"]
+    with pytest.raises(ModelError, match="4 sessions in one call, 3 may be resident"):
+        policy.run_batch(works)
+    assert policy.resident == ("a",)
