@@ -39,8 +39,8 @@ def droid_obs(seed: int, call: int, session_id: str | None = None) -> dict[str, 
     rng = np.random.default_rng([seed, call])
     shape = (180, 320, 3) if call == 0 else (4, 180, 320, 3)
     obs: dict[str, Any] = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
-    obs.update({"observation/joint_position": rng.uniform(-1, 1, 7), "observation/gripper_position": rng.uniform(0, 1, 1),
-                "prompt": "put the cup in the sink"})
+    obs.update({"observation/joint_position": rng.uniform(-1, 1, 7),
+                "observation/gripper_position": rng.uniform(0, 1, 1), "prompt": "put the cup in the sink"})
     if session_id is not None:
         obs["session_id"] = session_id
     return obs
@@ -124,3 +124,18 @@ def test_a_bad_observation_is_named_and_the_episode_kept(served, folders):
                                "must have shape [7], got [6]")
     again = RoboArenaClient(f"ws://{served}/")
     np.testing.assert_array_equal(chunk(again.infer(droid_obs(40, 1, "ep-B"))), want[1])
+
+
+def test_an_evicted_episode_is_refused_until_its_robot_resets(folders):
+    want = reference(folders, 50, 2)
+    with running(load_policy(*folders, sessions=1)) as addr:
+        a, b = RoboArenaClient(f"ws://{addr}/"), RoboArenaClient(f"ws://{addr}/")
+        np.testing.assert_array_equal(chunk(a.infer(droid_obs(50, 0, "ep-A"))), want[0])
+        chunk(b.infer(droid_obs(51, 0, "ep-B")))             # one session resident: ep-A is evicted
+        with pytest.raises(RuntimeError) as info:
+            a.infer(droid_obs(50, 1, "ep-A"))
+        assert str(info.value) == ("Error in inference server:\npolicy failed: session ep-A: its state was evicted "
+                                   "(at most 1 session is kept); reset it to start over")
+        again = RoboArenaClient(f"ws://{addr}/")
+        again.reset({"session_id": "ep-A"})
+        np.testing.assert_array_equal(chunk(again.infer(droid_obs(50, 0, "ep-A"))), want[0])

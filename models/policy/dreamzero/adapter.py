@@ -167,8 +167,8 @@ class DreamZeroPolicy(PolicyAdapter):
     def _check(self, work: PolicyWork) -> _Call:
         sid = work.session_id
         if sid in self._evicted:
-            raise ModelError(f"session {sid}: its state was evicted ({self.capacity} sessions were resident); "
-                             "reset it to start over")
+            kept = f"{self.capacity} session{'s are' if self.capacity > 1 else ' is'}"
+            raise ModelError(f"session {sid}: its state was evicted (at most {kept} kept); reset it to start over")
         try:
             obs = validate_observation(work.observation.as_dict(METADATA))
         except ValueError as exc:

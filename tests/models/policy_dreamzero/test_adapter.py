@@ -35,8 +35,8 @@ def observation(seed: int, call: int, prompt: str = "wipe the table", **over):
     rng = np.random.default_rng([seed, call])
     shape = (180, 320, 3) if call == 0 else (4, 180, 320, 3)
     msg = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
-    msg.update({"observation/joint_position": rng.uniform(-1, 1, 7), "observation/gripper_position": rng.uniform(0, 1, 1),
-                "prompt": prompt, **over})
+    msg.update({"observation/joint_position": rng.uniform(-1, 1, 7),
+                "observation/gripper_position": rng.uniform(0, 1, 1), "prompt": prompt, **over})
     return validate_observation(msg, METADATA)
 
 
@@ -125,7 +125,8 @@ def test_the_least_recently_used_idle_session_is_evicted_reported_and_refused(po
     step(policy, {"a": (3, 1)})                     # b is now the least recently used
     step(policy, {"d": (3, 0), "c": (3, 1)})
     assert dropped == [("b", EVICTED_REASON)] and policy.resident == ("a", "d", "c")
-    with pytest.raises(ModelError, match="session b: its state was evicted"):
+    refused = r"^session b: its state was evicted \(at most 3 sessions are kept\); reset it to start over$"
+    with pytest.raises(ModelError, match=refused):
         step(policy, {"b": (3, 1)})
     policy.reset("b")
     step(policy, {"b": (3, 0)})                    # starts over; evicts a, the oldest now

@@ -40,7 +40,8 @@ def test_latents_are_normalised_with_wan21s_mean_and_std(tiny):
     mu = tiny.vae.encode(video).latent_dist.mean
     mean = torch.tensor(tiny.vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(tiny.vae.config.latents_std).view(1, -1, 1, 1, 1)
-    assert tiny.vae.config.latents_mean[:2] == [-0.7571, -0.7089] and tiny.vae.config.latents_std[:2] == [2.8184, 1.4541]
+    assert tiny.vae.config.latents_mean[:2] == [-0.7571, -0.7089]
+    assert tiny.vae.config.latents_std[:2] == [2.8184, 1.4541]
     torch.testing.assert_close(encode_latents(tiny.vae, video), (mu - mean) / std)
 
 

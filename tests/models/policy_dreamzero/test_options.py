@@ -3,15 +3,19 @@ the entry built through the factory table and the CLI."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from models import factory
-from models.factory import BuildOptions, FactoryError
+from models.factory import FactoryError
 from models.policy.dreamzero.adapter import DreamZeroPolicy
 from models.policy.dreamzero.config import TINY_DROID
 from models.policy.dreamzero.options import DreamZeroOptions, OptionError, parse_options
 from models.policy.dreamzero.tiny_checkpoint import TINY_VOCAB, write_tiny_checkpoint, write_tiny_tokenizer
 from realtime.server.cli import config_from_args, main, parse_args
+from realtime.server.config import TTSConfig
+from realtime.server.inventory import build_inventory
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,8 @@ def test_a_bad_option_stops_the_entry_before_loading(tmp_path, query, says):
 
 
 def test_the_cli_prints_one_line_for_a_bad_option(tmp_path, capsys):
-    assert main(["serve", "--device", "cpu", "--models", f"tiny,dreamzero={tmp_path}?tokenizer={tmp_path}&sessions=0"]) == 2
+    entry = f"dreamzero={tmp_path}?tokenizer={tmp_path}&sessions=0"
+    assert main(["serve", "--device", "cpu", "--models", f"tiny,{entry}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("option sessions=0: must be an integer in 1..64")
 
@@ -54,7 +59,9 @@ def test_the_entry_builds_the_policy_through_the_table(folders):
     entry = f"dreamzero={ckpt}?tokenizer={tok}&sessions=3&step_cache=1"
     config = config_from_args(parse_args(["serve", "--device", "cpu", "--models", f"tiny,{entry}"]))
     assert config.policy.policy == entry
-    policy = factory.build_policy(config.policy.policy, BuildOptions(max_batch=32))
+    inventory = build_inventory(replace(config, tts=TTSConfig(enabled=False)))
+    assert inventory.names("policy") == ["dreamzero"] and inventory.unavailable == {}
+    policy = inventory.adapters["dreamzero"]
     assert isinstance(policy, DreamZeroPolicy) and policy.kind == "policy"
     assert (policy.capacity, policy.max_batch, policy.dit_steps is not None) == (3, 3, True)
     assert policy.metadata.needs_session_id and policy.metadata.action_shape == (24, 8)
