@@ -29,6 +29,8 @@ kept as published.)
 
 from __future__ import annotations
 
+import torch
+
 
 def kept_frames(end: int, sink: int, window: int) -> list[int]:
     """Frames a rolling cache of ``window`` frames (``sink`` pinned) holds after frames ``0..end-1``."""
@@ -61,3 +63,16 @@ def actions_needed(start: int, frames: int, stride: int) -> int:
     """Video frames of actions a block at ``start`` needs: ``1 + 4 * (start + frames - 1)``,
     the reference's condition length (its last frame is never read by a window)."""
     return 1 + stride * (start + frames - 1)
+
+
+def block_windows(history: torch.Tensor, start: int, frames: int, window_video_frames: int,
+                  stride: int) -> torch.Tensor:
+    """``[frames, window, C]``: the action windows of a block at ``start`` from a session's
+    per-video-frame history ``[N, C]`` (N at least ``stride * (start + frames - 1)``, the last
+    frame a window reads, plus one)."""
+    need = stride * (start + frames - 1)
+    if history.ndim != 2 or history.shape[0] < need:
+        raise ValueError(f"a block at latent frame {start} reads {need} video frames of actions, "
+                         f"got history {tuple(history.shape)}")
+    idx = [action_window(f, window_video_frames, stride) for f in range(start, start + frames)]
+    return history[torch.tensor(idx, device=history.device)]

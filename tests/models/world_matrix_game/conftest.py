@@ -8,7 +8,7 @@ import torch
 
 from models.world.matrix_game.model import MatrixGameDiT, RowInput, SessionKV, empty_kv
 from models.world.matrix_game.tiny_checkpoint import write_tiny_variant
-from models.world.matrix_game.window import action_window
+from models.world.matrix_game.window import block_windows
 
 H, W = 4, 6           # latent grid: 2 x 3 tokens per frame
 
@@ -31,7 +31,7 @@ def tiny_root(tmp_path_factory):
 
 def windows(history: torch.Tensor, start: int, frames: int = 3) -> torch.Tensor:
     """``[frames, 12, C]``: each latent frame's window of a per-video-frame history ``[N, C]``."""
-    return torch.stack([history[action_window(f, 12, 4)] for f in range(start, start + frames)])
+    return block_windows(history, start, frames, 12, 4)
 
 
 def row(model: MatrixGameDiT, start: int, kv: SessionKV, cross, keys: torch.Tensor,

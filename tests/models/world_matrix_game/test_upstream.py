@@ -16,7 +16,7 @@ from models.world.matrix_game.config import TINY
 from models.world.matrix_game.denoise import denoise_block
 from models.world.matrix_game.model import MatrixGameDiT, RowInput, empty_kv
 from models.world.matrix_game.tiny_checkpoint import tiny_state
-from models.world.matrix_game.window import action_window
+from models.world.matrix_game.window import block_windows
 
 FIXTURE = json.loads((Path(__file__).with_name("fixtures") / "upstream_blocks.json").read_text())
 H, W, S, BLOCKS = 44, 80, 880, 3
@@ -40,7 +40,7 @@ def _recipe(variant: str):
 
 
 def _windows(history: torch.Tensor, start: int) -> torch.Tensor:
-    return torch.stack([history[0][action_window(f, 12, 4)] for f in range(start, start + 3)])
+    return block_windows(history[0], start, 3, 12, 4)
 
 
 @pytest.mark.parametrize("variant", ["universal", "gta_drive", "templerun"])

@@ -1,5 +1,8 @@
-from models.world.matrix_game.window import (action_window, actions_needed, attended_frames, kept_frames,
-                                             visible)
+import pytest
+import torch
+
+from models.world.matrix_game.window import (action_window, actions_needed, attended_frames, block_windows,
+                                             kept_frames, visible)
 
 
 def test_kept_frames_roll_with_and_without_sink():
@@ -24,3 +27,12 @@ def test_action_windows_pad_with_frame_zero_and_stop_before_the_last_frame():
     assert action_window(3, 12, 4) == list(range(12))
     assert action_window(5, 12, 4) == list(range(8, 20))
     assert actions_needed(0, 3, 4) == 9 and actions_needed(3, 3, 4) == 21
+
+
+def test_block_windows_gather_a_history_and_refuse_a_short_one():
+    history = torch.arange(21.0)[:, None]                  # frame i holds the value i
+    w = block_windows(history, 3, 3, 12, 4)
+    assert w.shape == (3, 12, 1)
+    assert w[:, :, 0].tolist() == [list(range(0, 12)), list(range(4, 16)), list(range(8, 20))]
+    with pytest.raises(ValueError, match="reads 20 video frames"):
+        block_windows(history[:19], 3, 3, 12, 4)
