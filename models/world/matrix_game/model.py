@@ -250,10 +250,10 @@ class ActionModule(nn.Module):
             cos, sin = ropes[r]
             qr, kr = apply_rope(q[r], cos, sin), apply_rope(k[r][None], cos, sin)[0]
             lk = row.kv.layers[layer]
+            # One key per frame, shared by the S spatial queries (broadcast, never copied S times).
             keys = torch.cat([lk.key_k.to(kr.dtype), kr], 0)[None]
             vals = torch.cat([lk.key_v.to(v.dtype), v[r]], 0)[None]
-            o, kk, vv = self._attend(qr, keys.expand(S, -1, -1, -1), vals.expand(S, -1, -1, -1),
-                                     row.kv.action_frames, starts[r], Fr, block, window)
+            o, kk, vv = self._attend(qr, keys, vals, row.kv.action_frames, starts[r], Fr, block, window)
             outs.append(o)
             out_kv[r][2], out_kv[r][3] = kk[0], vv[0]
         o = torch.stack(outs).transpose(1, 2).reshape(R, Fr * S, -1)
@@ -263,8 +263,8 @@ class ActionModule(nn.Module):
     @staticmethod
     def _attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, past_frames: Sequence[int],
                 start: int, Fr: int, block: int, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention over time with frames as tokens (``[S, T, H, D]``); sink 0 as upstream.
-        Returns the output and the keys/values the action cache keeps."""
+        """Attention over time with frames as tokens: q ``[S, T, H, D]``, keys ``[S or 1, T', H, D]``;
+        sink 0 as upstream. Returns the output and the keys/values the action cache keeps."""
         k_frames = list(past_frames) + list(range(start, start + Fr))
         q_frames = list(range(start, start + Fr))
         o = _windowed(q, keys, vals, q_frames, k_frames, 1, block, 0, window)
@@ -285,6 +285,8 @@ def _windowed(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, q_frames:
     tok = torch.tensor([f * tokens_per_frame + t for f in used for t in range(tokens_per_frame)],
                        device=keys.device)
     keys, vals = keys.index_select(1, tok), vals.index_select(1, tok)
+    if keys.shape[0] != q.shape[0]:
+        keys, vals = keys.expand(q.shape[0], -1, -1, -1), vals.expand(q.shape[0], -1, -1, -1)
     mask = None
     if not bool(fm.all()):
         mask = fm.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1).to(q.device)
