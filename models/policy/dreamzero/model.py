@@ -28,9 +28,10 @@ attended under that mask (``mask.block_causal_mask``; with actions, one block, w
 ``[first frame | block | actions | state]`` order is a chunk's); the tests build the same
 K/V and flows both ways.
 
-Shared with LingBot (``models/world/lingbot/transformer.py``): RMS norm, the affine-free
-LayerNorm, the sinusoidal timestep embedding, 3-D RoPE angles and their application, and
-the output head, whose names and wiring are the same in both checkpoints.
+From the Wan blocks every Wan DiT here shares (``models/world/wan_blocks.py``): RMS norm, the
+affine-free LayerNorm, 3-D RoPE angles, the attention projections (``Attention``, which the
+self- and the I2V cross-attention extend) and the output head, whose names and wiring are
+the same in every Wan checkpoint.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.policy.dreamzero.config import DreamZeroConfig
-from models.world.lingbot.transformer import (Head, RMSNorm, apply_rope, layer_norm, rope_angles,
-                                              timestep_embedding)
+from models.world.wan_blocks import Attention, Head, MLPProj, RMSNorm, layer_norm, rope_angles, timestep_embedding
 
 KV = tuple[torch.Tensor, torch.Tensor]   # K (roped), V: [rows, tokens, heads, head_dim]
 
@@ -131,24 +131,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return o.transpose(1, 2)
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
+class SelfAttention(Attention):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, video_tokens: int,
                 past: KV | None, window_tokens: int | None,
                 mask: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
-        shape = (*x.shape[:2], self.heads, -1)
-        q = apply_rope(self.norm_q(self.q(x)).view(shape), cos, sin)
-        k = apply_rope(self.norm_k(self.k(x)).view(shape), cos, sin)
-        v = self.v(x).view(shape)
+        q, k, v = self.roped(x, cos, sin)
         kv_video, kv_reg = k[:, :video_tokens], k[:, video_tokens:]
         vv_video, vv_reg = v[:, :video_tokens], v[:, video_tokens:]
         if past is not None:
@@ -161,18 +148,11 @@ class SelfAttention(nn.Module):
         return self.o(o.flatten(2)), (kv_video, vv_video)
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(Attention):
     """Wan's I2V cross-attention: the text and the CLIP image tokens, attended apart and summed."""
 
     def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
+        super().__init__(dim, heads, eps)
         self.k_img = nn.Linear(dim, dim)
         self.v_img = nn.Linear(dim, dim)
         self.norm_k_img = RMSNorm(dim, eps)
@@ -214,18 +194,6 @@ class Block(nn.Module):
         return (x.float() + y.float() * mod[5]).type_as(x), kv
 
 
-class MLPProj(nn.Module):
-    """CLIP features -> DiT width (``img_emb``): LayerNorm, Linear, GELU, Linear, LayerNorm."""
-
-    def __init__(self, in_dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Sequential(nn.LayerNorm(in_dim), nn.Linear(in_dim, in_dim), nn.GELU(),
-                                  nn.Linear(in_dim, out_dim), nn.LayerNorm(out_dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
-
-
 def action_rope_angles(head_dim: int, positions: torch.Tensor) -> torch.Tensor:
     """1-D RoPE angles ``[len(positions), head_dim / 2]`` over every rotated pair (upstream
     ``rope_params(max_len, head_dim)``): ``pos / 10000^(2i / head_dim)``."""
@@ -249,7 +217,7 @@ class DreamZeroDiT(nn.Module):
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
-        self.head = Head(_HeadConfig(cfg))
+        self.head = Head(dim, math.prod(cfg.patch_size) * cfg.out_dim, cfg.eps)
         self.img_emb = MLPProj(cfg.image_dim, dim)
 
     # -- conditioning, once per prompt / first frame ---------------------------------------
@@ -352,10 +320,3 @@ class DreamZeroDiT(nn.Module):
         if register:
             act = self.action_decoder(x[:, video_tokens:video_tokens + actions.shape[1]]).float()
         return ChunkOutput(video, act, kv_out)
-
-
-class _HeadConfig:
-    """The fields LingBot's ``Head`` reads, under its names."""
-
-    def __init__(self, cfg: DreamZeroConfig) -> None:
-        self.eps, self.dim, self.patch_size, self.out_channels = cfg.eps, cfg.dim, cfg.patch_size, cfg.out_dim

@@ -32,71 +32,11 @@ from torch import nn
 
 from models.world.lingbot.attention import BlockKV
 from models.world.lingbot.config import CAMERA_CHANNELS, ConfigError, LingBotTransformerConfig
+from models.world.wan_blocks import (CrossAttention, Head, RMSNorm, apply_rope, layer_norm, rope_angles,
+                                     timestep_embedding)
 
 # Checkpoint names of the fused projection's parts, in row order.
 FUSED_QKV = ("q", "k", "v")
-
-
-class RMSNorm(nn.Module):
-    """RMS norm over the last dim with a learned gain (q/k norm across all heads)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm without affine parameters, computed in float32."""
-    return F.layer_norm(x.float(), x.shape[-1:], eps=eps).type_as(x)
-
-
-def timestep_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
-    """Sinusoidal embedding ``[..., dim]`` (cos half, then sin half), in float64 like the reference."""
-    half = dim // 2
-    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
-    phase = t.to(torch.float64)[..., None] * freqs
-    return torch.cat([phase.cos(), phase.sin()], -1)
-
-
-def rope_parts(head_dim: int) -> tuple[int, int, int]:
-    """Rotated pairs given to (time, height, width): d/2 - 2*(d/2 // 3), then d/2 // 3 twice."""
-    c = head_dim // 2
-    return c - 2 * (c // 3), c // 3, c // 3
-
-
-def _axis_freqs(pairs: int, device: torch.device) -> torch.Tensor:
-    # 1 / 10000^(2i / (2 * pairs)), the reference's rope_params(…, 2 * pairs).
-    return 1.0 / torch.pow(10000.0, torch.arange(0, 2 * pairs, 2, dtype=torch.float64,
-                                                 device=device) / (2 * pairs))
-
-
-def rope_angles(head_dim: int, start_frames: torch.Tensor, frames: int, height: int,
-                width: int) -> torch.Tensor:
-    """Angles ``[R, F*H*W, head_dim/2]`` for tokens in (frame, row, column) order."""
-    device = start_frames.device
-    pt, ph, pw = rope_parts(head_dim)
-    f = start_frames.to(torch.float64)[:, None] + torch.arange(frames, device=device, dtype=torch.float64)
-    at = f[..., None] * _axis_freqs(pt, device)                           # [R, F, pt]
-    ah = torch.arange(height, device=device, dtype=torch.float64)[:, None] * _axis_freqs(ph, device)
-    aw = torch.arange(width, device=device, dtype=torch.float64)[:, None] * _axis_freqs(pw, device)
-    R = start_frames.shape[0]
-    at = at[:, :, None, None, :].expand(R, frames, height, width, pt)
-    ah = ah[None, None, :, None, :].expand(R, frames, height, width, ph)
-    aw = aw[None, None, None, :, :].expand(R, frames, height, width, pw)
-    return torch.cat([at, ah, aw], -1).reshape(R, frames * height * width, -1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (2i, 2i+1) of ``x [R, L, H, D]``; cos/sin ``[R, L, D/2]``."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x1, x2 = xf[..., 0], xf[..., 1]
-    c, s = cos[:, :, None, :], sin[:, :, None, :]
-    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2).type_as(x)
 
 
 class SelfAttention(nn.Module):
@@ -115,29 +55,6 @@ class SelfAttention(nn.Module):
         q = apply_rope(self.norm_q(q).view(shape), cos, sin)
         k = apply_rope(self.norm_k(k).view(shape), cos, sin)
         o = kv.self_attention(layer, q, k, v.reshape(shape), update_cache)
-        return self.o(o.flatten(2))
-
-
-class CrossAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
-    def project(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Text K/V ``[B, tokens, H, D]`` from embedded text ``[B, tokens, dim]``."""
-        shape = (*context.shape[:2], self.heads, -1)
-        return self.norm_k(self.k(context)).view(shape), self.v(context).view(shape)
-
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q = self.norm_q(self.q(x)).view(*x.shape[:2], self.heads, -1)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype).transpose(1, 2),
-                                           v.to(q.dtype).transpose(1, 2)).transpose(1, 2)
         return self.o(o.flatten(2))
 
 
@@ -175,18 +92,6 @@ class TransformerBlock(nn.Module):
         return (x.float() + y.float() * mod[5]).type_as(x)
 
 
-class Head(nn.Module):
-    def __init__(self, cfg: LingBotTransformerConfig) -> None:
-        super().__init__()
-        self.eps = cfg.eps
-        self.head = nn.Linear(cfg.dim, math.prod(cfg.patch_size) * cfg.out_channels)
-        self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim ** 0.5)
-
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        shift, scale = (self.modulation.float()[None] + e[:, :, None]).unbind(2)
-        return self.head((layer_norm(x, self.eps).float() * (1 + scale) + shift).type_as(x))
-
-
 class CausalLingBotWorldTransformer3DModel(nn.Module):
     """The causal DiT; one ``forward`` denoises (or commits) exactly one block."""
 
@@ -204,7 +109,7 @@ class CausalLingBotWorldTransformer3DModel(nn.Module):
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers))
-        self.head = Head(cfg)
+        self.head = Head(cfg.dim, math.prod(cfg.patch_size) * cfg.out_channels, cfg.eps)
 
     @classmethod
     def from_config(cls, config: dict) -> "CausalLingBotWorldTransformer3DModel":

@@ -33,23 +33,24 @@ K/V per frame of the action window. ``forward`` returns, per row, the cache the 
 behind (what a committing pass keeps, a denoising pass drops). Rows at different positions,
 with different cache lengths, share every projection; only attention runs row by row.
 
-Shared with LingBot (``models/world/lingbot/transformer.py``): RMS norm, the affine-free
-LayerNorm, the sinusoidal timestep embedding, 3-D RoPE angles and their application, the
-output head and the text-style cross-attention (Matrix-Game feeds it CLIP tokens).
+From the Wan blocks every Wan DiT here shares (``models/world/wan_blocks.py``): RMS norm, the
+affine-free LayerNorm, the sinusoidal timestep embedding, 3-D RoPE, the self-attention's
+projections (``Attention``), the output head and the cross-attention (Matrix-Game feeds it
+CLIP tokens).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.world.lingbot.transformer import (CrossAttention, Head, RMSNorm, apply_rope, layer_norm,
-                                              rope_angles, timestep_embedding)
+from models.world.wan_blocks import (Attention, CrossAttention, Head, MLPProj, RMSNorm, apply_rope, layer_norm,
+                                     rope_angles, timestep_embedding)
 from models.world.matrix_game.config import CLIP_DIM, FRAMES_PER_BLOCK, MatrixGameConfig
 from models.world.matrix_game.window import kept_frames, visible
 
@@ -149,36 +150,6 @@ def action_rope(qk_dims: Sequence[int], theta: float, positions: torch.Tensor) -
 
 
 # -- modules ------------------------------------------------------------------------------------
-
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float) -> None:
-        super().__init__()
-        self.heads = heads
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
-
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        shape = (*x.shape[:2], self.heads, -1)
-        q = apply_rope(self.norm_q(self.q(x)).view(shape), cos, sin)
-        k = apply_rope(self.norm_k(self.k(x)).view(shape), cos, sin)
-        return q, k, self.v(x).view(shape)
-
-
-class MLPProj(nn.Module):
-    """``img_emb``: CLIP tokens ``[*, 1280]`` -> ``[*, dim]`` (LayerNorm, Linear, GELU, Linear, LayerNorm)."""
-
-    def __init__(self, in_dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Sequential(nn.LayerNorm(in_dim), nn.Linear(in_dim, in_dim), nn.GELU(),
-                                  nn.Linear(in_dim, out_dim), nn.LayerNorm(out_dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
-
 
 class ActionModule(nn.Module):
     """Keyboard and mouse conditioning of one transformer block (names as upstream)."""
@@ -298,7 +269,7 @@ class Block(nn.Module):
         super().__init__()
         dim = cfg.dim
         self.eps = cfg.eps
-        self.self_attn = SelfAttention(dim, cfg.num_heads, cfg.eps)
+        self.self_attn = Attention(dim, cfg.num_heads, cfg.eps)
         self.norm3 = nn.LayerNorm(dim, eps=cfg.eps, elementwise_affine=True)
         self.cross_attn = CrossAttention(dim, cfg.num_heads, cfg.eps)
         self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"),
@@ -319,7 +290,7 @@ class MatrixGameDiT(nn.Module):
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.head = Head(_head_config(cfg))
+        self.head = Head(dim, math.prod(cfg.patch_size) * cfg.out_dim, cfg.eps)
         self.img_emb = MLPProj(CLIP_DIM, dim)
 
     # -- per session, once -------------------------------------------------------------------
@@ -393,7 +364,7 @@ class MatrixGameDiT(nn.Module):
         for i, blk in enumerate(self.blocks):
             mod = (blk.modulation.float()[None] + e0_tok).unbind(2)
             y = (layer_norm(x, self.config.eps).float() * (1 + mod[1]) + mod[0]).type_as(x)
-            q, k, v = blk.self_attn.qkv(y, cos, sin)
+            q, k, v = blk.self_attn.roped(y, cos, sin)
             outs, kept = [], []
             for r, row in enumerate(rows):
                 lk = row.kv.layers[i]
@@ -424,8 +395,3 @@ class MatrixGameDiT(nn.Module):
                             tuple(kept_frames(s + Fr, 0, cfg.local_attn_size)), tuple(layers))
                   for s, layers in zip(starts, new_layers)]
         return out, caches
-
-
-def _head_config(cfg: MatrixGameConfig) -> SimpleNamespace:
-    """The fields LingBot's ``Head`` reads (its names, same wiring), from a Matrix-Game config."""
-    return SimpleNamespace(eps=cfg.eps, dim=cfg.dim, patch_size=tuple(cfg.patch_size), out_channels=cfg.out_dim)
