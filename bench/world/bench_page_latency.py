@@ -44,9 +44,9 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
 from typing import Any
 
+from bench.machine import cpu_name, package_version
 from bench.maze.bench_serve_cpu import free_port, start_server
 from bench.maze.page_pace import CHROMIUM, CHROMIUM_ARGS, available
 
@@ -261,22 +261,9 @@ def measure(addr: str, args: argparse.Namespace) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ record
 def environment() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"hardware": {"cpu": cpu, "cores": len(os.sched_getaffinity(0))},
-            "versions": {"python": platform.python_version(), "torch": version("torch"), "av": version("av"),
-                         "playwright": version("playwright")}}
+    return {"hardware": {"cpu": cpu_name(), "cores": len(os.sched_getaffinity(0))},
+            "versions": {"python": platform.python_version(), "torch": package_version("torch"),
+                         "av": package_version("av"), "playwright": package_version("playwright")}}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

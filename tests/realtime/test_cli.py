@@ -13,13 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import websockets
 
 from models.factory import FactoryError
 from realtime.server.cli import build_parser, parse_args
 from realtime.server.server import free_port
+from tests.support.process import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--models", "tiny", "--policy", "dummy", "--no-tts"]
@@ -55,15 +55,7 @@ def test_a_signal_drains_and_exits_quietly_with_status_0(sig):
     port = free_port()
     proc = realtime("serve", "--port", str(port), *QUICK)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).text == "OK":
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout and proc.stdout.read()
-            time.sleep(0.1)
+        wait_until_ready(proc, port)
 
         async def session_open_during_the_signal() -> int | None:
             async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime/world") as ws:

@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import websockets
 
 from models.policy.dummy import PROBE_METADATA
 from protocols.openpi import pack
 from realtime.server.server import free_port, uvicorn_config
+from tests.support.process import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,15 +47,7 @@ def test_a_second_ctrl_c_during_the_drain_exits_at_once_with_130_and_no_access_l
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).text == "OK":
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout and proc.stdout.read()
-            time.sleep(0.1)
+        wait_until_ready(proc, port)
 
         async def interrupt_twice_during_a_call() -> tuple[bool, float, int]:
             async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", max_size=None) as ws:
