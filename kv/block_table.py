@@ -140,6 +140,26 @@ class BlockTables:
         self.window_start[r] = self.sink
         return blocks
 
+    def detach(self, r: int) -> tuple[list[int], int, int]:
+        """Empty row ``r`` without freeing its stored pages (a restarting chunk's ``begin``):
+        returns ``(stored blocks, committed frames, window start)`` for ``reattach``."""
+        if self.pending.item(r):
+            raise RuntimeError("a chunk is already in flight")
+        saved = (self.stored(r), int(self.frames[r]), int(self.window_start[r]))
+        self.pages[r] = NULL_BLOCK
+        self.held[r] = self.frames[r] = 0
+        self.window_start[r] = self.sink
+        return saved
+
+    def reattach(self, r: int, blocks: list[int], frames: int, window_start: int) -> None:
+        """Put back what ``detach`` returned into the empty row ``r`` (an aborted restart)."""
+        if self.held.item(r) or self.pending.item(r):
+            raise RuntimeError(f"row {r} is not empty")
+        self.pages[r, :len(blocks)] = blocks
+        self.held[r] = len(blocks)
+        self.frames[r] = frames
+        self.window_start[r] = window_start
+
     def stored(self, r: int) -> list[int]:
         return self.pages[r, :self.held[r]].tolist()
 

@@ -95,6 +95,10 @@ class PagedKVCache:
                                   g.pages_per_frame, chunk_pages=g.pages_per_tick)
         self.sessions = SessionRegistry(g.num_branches, max_sessions, self.tables)
         self._num_swapped = 0
+        # Sessions whose in-flight chunk restarts their sequence: per table row, the stored
+        # pages, committed frames and window start it replaces (freed at commit, put back
+        # at abort).
+        self._restarts: dict[str, list[tuple[int, list[int], int, int]]] = {}
         self.attention = paged_attention.AttentionDispatch(attention_backend)
         # Most pages a session holds per branch between ticks.
         self.max_held_pages = self.tables.max_held
@@ -154,6 +158,8 @@ class PagedKVCache:
         blocks: list[int] = []
         for r in s.rows:
             blocks.extend(self.tables.clear(r))
+        for _, old, _, _ in self._restarts.pop(s.session_id, ()):
+            blocks.extend(old)
         self.pool.free_held(blocks)
         self.sessions.state[s.slot] = IDLE
 
@@ -172,8 +178,12 @@ class PagedKVCache:
             raise ValueError(f"a chunk is whole retention spans of {g.span_frames} frames, got {frames}")
         return frames
 
-    def begin_chunk(self, session_id: str, frames: int | None = None) -> ChunkSlots | None:
-        """Allocate scratch blocks for the session's next chunk; None if they do not fit."""
+    def begin_chunk(self, session_id: str, frames: int | None = None, *,
+                    restart: bool = False) -> ChunkSlots | None:
+        """Allocate scratch blocks for the session's next chunk; None if they do not fit.
+
+        ``restart``: the chunk starts the session's sequence again at frame 0 (see
+        ``begin_batch``)."""
         frames = self._frames(frames)
         s = self._resident(session_id)
         if s.in_flight:
@@ -182,6 +192,8 @@ class PagedKVCache:
         blocks = self.pool.allocate(T * len(s.rows))
         if blocks is None:
             return None
+        if restart:
+            self._detach(s)
         start = s.num_frames
         out = {}
         for i, (b, r) in enumerate(zip(s.branches, s.rows)):
@@ -192,16 +204,30 @@ class PagedKVCache:
         return ChunkSlots(session_id, start, frames, out)
 
     def begin_batch(self, session_ids: Sequence[str], frames: int | None = None,
-                    pad_to: int | None = None, upload: bool = True) -> KVBatch | None:
+                    pad_to: int | None = None, upload: bool = True, *,
+                    restart: bool = False) -> KVBatch | None:
         """``begin_chunk`` for every session, all or nothing, then ``batch``.
 
         ``upload=False`` leaves ``KVBatch.index`` on the host: for a caller that copies
-        ``host_index`` to the device itself, with its other inputs in one copy."""
+        ``host_index`` to the device itself, with its other inputs in one copy.
+
+        ``restart=True``: each chunk starts its session's sequence again (a model whose
+        window starts over, DreamZero every few chunks). Its rows attend to the chunk
+        alone and it becomes frames ``[0, frames)``; the pages the session held stay
+        allocated until ``commit`` frees them, and ``abort`` puts them back, so a
+        restart that is not committed leaves the session as it was::
+
+            before   [ held: frames 0..n-1 ]
+            begin    [ chunk ]                  held pages set aside, still allocated
+            commit   [ chunk = frames 0.. ]     set-aside pages freed
+            abort    [ held: frames 0..n-1 ]    chunk freed, set-aside pages back
+        """
         frames = self._frames(frames)
         T = frames * self.geometry.pages_per_frame
         plan = self.resolve(session_ids)
-        if not self.fast_path or not plan.distinct or self.sessions.state[plan.slots].any():
-            return self._begin_batch_per_row(plan, frames, pad_to, upload)
+        if (restart or not self.fast_path or not plan.distinct
+                or self.sessions.state[plan.slots].any()):
+            return self._begin_batch_per_row(plan, frames, pad_to, upload, restart)
         blocks = self.pool.allocate_array(len(plan.rows) * T)
         if blocks is None:
             return None
@@ -210,7 +236,7 @@ class PagedKVCache:
         return self._pack_rows(plan, lengths, T, pad_to, upload)
 
     def _begin_batch_per_row(self, plan: BatchRows, frames: int, pad_to: int | None,
-                             upload: bool = True) -> KVBatch | None:
+                             upload: bool = True, restart: bool = False) -> KVBatch | None:
         sessions = [self.sessions[sid] for sid in plan.session_ids]
         for s in sessions:
             if s.state == SWAPPED:
@@ -224,12 +250,34 @@ class PagedKVCache:
         blocks = self.pool.allocate(len(rows) * T)
         if blocks is None:
             return None
+        if restart:
+            for s in sessions:
+                self._detach(s)
         for i, r in enumerate(rows):
             self.tables.begin(r, blocks[i * T:(i + 1) * T], frames)
         for s in sessions:
             self.sessions.state[s.slot] = IN_FLIGHT
         return self._pack([(s, b, r) for s in sessions for b, r in zip(s.branches, s.rows)],
                           pad_to, plan.session_ids, upload)
+
+    def _detach(self, s: SessionKV) -> None:
+        """Set the session's stored pages aside for a restarting chunk (``begin_batch``)."""
+        self._restarts[s.session_id] = [(r, *self.tables.detach(r)) for r in s.rows]
+
+    def _end_restart(self, session_ids: Sequence[str], committed: bool) -> list[int]:
+        """A restart's set-aside pages: returned to be freed (commit) or put back (abort)."""
+        freed: list[int] = []
+        for sid in session_ids:
+            for r, blocks, frames, window_start in self._restarts.pop(sid, ()):
+                if committed:
+                    freed += blocks
+                else:
+                    self.tables.reattach(r, blocks, frames, window_start)
+        return freed
+
+    def restarting(self, session_id: str) -> bool:
+        """Whether the session's in-flight chunk restarts its sequence."""
+        return session_id in self._restarts
 
     def resolve(self, session_ids: Sequence[str]) -> BatchRows:
         """The batch's slots and table rows (memoised); KeyError for an id that is not open."""
@@ -288,6 +336,8 @@ class PagedKVCache:
         freed: list[int] = []
         for r in s.rows:
             freed += self.tables.commit(r)
+        if self._restarts:
+            freed += self._end_restart((session_id,), committed=True)
         self.sessions.state[s.slot] = IDLE
         self.pool.free_held(freed)
 
@@ -299,6 +349,8 @@ class PagedKVCache:
         blocks: list[int] = []
         for r in s.rows:
             blocks += self.tables.abort(r)
+        if self._restarts:
+            self._end_restart((session_id,), committed=False)
         self.sessions.state[s.slot] = IDLE
         self.pool.free_held(blocks)
 
@@ -323,6 +375,8 @@ class PagedKVCache:
         freed = self.tables.commit_rows(plan.rows)
         state[plan.slots] = IDLE
         self.pool.free_held(freed)
+        if self._restarts:
+            self.pool.free_held(self._end_restart(plan.session_ids, committed=True))
 
     def _commit_per_row(self, plan: BatchRows) -> None:
         sessions = [self.sessions[sid] for sid in plan.session_ids]
@@ -336,6 +390,8 @@ class PagedKVCache:
             for r in s.rows:
                 freed += self.tables.commit(r)
             self.sessions.state[s.slot] = IDLE
+        if self._restarts:
+            freed += self._end_restart(plan.session_ids, committed=True)
         self.pool.free_held(freed)
 
     def abort_batch(self, batch: KVBatch) -> None:
@@ -363,6 +419,13 @@ class PagedKVCache:
         """Each row's queries ``[R, Lq, Hq, D]`` over its held pages plus its chunk."""
         return self.attention(q, self.storage.k[layer], self.storage.v[layer], batch,
                               scale=scale, backend=backend)
+
+    def attend_with(self, q: torch.Tensor, layer: int, batch: KVBatch, k_extra: torch.Tensor,
+                    v_extra: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+        """``attend`` with transient K/V ``[R, L, kv_heads, head_dim]`` after each row's pages:
+        tokens the forward attends but never keeps (``paged_attention.transient_attention``)."""
+        return paged_attention.transient_attention(q, self.storage.k[layer], self.storage.v[layer], batch,
+                                                   k_extra, v_extra, scale=scale)
 
     def write_cross(self, session_id: str, layer: int, k: torch.Tensor, v: torch.Tensor,
                     branch: str | None = None) -> None:

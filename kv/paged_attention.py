@@ -126,15 +126,21 @@ def _sdpa(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float | N
 
 
 def _gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
-              scale: float | None, attend: Callable) -> torch.Tensor:
-    """Gather each row group's pages to ``[g, H, S, D]`` views and ``attend`` them."""
+              scale: float | None, attend: Callable,
+              extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Gather each row group's pages to ``[g, H, S, D]`` views and ``attend`` them; ``extra``
+    K/V ``[R, L, Hkv, D]`` follow each row's pages (``transient_attention``)."""
     R, Lq, Hq, D = q.shape
     _, bs, Hkv, _ = k_pool.shape
     out = None
     for rows, n, idx in _gather_plan(batch):
         g = R if rows is None else rows.numel()
-        k = k_pool.index_select(0, idx).view(g, n * bs, Hkv, D).transpose(1, 2)
-        v = v_pool.index_select(0, idx).view(g, n * bs, Hkv, D).transpose(1, 2)
+        k = k_pool.index_select(0, idx).view(g, n * bs, Hkv, D)
+        v = v_pool.index_select(0, idx).view(g, n * bs, Hkv, D)
+        if extra is not None:
+            ke, ve = extra if rows is None else (t.index_select(0, rows) for t in extra)
+            k, v = torch.cat([k, ke.to(k.dtype)], 1), torch.cat([v, ve.to(v.dtype)], 1)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
         qg = (q if rows is None else q.index_select(0, rows)).transpose(1, 2)
         o = attend(qg, k, v, scale).transpose(1, 2)
         if rows is None:
@@ -146,13 +152,30 @@ def _gathered(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch
 
 
 def gather_sdpa(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
-                scale: float | None = None, sdpa_backend=None) -> torch.Tensor:
+                scale: float | None = None, sdpa_backend=None,
+                extra: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Gather + SDPA; ``sdpa_backend`` pins one ``SDPBackend`` (default: PyTorch picks)."""
     if sdpa_backend is not None:
         from torch.nn.attention import sdpa_kernel
         with sdpa_kernel([sdpa_backend]):
-            return _gathered(q, k_pool, v_pool, batch, scale, _sdpa)
-    return _gathered(q, k_pool, v_pool, batch, scale, _sdpa)
+            return _gathered(q, k_pool, v_pool, batch, scale, _sdpa, extra)
+    return _gathered(q, k_pool, v_pool, batch, scale, _sdpa, extra)
+
+
+def transient_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, batch: KVBatch,
+                        k_extra: torch.Tensor, v_extra: torch.Tensor, *,
+                        scale: float | None = None) -> torch.Tensor:
+    """Each row's queries over its pages (held + chunk, as ``KVBatch`` lists them) followed by
+    ``k_extra``/``v_extra`` ``[R, L, Hkv, D]``: tokens a forward attends but the pool never
+    holds (DreamZero's denoising passes: the noisy frames and the action/state tokens).
+    Nothing is written. Gather + SDPA (the pages are copied next to the extra tokens)::
+
+        row r keys:  [ page 0 | page 1 | ... | page n-1 | extra[r] ]
+    """
+    if k_extra.shape[0] != q.shape[0] or v_extra.shape != k_extra.shape:
+        raise ValueError(f"extra K/V must be [{q.shape[0]}, L, heads, dim] alike, got "
+                         f"{tuple(k_extra.shape)} and {tuple(v_extra.shape)}")
+    return gather_sdpa(q, k_pool, v_pool, batch, scale, extra=(k_extra, v_extra))
 
 
 def _direct_ok(q: torch.Tensor, k_pool: torch.Tensor) -> bool:
