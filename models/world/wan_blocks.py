@@ -7,16 +7,21 @@
 - ``rope_angles``, ``apply_rope``: 3-D RoPE (time, row, column) over rotated pairs of each head.
 - ``Attention``: the q, k, v, o projections and the q/k RMS norms of a Wan attention layer;
   ``roped`` gives q, k (roped) and v per head. ``CrossAttention`` attends to text (or image)
-  K/V computed once per prompt (``project``).
+  K/V computed once per prompt (``project``), over one rank's heads under sequence parallel.
 - ``Head``: the output head, modulated by the timestep.
 - ``MLPProj``: CLIP image features to the DiT's width (``img_emb``, the image-to-video models).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from models.world.parallel.ulysses import Ulysses
 
 
 class RMSNorm(nn.Module):
@@ -112,10 +117,18 @@ class CrossAttention(Attention):
         shape = (*context.shape[:2], self.heads, -1)
         return self.norm_k(self.k(context)).view(shape), self.v(context).view(shape)
 
-    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp: "Ulysses | None" = None,
+                tokens: int = 0) -> torch.Tensor:
+        """``x [R, L, dim]`` attends to ``k``/``v`` ``[R, T, heads, D]``. Sequence parallel
+        (``sp``): ``x`` is this rank's share of ``tokens`` and ``k``/``v`` hold this rank's heads;
+        the queries go to every token of those heads and the output comes back."""
         q = self.norm_q(self.q(x)).view(*x.shape[:2], self.heads, -1)
+        if sp is not None:
+            q = sp.to_heads(q, tokens)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype).transpose(1, 2),
                                            v.to(q.dtype).transpose(1, 2)).transpose(1, 2)
+        if sp is not None:
+            o = sp.to_tokens(o)
         return self.o(o.flatten(2))
 
 

@@ -66,6 +66,7 @@ from models.world.lingbot.config import VAE_SPATIAL_STRIDE
 from models.world.lingbot.decoders import BlockDecoder, wan_decoder
 from models.world.lingbot.vae_io import condition_at, image_condition
 from models.world.noise import int64_bits, normal
+from models.world.parallel.ulysses import Ulysses, per_rank_geometry
 from models.world.wan_vae import WanDecodeState
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class LingBotPipeline:
                  device: torch.device | str = "cpu", kv_dtype: torch.dtype | None = None,
                  text_tokens: int = TEXT_TOKENS, condition_latents: int = CONDITION_LATENTS,
                  host_budget_bytes: int = HOST_BUDGET_BYTES, steps: int = len(DMD_TIMESTEPS),
-                 reuse_kv: bool = False, decoder: BlockDecoder | None = None) -> None:
+                 reuse_kv: bool = False, decoder: BlockDecoder | None = None,
+                 sequence_parallel: Ulysses | None = None) -> None:
         step = VAE_SPATIAL_STRIDE * components.transformer.config.patch_size[1]
         if height % step or width % step:
             raise ValueError(f"height and width must be multiples of {step}, got {height}x{width}")
@@ -157,6 +159,11 @@ class LingBotPipeline:
         self.geometry = kv_geometry(self.cfg, *self.latent_hw, text_tokens=text_tokens,
                                     dtype=kv_dtype or self.dtype,
                                     model_state_bytes=self.decoder.state_bytes(1, *self.latent_hw))
+        # Sequence parallel: this rank's pool holds its heads' share of every session's K/V.
+        self.sequence_parallel = sequence_parallel
+        self.model.sequence_parallel = sequence_parallel
+        if sequence_parallel is not None:
+            self.geometry = per_rank_geometry(self.geometry, sequence_parallel.size)
         self.cache = make_cache(self.geometry, max_sessions, self.device)
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.sessions: dict[str, SessionState] = {}
@@ -186,6 +193,9 @@ class LingBotPipeline:
 
     def _build_text(self, session_id: str, prompt: str) -> None:
         text_kv = self.model.project_text(self.encode_prompt(prompt))
+        sp = self.sequence_parallel
+        if sp is not None:   # this rank's heads of the text K/V
+            text_kv = [(sp.own_heads(k), sp.own_heads(v)) for k, v in text_kv]
         write_text(self.cache, session_id, [(k[0], v[0]) for k, v in text_kv])
         log.debug("lingbot session=%s text K/V built", session_id)
 

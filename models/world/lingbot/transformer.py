@@ -19,6 +19,13 @@ with (shift1, scale1, gate1, shift2, scale2, gate2) = modulation + time_projecti
 ``patch_embedding_wancamctrl`` and the ``c2ws_hidden_states`` MLP (residual).
 RoPE is 3-D (time, row, column) over rotated pairs of each head, time at the
 block's absolute latent frame index.
+
+Sequence parallel (``sequence_parallel``, a ``models.world.parallel.Ulysses``): every rank
+runs this forward on its share of the block's tokens (patches, timestep and camera
+embeddings, RoPE angles); around each attention the q/k/v go to every token of the rank's
+heads and back (self-attention over the rank's kv/ pages, which hold those heads only;
+cross-attention over the rank's heads of the text K/V), and the head's output is gathered
+so every rank has the whole block's flow.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.world.lingbot.attention import BlockKV
+from models.world.parallel.ulysses import Ulysses
 from models.world.lingbot.config import CAMERA_CHANNELS, ConfigError, LingBotTransformerConfig
 from models.world.wan_blocks import (CrossAttention, Head, RMSNorm, apply_rope, layer_norm, rope_angles,
                                      timestep_embedding)
@@ -49,12 +57,18 @@ class SelfAttention(nn.Module):
         self.norm_k = RMSNorm(dim, eps)
 
     def forward(self, x: torch.Tensor, layer: int, kv: BlockKV, cos: torch.Tensor,
-                sin: torch.Tensor, update_cache: bool) -> torch.Tensor:
+                sin: torch.Tensor, update_cache: bool, sp: Ulysses | None = None,
+                tokens: int = 0) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, -1)
         shape = (*x.shape[:2], self.heads, -1)
         q = apply_rope(self.norm_q(q).view(shape), cos, sin)
         k = apply_rope(self.norm_k(k).view(shape), cos, sin)
-        o = kv.self_attention(layer, q, k, v.reshape(shape), update_cache)
+        v = v.reshape(shape)
+        if sp is not None:   # every token of this rank's heads (its kv/ pages hold those)
+            q, k, v = (sp.to_heads(t, tokens) for t in (q, k, v))
+        o = kv.self_attention(layer, q, k, v, update_cache)
+        if sp is not None:
+            o = sp.to_tokens(o)
         return self.o(o.flatten(2))
 
 
@@ -76,17 +90,17 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, layer: int, kv: BlockKV,
                 cos: torch.Tensor, sin: torch.Tensor, cam: torch.Tensor | None,
-                update_cache: bool) -> torch.Tensor:
+                update_cache: bool, sp: Ulysses | None = None, tokens: int = 0) -> torch.Tensor:
         # e: [R, L, 6, dim] float32, per token (tokens of one frame share a timestep).
         mod = (self.modulation.float()[None] + e).unbind(2)
         y = layer_norm(x, self.eps).float() * (1 + mod[1]) + mod[0]
-        y = self.self_attn(y.type_as(x), layer, kv, cos, sin, update_cache)
+        y = self.self_attn(y.type_as(x), layer, kv, cos, sin, update_cache, sp, tokens)
         x = (x.float() + y.float() * mod[2]).type_as(x)
         if cam is not None:
             c = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(cam))) + cam
             x = (1.0 + self.cam_scale_layer(c)) * x + self.cam_shift_layer(c)
         k, v = kv.cross_kv(layer)
-        x = x + self.cross_attn(self.norm3(x), k, v)
+        x = x + self.cross_attn(self.norm3(x), k, v, sp, tokens)
         y = layer_norm(x, self.eps).float() * (1 + mod[4]) + mod[3]
         y = self.ffn(y.type_as(x))
         return (x.float() + y.float() * mod[5]).type_as(x)
@@ -110,6 +124,8 @@ class CausalLingBotWorldTransformer3DModel(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
         self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg.dim, math.prod(cfg.patch_size) * cfg.out_channels, cfg.eps)
+        # This rank's view of a sequence-parallel group, or None (one process).
+        self.sequence_parallel: Ulysses | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> "CausalLingBotWorldTransformer3DModel":
@@ -193,9 +209,15 @@ class CausalLingBotWorldTransformer3DModel(nn.Module):
         cos, sin = angles.cos().float(), angles.sin().float()
         cam = self.embed_camera(camera) if camera is not None else None
 
+        sp = self.sequence_parallel
+        if sp is not None:   # this rank's tokens from here to the head
+            x, e, e0, cos, sin = (sp.shard(t) for t in (x, e, e0, cos, sin))
+            cam = None if cam is None else sp.shard(cam)
         for layer, blk in enumerate(self.blocks):
-            x = blk(x, e0, layer, kv, cos, sin, cam, update_cache)
+            x = blk(x, e0, layer, kv, cos, sin, cam, update_cache, sp, L)
         out = self.head(x, e)                                                            # [R, L, p*C]
+        if sp is not None:
+            out = sp.gather(out, L)
         C = cfg.out_channels
         out = out.float().view(R, Fr // pt, hp, wp, pt, ph, pw, C)
         out = torch.einsum("bfhwpqrc->bcfphqwr", out)
