@@ -15,6 +15,14 @@ loader reads the config, builds the network it describes (the key count and the 
 from ``action_config``), and then requires the file to hold exactly that network's tensors:
 an unknown key, a missing key or a shape off the config fails naming the first such key,
 before any tensor is copied.
+
+The shared files beside the variants (``load_vae``, ``load_clip``): ``Wan2.1_VAE.pth`` is the
+state dict of Wan's ``WanVAE_`` in its original names (loaded into diffusers'
+``AutoencoderKLWan`` by the name map DreamZero's loader uses, every name required); the CLIP
+file is the state dict of open-clip's ``XLMRobertaCLIP``: its vision tower and logit scale
+(``visual.*``, ``log_scale``) load into ``models/world/wan_clip.py`` exactly, its text tower
+(``textual.*``) is skipped, since Matrix-Game conditions on the image alone, and any other
+name fails.
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ from models.world.matrix_game.model import MatrixGameDiT
 
 PREFIX = "model."
 CONFIG_NAME = "config.json"
+VAE_FILE = "Wan2.1_VAE.pth"
+CLIP_FILE = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
+CLIP_TEXT_PREFIX = "textual."
 
 
 def variant_folder(root: str | Path, variant: str) -> Path:
@@ -99,3 +110,53 @@ def load_variant(folder: str | Path, *, device: torch.device | str = "cpu",
         state = {name[len(PREFIX):]: f.get_tensor(name).to(device=device, dtype=dtype) for name in found}
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval().requires_grad_(False), variant
+
+
+def _read_pth(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing")
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:   # a file torch cannot read as a plain state dict
+        raise ConfigError(f"{path}: not a state dict of tensors ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"{path}: not a state dict of tensors")
+    return state
+
+
+def load_vae(root: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """``ROOT/Wan2.1_VAE.pth`` as diffusers' ``AutoencoderKLWan`` (every original name required)."""
+    from models.policy.dreamzero.vae import build_vae
+
+    path = Path(root) / VAE_FILE
+    try:
+        return build_vae(_read_pth(path), device, dtype)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def load_clip(root: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    """The CLIP vision tower of ``ROOT/models_clip_...pth`` (``wan_clip.WanImageEncoder``)."""
+    from models.world.wan_clip import ClipError, build_image_encoder
+
+    path = Path(root) / CLIP_FILE
+    state = _read_pth(path)
+    vision = {PREFIX + k: v for k, v in state.items() if not k.startswith(CLIP_TEXT_PREFIX)}
+    try:
+        return build_image_encoder(vision, device, dtype)
+    except ClipError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def validate_root(root: str | Path, variant: str) -> Path:
+    """The variant's folder under ``root`` once the files a server needs are there (before any
+    is read): the variant's config and weights, the VAE, the CLIP file."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"{root}: not a folder (the Matrix-Game-2.0 checkpoint root)")
+    folder = variant_folder(root, variant)
+    v = VARIANTS[variant]
+    for path in (folder / CONFIG_NAME, folder / v.weights, root / VAE_FILE, root / CLIP_FILE):
+        if not path.is_file():
+            raise ConfigError(f"{path}: missing (expected the Skywork/Matrix-Game-2.0 layout)")
+    return folder

@@ -24,7 +24,7 @@ the last write, the clean one, is what remains).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -59,28 +59,50 @@ class BlockResult:
     caches: list[SessionKV]         # per row: the cache after the block (from the committing pass)
 
 
+# flow(x [R, 16, F, h, w] float32, t [R], commit) -> the flow of every row; ``commit``: the pass
+# whose K/V the rows keep.
+FlowFn = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+def denoise(flow: FlowFn, noise: Callable[[int], torch.Tensor], rows: int, step_list: Sequence[int],
+            shift: float = TIMESTEP_SHIFT) -> torch.Tensor:
+    """The few denoising steps of one block of ``rows`` rows, then the committing pass; returns
+    the clean latents (float32). ``noise(i)``: the i-th draw ``[R, 16, F, h, w]`` (the first is
+    the starting noise, the rest re-noise between steps)."""
+    x = noise(0).float()
+    ts = distilled_timesteps(step_list, shift).to(x.device)
+    x0 = x
+    for i, t in enumerate(ts):
+        tt = t.expand(rows)
+        f = flow(x, tt, False)
+        sigma = sigma_of(tt[:1], shift).double()
+        x0 = (x.double() - sigma * f.double()).float()
+        if i + 1 < len(ts):
+            nxt = sigma_of(ts[i + 1:i + 2], shift)
+            x = ((1 - nxt) * x0 + nxt * noise(i + 1).float())
+    flow(x0, torch.full((rows,), float(CONTEXT_NOISE), device=x0.device), True)
+    return x0
+
+
 def denoise_block(model: MatrixGameDiT, cond: torch.Tensor, rows: Sequence[RowInput],
                   noise: torch.Tensor, step_list: Sequence[int],
                   shift: float = TIMESTEP_SHIFT) -> BlockResult:
-    """Run one block of every row: the few denoising steps, then the committing pass.
+    """Run one block of every row over plain per-row caches: the few denoising steps, then the
+    committing pass.
 
     ``cond``: ``[R, 20, F, h, w]``; ``noise``: ``[steps, R, 16, F, h, w]`` (the first is the
     starting noise, the rest re-noise between steps). Rows may sit at different positions
     with different caches and actions; each row's result is the same as running it alone.
     """
-    ts = distilled_timesteps(step_list, shift).to(noise.device)
-    if noise.shape[0] != len(ts) or noise.shape[1] != len(rows):
-        raise ValueError(f"noise must be [{len(ts)} steps, {len(rows)} rows, ...], got {tuple(noise.shape)}")
-    R = len(rows)
-    x = noise[0].float()
-    x0 = x
-    for i, t in enumerate(ts):
-        tt = t.expand(R)
-        flow, _ = model(x, cond, tt, rows)
-        sigma = sigma_of(tt[:1], shift).double()
-        x0 = (x.double() - sigma * flow.double()).float()
-        if i + 1 < len(ts):
-            nxt = sigma_of(ts[i + 1:i + 2], shift)
-            x = ((1 - nxt) * x0 + nxt * noise[i + 1].float())
-    _, caches = model(x0, cond, torch.full((R,), float(CONTEXT_NOISE), device=x0.device), rows)
-    return BlockResult(x0, caches)
+    if noise.shape[0] != len(step_list) or noise.shape[1] != len(rows):
+        raise ValueError(f"noise must be [{len(step_list)} steps, {len(rows)} rows, ...], got {tuple(noise.shape)}")
+    kept: list[list[SessionKV]] = []
+
+    def flow(x: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
+        out, caches = model(x, cond, t, rows)
+        if commit:
+            kept.append(caches)
+        return out
+
+    x0 = denoise(flow, lambda i: noise[i], len(rows), step_list, shift)
+    return BlockResult(x0, kept[0])

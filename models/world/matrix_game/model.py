@@ -27,11 +27,14 @@ Both RoPE their q and k by absolute latent frame (only the first ``mouse_qk_dim_
 dims rotate; theta 256), and RMS-normalise q and k without their stored weights (upstream's
 action ``WanRMSNorm.forward`` never multiplies ``weight``).
 
-K/V: plain tensors per session (``SessionKV``): per layer the self-attention K (roped) and V
-of the frames ``window.kept_frames`` keeps, the mouse K/V per spatial token and the keyboard
-K/V per frame of the action window. ``forward`` returns, per row, the cache the block leaves
-behind (what a committing pass keeps, a denoising pass drops). Rows at different positions,
-with different cache lengths, share every projection; only attention runs row by row.
+K/V: ``flow`` attends through a ``BlockAttention``, which owns where the keys live. ``forward``
+uses plain tensors per session (``SessionKV``, ``RowCaches``): per layer the self-attention K
+(roped) and V of the frames ``window.kept_frames`` keeps, the mouse K/V per spatial token and
+the keyboard K/V per frame of the action window, and returns per row the cache the block
+leaves behind (what a committing pass keeps, a denoising pass drops); attention runs row by
+row there. The served path (``attention.PagedBlock``) keeps the self-attention K/V in kv/
+pages and the action K/V in per-session state, and batches rows by how much they hold.
+Rows at different positions share every projection either way.
 
 From the Wan blocks every Wan DiT here shares (``models/world/wan_blocks.py``): RMS norm, the
 affine-free LayerNorm, the sinusoidal timestep embedding, 3-D RoPE, the self-attention's
@@ -43,13 +46,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.world.wan_blocks import (Attention, CrossAttention, Head, MLPProj, RMSNorm, apply_rope, layer_norm,
+from models.world.wan_blocks import (Attention, CrossAttention, Head, MLPProj, RMSNorm, layer_norm,
                                      rope_angles, timestep_embedding)
 from models.world.matrix_game.config import CLIP_DIM, FRAMES_PER_BLOCK, MatrixGameConfig
 from models.world.matrix_game.window import kept_frames, visible
@@ -149,6 +152,111 @@ def action_rope(qk_dims: Sequence[int], theta: float, positions: torch.Tensor) -
     return ang.cos(), ang.sin()
 
 
+def rope_frames(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` by latent frame for ``x [R, F, H, D]`` or ``[R, S, F, H, D]`` (every spatial
+    token of a frame at the frame's angle); cos/sin ``[R, F, D/2]``."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    c, s = (cos[:, None, :, None, :], sin[:, None, :, None, :]) if x.ndim == 5 else \
+        (cos[:, :, None, :], sin[:, :, None, :])
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2).type_as(x)
+
+
+# -- how a block attends ------------------------------------------------------------------------
+
+class BlockAttention(Protocol):
+    """Where a block's keys and values live: the three attentions over a session's past and the
+    block, and the cross-attention's image K/V. ``RowCaches`` keeps them in plain per-row
+    tensors (``SessionKV``); the served path keeps them in kv/ pages and per-session state
+    (``models/world/matrix_game/attention.py``). q/k/v arrive projected, normed and roped."""
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``[R, F*S, H, D]`` each -> ``[R, F*S, H, D]`` over the row's held frames and the block."""
+
+    def mouse_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``[R, S, F, Ha, D]`` each -> ``[R, S, F, Ha, D]``: per spatial token, over its frames."""
+
+    def keyboard_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q ``[R, S, F, Ha, D]``, k/v ``[R, F, Ha, D]`` (one key per frame) -> ``[R, S, F, Ha, D]``."""
+
+    def cross_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image K/V of each row, ``[R, tokens, H, D]``."""
+
+
+class RowCaches:
+    """``BlockAttention`` over each row's ``SessionKV``, row by row; ``caches()`` is what the
+    block leaves behind (what a committing pass keeps)."""
+
+    def __init__(self, cfg: MatrixGameConfig, rows: Sequence[RowInput], S: int, Fr: int) -> None:
+        self.cfg, self.rows, self.S, self.Fr = cfg, rows, S, Fr
+        self.starts = [r.start for r in rows]
+        n = cfg.num_layers
+        self._self: list[list[tuple[torch.Tensor, torch.Tensor] | None]] = [[None] * n for _ in rows]
+        self._action: list[list[list[torch.Tensor | None]]] = [[[None] * 4 for _ in range(n)] for _ in rows]
+
+    def cross_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.stack([r.cross[layer][0] for r in self.rows]),
+                torch.stack([r.cross[layer][1] for r in self.rows]))
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cfg, S, Fr = self.cfg, self.S, self.Fr
+        outs = []
+        for r, row in enumerate(self.rows):
+            start = self.starts[r]
+            lk = row.kv.layers[layer]
+            k_frames = list(row.kv.frames) + list(range(start, start + Fr))
+            keys = torch.cat([lk.k.to(k.dtype), k[r]], 0)[None]
+            vals = torch.cat([lk.v.to(v.dtype), v[r]], 0)[None]
+            outs.append(_windowed(q[r][None], keys, vals, list(range(start, start + Fr)), k_frames, S,
+                                  FRAMES_PER_BLOCK, cfg.sink_size, cfg.local_attn_size)[0])
+            keep = kept_frames(start + Fr, cfg.sink_size, cfg.local_attn_size)
+            tok = torch.tensor([k_frames.index(f) * S + t for f in keep for t in range(S)], device=q.device)
+            self._self[r][layer] = (keys[0].index_select(0, tok), vals[0].index_select(0, tok))
+        return torch.stack(outs)
+
+    def mouse_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for r, row in enumerate(self.rows):
+            lk = row.kv.layers[layer]
+            keys = torch.cat([lk.mouse_k.to(k.dtype), k[r]], 1)
+            vals = torch.cat([lk.mouse_v.to(v.dtype), v[r]], 1)
+            o, kk, vv = self._attend(q[r], keys, vals, row.kv.action_frames, self.starts[r])
+            outs.append(o)
+            self._action[r][layer][0], self._action[r][layer][1] = kk, vv
+        return torch.stack(outs)
+
+    def keyboard_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for r, row in enumerate(self.rows):
+            lk = row.kv.layers[layer]
+            # One key per frame, shared by the S spatial queries (broadcast, never copied S times).
+            keys = torch.cat([lk.key_k.to(k.dtype), k[r]], 0)[None]
+            vals = torch.cat([lk.key_v.to(v.dtype), v[r]], 0)[None]
+            o, kk, vv = self._attend(q[r], keys, vals, row.kv.action_frames, self.starts[r])
+            outs.append(o)
+            self._action[r][layer][2], self._action[r][layer][3] = kk[0], vv[0]
+        return torch.stack(outs)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, past_frames: Sequence[int],
+                start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention over time with frames as tokens: q ``[S, T, H, D]``, keys ``[S or 1, T', H, D]``;
+        sink 0 as upstream. Returns the output and the keys/values the action cache keeps."""
+        Fr, window = self.Fr, self.cfg.local_attn_size
+        k_frames = list(past_frames) + list(range(start, start + Fr))
+        q_frames = list(range(start, start + Fr))
+        o = _windowed(q, keys, vals, q_frames, k_frames, 1, FRAMES_PER_BLOCK, 0, window)
+        keep = [k_frames.index(f) for f in kept_frames(start + Fr, 0, window)]
+        idx = torch.tensor(keep, device=keys.device)
+        return o, keys.index_select(1, idx), vals.index_select(1, idx)
+
+    def caches(self) -> list[SessionKV]:
+        cfg, Fr = self.cfg, self.Fr
+        return [SessionKV(tuple(kept_frames(s + Fr, cfg.sink_size, cfg.local_attn_size)),
+                          tuple(kept_frames(s + Fr, 0, cfg.local_attn_size)),
+                          tuple(LayerKV(*self._self[r][i], *self._action[r][i]) for i in range(cfg.num_layers)))
+                for r, s in enumerate(self.starts)]
+
+
 # -- modules ------------------------------------------------------------------------------------
 
 class ActionModule(nn.Module):
@@ -177,71 +285,32 @@ class ActionModule(nn.Module):
             self.img_attn_k_norm = RMSNorm(c // a.heads_num, 1e-6)
             self.proj_mouse = nn.Linear(c, cfg.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rows: Sequence[RowInput], layer: int, S: int, Fr: int,
-                starts: list[int], block: int) -> tuple[torch.Tensor, list[tuple[torch.Tensor | None, ...]]]:
-        """``x [R, F*S, dim]`` -> x with both conditionings, and per row the action K/V the block
-        leaves behind (mouse_k, mouse_v, key_k, key_v)."""
-        a, cfg = self.cfg.action, self.cfg
+    def forward(self, x: torch.Tensor, layer: int, S: int, Fr: int, rope: tuple[torch.Tensor, torch.Tensor],
+                keyboard: torch.Tensor, mouse: torch.Tensor | None, attn: BlockAttention) -> torch.Tensor:
+        """``x [R, F*S, dim]`` -> x with both conditionings. ``rope``: the action cos/sin
+        ``[R, F, D/2]``; ``keyboard`` ``[R, F, 12, keys]`` and ``mouse`` ``[R, F, 12, 2]``: each
+        latent frame's action window."""
+        a = self.cfg.action
         R = x.shape[0]
         H = self.heads
         eps = 1e-6
-        window = cfg.local_attn_size
-        out_kv: list[list[torch.Tensor | None]] = [[None] * 4 for _ in range(R)]
-        pos = [torch.arange(s, s + Fr, device=x.device) for s in starts]
-        ropes = [action_rope(a.mouse_qk_dim_list, a.rope_theta, p) for p in pos]
-
+        cos, sin = rope
         if a.enable_mouse:
-            mouse = torch.stack([r.mouse for r in rows]).to(x.dtype)              # [R, F, 12, 2]
-            m = mouse.flatten(2)[:, None].expand(R, S, Fr, -1)                   # [R, S, F, 24]
+            m = mouse.to(x.dtype).flatten(2)[:, None].expand(R, S, Fr, -1)       # [R, S, F, 24]
             h = x.view(R, Fr, S, -1).transpose(1, 2)                              # [R, S, F, dim]
             g = self.mouse_mlp(torch.cat([h, m], -1))
             q, k, v = self.t_qkv(g).view(R, S, Fr, 3, H, -1).unbind(3)            # [R, S, F, H, D]
             q, k = _rms(q, eps).to(v.dtype), _rms(k, eps).to(v.dtype)
-            outs = []
-            for r, row in enumerate(rows):
-                cos, sin = ropes[r]
-                qr, kr = apply_rope(q[r], cos, sin), apply_rope(k[r], cos, sin)
-                lk = row.kv.layers[layer]
-                keys = torch.cat([lk.mouse_k.to(kr.dtype), kr], 1)
-                vals = torch.cat([lk.mouse_v.to(v.dtype), v[r]], 1)
-                o, kk, vv = self._attend(qr, keys, vals, row.kv.action_frames, starts[r], Fr, block, window)
-                outs.append(o)
-                out_kv[r][0], out_kv[r][1] = kk, vv
-            o = torch.stack(outs)                                                 # [R, S, F, H, D]
-            o = o.transpose(1, 2).reshape(R, Fr * S, -1)
-            x = x + self.proj_mouse(o)
+            o = attn.mouse_attention(layer, rope_frames(q, cos, sin), rope_frames(k, cos, sin), v)
+            x = x + self.proj_mouse(o.transpose(1, 2).reshape(R, Fr * S, -1))
 
-        kb = self.keyboard_embed(torch.stack([r.keyboard for r in rows]).to(x.dtype))  # [R, F, 12, hid]
+        kb = self.keyboard_embed(keyboard.to(x.dtype))                            # [R, F, 12, hid]
         k, v = self.keyboard_attn_kv(kb.flatten(2)).view(R, Fr, 2, H, -1).unbind(2)   # [R, F, H, D]
         q = self.mouse_attn_q(x).view(R, Fr, S, H, -1)
         q, k = _rms(q, eps).to(v.dtype), _rms(k, eps).to(v.dtype)
         q = q.transpose(1, 2)                                                     # [R, S, F, H, D]
-        outs = []
-        for r, row in enumerate(rows):
-            cos, sin = ropes[r]
-            qr, kr = apply_rope(q[r], cos, sin), apply_rope(k[r][None], cos, sin)[0]
-            lk = row.kv.layers[layer]
-            # One key per frame, shared by the S spatial queries (broadcast, never copied S times).
-            keys = torch.cat([lk.key_k.to(kr.dtype), kr], 0)[None]
-            vals = torch.cat([lk.key_v.to(v.dtype), v[r]], 0)[None]
-            o, kk, vv = self._attend(qr, keys, vals, row.kv.action_frames, starts[r], Fr, block, window)
-            outs.append(o)
-            out_kv[r][2], out_kv[r][3] = kk[0], vv[0]
-        o = torch.stack(outs).transpose(1, 2).reshape(R, Fr * S, -1)
-        x = x + self.proj_keyboard(o)
-        return x, [tuple(t) for t in out_kv]
-
-    @staticmethod
-    def _attend(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, past_frames: Sequence[int],
-                start: int, Fr: int, block: int, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention over time with frames as tokens: q ``[S, T, H, D]``, keys ``[S or 1, T', H, D]``;
-        sink 0 as upstream. Returns the output and the keys/values the action cache keeps."""
-        k_frames = list(past_frames) + list(range(start, start + Fr))
-        q_frames = list(range(start, start + Fr))
-        o = _windowed(q, keys, vals, q_frames, k_frames, 1, block, 0, window)
-        keep = [k_frames.index(f) for f in kept_frames(start + Fr, 0, window)]
-        idx = torch.tensor(keep, device=keys.device)
-        return o, keys.index_select(1, idx), vals.index_select(1, idx)
+        o = attn.keyboard_attention(layer, rope_frames(q, cos, sin), rope_frames(k, cos, sin), v)
+        return x + self.proj_keyboard(o.transpose(1, 2).reshape(R, Fr * S, -1))
 
 
 def _windowed(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, q_frames: Sequence[int],
@@ -318,7 +387,7 @@ class MatrixGameDiT(nn.Module):
 
     def forward(self, latents: torch.Tensor, cond: torch.Tensor, timestep: torch.Tensor,
                 rows: Sequence[RowInput]) -> tuple[torch.Tensor, list[SessionKV]]:
-        """Predict the flow of one block for every row.
+        """Predict the flow of one block for every row, over plain per-row caches.
 
         ``latents``: ``[R, 16, F, h, w]``; ``cond``: ``[R, 20, F, h, w]`` (mask, image latents) of
         the same frames; ``timestep``: ``[R]`` or ``[R, F]``. Returns the flow ``[R, 16, F, h, w]``
@@ -326,23 +395,36 @@ class MatrixGameDiT(nn.Module):
         A row whose cache is empty and whose ``F`` spans several blocks from frame 0 runs
         one-shot: every frame under the block-causal window (the training form).
         """
+        if len(rows) != latents.shape[0]:
+            raise ValueError(f"{latents.shape[0]} rows of latents, {len(rows)} row inputs")
+        for r in rows:
+            if r.kv.next_frame != r.start:
+                raise ValueError(f"row at frame {r.start} has a cache ending at frame {r.kv.next_frame}")
+        S = self.tokens_per_frame(*latents.shape[3:])
+        caches = RowCaches(self.config, rows, S, latents.shape[2])
+        keyboard = torch.stack([r.keyboard for r in rows])
+        mouse = torch.stack([r.mouse for r in rows]) if self.config.action.enable_mouse else None
+        out = self.flow(latents, cond, timestep, [r.start for r in rows], keyboard, mouse, caches)
+        return out, caches.caches()
+
+    def flow(self, latents: torch.Tensor, cond: torch.Tensor, timestep: torch.Tensor, starts: Sequence[int],
+             keyboard: torch.Tensor, mouse: torch.Tensor | None, attn: BlockAttention) -> torch.Tensor:
+        """The flow ``[R, 16, F, h, w]`` (float32) of one block of every row, attending through
+        ``attn``. ``starts``: each row's first latent frame; ``keyboard`` ``[R, F, 12, keys]`` and
+        ``mouse`` ``[R, F, 12, 2]`` (None without a mouse): each latent frame's action window."""
         cfg = self.config
         R, C, Fr, H, W = latents.shape
         if C + cond.shape[1] != cfg.in_dim or cond.shape[0] != R or tuple(cond.shape[2:]) != (Fr, H, W):
             raise ValueError(f"latents {tuple(latents.shape)} and cond {tuple(cond.shape)} do not make "
                              f"[rows, {cfg.in_dim}, frames, h, w]")
-        if len(rows) != R:
-            raise ValueError(f"{R} rows of latents, {len(rows)} row inputs")
+        if len(starts) != R:
+            raise ValueError(f"{R} rows of latents, {len(starts)} starts")
         _, ph, pw = cfg.patch_size
         if H % ph or W % pw:
             raise ValueError(f"latent {H}x{W} is not whole {ph}x{pw} patches")
-        starts = [r.start for r in rows]
-        for r in rows:
-            if r.kv.next_frame != r.start:
-                raise ValueError(f"row at frame {r.start} has a cache ending at frame {r.kv.next_frame}")
         block = FRAMES_PER_BLOCK
         if Fr % block or any(s % block for s in starts):
-            raise ValueError(f"frames {Fr} at starts {starts}: blocks of {block} latent frames, aligned")
+            raise ValueError(f"frames {Fr} at starts {list(starts)}: blocks of {block} latent frames, aligned")
         dtype = self.patch_embedding.weight.dtype
         hp, wp = H // ph, W // pw
         S = hp * wp
@@ -355,43 +437,28 @@ class MatrixGameDiT(nn.Module):
         e_tok = e.repeat_interleave(S, 1)
         e0_tok = e0.repeat_interleave(S, 1)
 
-        angles = rope_angles(cfg.head_dim, torch.tensor(starts, device=x.device), Fr, hp, wp)
+        start_t = torch.tensor(list(starts), device=x.device)
+        angles = rope_angles(cfg.head_dim, start_t, Fr, hp, wp)
         cos, sin = angles.cos().float(), angles.sin().float()
-        cross_k = [torch.stack([r.cross[i][0] for r in rows]) for i in range(cfg.num_layers)]
-        cross_v = [torch.stack([r.cross[i][1] for r in rows]) for i in range(cfg.num_layers)]
+        a = cfg.action
+        act = [action_rope(a.mouse_qk_dim_list, a.rope_theta, torch.arange(s, s + Fr, device=x.device))
+               for s in starts]
+        action_rope_rows = (torch.cat([c for c, _ in act]), torch.cat([s for _, s in act]))   # [R, F, D/2]
 
-        new_layers: list[list[LayerKV]] = [[] for _ in range(R)]
         for i, blk in enumerate(self.blocks):
             mod = (blk.modulation.float()[None] + e0_tok).unbind(2)
             y = (layer_norm(x, self.config.eps).float() * (1 + mod[1]) + mod[0]).type_as(x)
             q, k, v = blk.self_attn.roped(y, cos, sin)
-            outs, kept = [], []
-            for r, row in enumerate(rows):
-                lk = row.kv.layers[i]
-                k_frames = list(row.kv.frames) + list(range(starts[r], starts[r] + Fr))
-                keys = torch.cat([lk.k.to(k.dtype), k[r]], 0)[None]
-                vals = torch.cat([lk.v.to(v.dtype), v[r]], 0)[None]
-                outs.append(_windowed(q[r][None], keys, vals, list(range(starts[r], starts[r] + Fr)),
-                                      k_frames, S, block, cfg.sink_size, cfg.local_attn_size)[0])
-                keep = kept_frames(starts[r] + Fr, cfg.sink_size, cfg.local_attn_size)
-                tok = torch.tensor([k_frames.index(f) * S + t for f in keep for t in range(S)], device=x.device)
-                kept.append((keys[0].index_select(0, tok), vals[0].index_select(0, tok)))
-            y = blk.self_attn.o(torch.stack(outs).flatten(2))
+            y = blk.self_attn.o(attn.self_attention(i, q, k, v).flatten(2))
             x = (x.float() + y.float() * mod[2]).type_as(x)
-            x = x + blk.cross_attn(blk.norm3(x), cross_k[i], cross_v[i])
-            action_kv: list[tuple[torch.Tensor | None, ...]] = [(None,) * 4] * R
+            ck, cv = attn.cross_kv(i)
+            x = x + blk.cross_attn(blk.norm3(x), ck.to(x.dtype), cv.to(x.dtype))
             if blk.action_model is not None:
-                x, action_kv = blk.action_model(x, rows, i, S, Fr, starts, block)
+                x = blk.action_model(x, i, S, Fr, action_rope_rows, keyboard, mouse, attn)
             y = (layer_norm(x, self.config.eps).float() * (1 + mod[4]) + mod[3]).type_as(x)
             x = (x.float() + blk.ffn(y).float() * mod[5]).type_as(x)
-            for r in range(R):
-                new_layers[r].append(LayerKV(*kept[r], *action_kv[r]))
 
         out = self.head(x, e_tok)                                                          # [R, L, p*C]
         Co = cfg.out_dim
         out = out.float().view(R, Fr, hp, wp, 1, ph, pw, Co)
-        out = torch.einsum("bfhwpqrc->bcfphqwr", out).reshape(R, Co, Fr, H, W)
-        caches = [SessionKV(tuple(kept_frames(s + Fr, cfg.sink_size, cfg.local_attn_size)),
-                            tuple(kept_frames(s + Fr, 0, cfg.local_attn_size)), tuple(layers))
-                  for s, layers in zip(starts, new_layers)]
-        return out, caches
+        return torch.einsum("bfhwpqrc->bcfphqwr", out).reshape(R, Co, Fr, H, W)

@@ -76,3 +76,16 @@ def block_windows(history: torch.Tensor, start: int, frames: int, window_video_f
                          f"got history {tuple(history.shape)}")
     idx = [action_window(f, window_video_frames, stride) for f in range(start, start + frames)]
     return history[torch.tensor(idx, device=history.device)]
+
+
+def windows_from(actions: torch.Tensor, first: int, start: int, frames: int, window_video_frames: int,
+                 stride: int) -> torch.Tensor:
+    """``block_windows`` of a history that holds only video frames ``first .. first + N - 1``
+    (``actions [N, C]``): what a served session keeps, the tail of its past and the block's."""
+    idx = [[i - first for i in action_window(f, window_video_frames, stride)]
+           for f in range(start, start + frames)]
+    lo, hi = min(min(w) for w in idx), max(max(w) for w in idx)
+    if lo < 0 or hi >= actions.shape[0]:
+        raise ValueError(f"a block at latent frame {start} reads video frames {lo + first}..{hi + first}, "
+                         f"the history holds {first}..{first + actions.shape[0] - 1}")
+    return actions[torch.tensor(idx, device=actions.device)]

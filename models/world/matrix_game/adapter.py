@@ -1,0 +1,162 @@
+"""``MatrixGameWorld``: the Matrix-Game pipeline behind the world seam (``models/world/base.py``).
+
+One tick is one block: 3 latent frames, 12 video frames at 25 fps (upstream's rate). A
+session's controls come from two reducers (``reducers()``), reduced by the generic session
+code and read here only (``tick``)::
+
+    keys    keys.v1, one key set per video frame, restricted to the variant's keys
+            (``controls.VariantKeysReducer``): the keyboard vector and the look keys
+    mouse   mouse.v1, one (yaw, pitch) delta per video frame (variants with a mouse only)
+
+The Wan VAE gives 9 frames for a session's first block and 12 after; the first chunk holds
+its first frame for the 3 missing frames so that every chunk has 12, and those 3 frames'
+actions are not read (the model's actions are per video frame it makes). A session opens at
+its first chunk-0 tick from its first image (``WorldTick.image``, else the pipeline's
+default); a reset closes it and its next chunk-0 tick opens it again from the same image and
+seed. ``end_tick`` commits or drops the pending block (``pipeline.end``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from models.base import ModelError
+from models.world.base import KEYS_SCHEMA, WorldAdapter, WorldChunk, WorldGeometry, WorldTick
+from models.world.matrix_game.config import FRAMES_PER_BLOCK, VAE_TEMPORAL_STRIDE
+from models.world.matrix_game.controls import (MouseReducer, VariantKeysReducer, keyboard_vectors,
+                                               mouse_vectors, variant_keys)
+from models.world.matrix_game.pipeline import BlockRequest, MatrixGamePipeline, NoCapacity
+from protocols.mouse_v1 import MOUSE_SCHEMA, MOUSE_TRACK
+from sessions import TickRequest
+from sessions.reducers import ControlReducer
+
+log = logging.getLogger(__name__)
+
+FPS = 25.0
+
+
+@dataclass(frozen=True)
+class MatrixGameTick(WorldTick):
+    """A world tick with the mouse.v1 deltas, one (yaw, pitch) per frame (None: no mouse track)."""
+
+    mouse: tuple[tuple[float, float], ...] | None = None
+
+
+class MatrixGameWorld(WorldAdapter):
+    """Matrix-Game 2.0 from a local checkpoint: one 12-frame block per tick."""
+
+    takes_image = True
+    streams_frames = True
+
+    def __init__(self, pipeline: MatrixGamePipeline, *, name: str = "matrix_game", max_batch: int = 1,
+                 checkpoint: str | Path | None = None) -> None:
+        self.pipeline = pipeline
+        self.name = name
+        self.max_batch = max_batch
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        self.variant = pipeline.variant.name
+        self.mouse = pipeline.cfg.action.enable_mouse
+        self.control_schemas = (KEYS_SCHEMA, MOUSE_SCHEMA) if self.mouse else (KEYS_SCHEMA,)
+        self.residency = pipeline.residency
+        self.geometry = WorldGeometry(height=pipeline.height, width=pipeline.width,
+                                      frames_per_chunk=VAE_TEMPORAL_STRIDE * FRAMES_PER_BLOCK, fps=FPS)
+
+    # ------------------------------------------------------------------ seam
+    def details(self) -> Mapping[str, Any]:
+        p, cfg = self.pipeline, self.pipeline.cfg
+        return {
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "variant": self.variant,
+            "variant_keys": list(variant_keys(self.variant)),
+            "mouse": self.mouse,
+            "latent_frames_per_chunk": FRAMES_PER_BLOCK,
+            "device": str(p.device), "dtype": str(p.dtype).replace("torch.", ""),
+            "denoising_steps": len(p.variant.steps), "transformer_passes_per_block": p.passes_per_block,
+            "sink_frames": cfg.sink_size, "attention_window_frames": cfg.local_attn_size,
+            "tokens_per_latent_frame": p.tokens_per_frame,
+            "max_sessions": p.cache.max_sessions,
+            "weights_licence": "MIT",
+        }
+
+    def reducers(self) -> dict[str, ControlReducer]:
+        F = self.geometry.frames_per_chunk
+        out: dict[str, ControlReducer] = {"keys": VariantKeysReducer(F, self.variant)}
+        if self.mouse:
+            out[MOUSE_TRACK] = MouseReducer(F)
+        return out
+
+    def tick(self, request: TickRequest, seed: int, options: Mapping[str, Any] | None = None, *,
+             format: str = "rgb8") -> MatrixGameTick:
+        base = super().tick(request, seed, options, format=format)
+        return MatrixGameTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
+                              mouse=request.controls.get(MOUSE_TRACK))
+
+    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
+        if not works:
+            return []
+        if len({w.session_id for w in works}) != len(works):
+            raise ModelError("a session appears twice in one batch")
+        F = self.geometry.frames_per_chunk
+        p = self.pipeline
+        for w in works:
+            if len(w.actions) != F:
+                raise ModelError(f"session {w.session_id}: {len(w.actions)} key sets for {F} frames")
+            if w.chunk_index > 0 and w.session_id not in p.sessions:
+                raise ModelError(f"session {w.session_id}: no world to continue; start at chunk 0")
+        try:
+            for w in works:
+                if w.chunk_index == 0 and not p.at_start(w.session_id):
+                    p.close(w.session_id)
+                    p.open(w.session_id, image=w.image, seed=w.seed)
+            frames = p.run([self._request(w) for w in works])
+        except (NoCapacity, ValueError) as e:
+            raise ModelError(str(e)) from e
+        out = []
+        for w, f in zip(works, frames):
+            if len(f) < F:   # a session's first block: hold its first frame
+                f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
+            out.append(WorldChunk.answering(w, f))
+        return out
+
+    def _request(self, w: WorldTick) -> BlockRequest:
+        """The block's per-video-frame actions: a first block makes 9 frames, shown after 3
+        copies of its first, so it reads the actions of the chunk's last 9 frames."""
+        p = self.pipeline
+        T = p.frames_in_block(w.session_id)
+        skip = self.geometry.frames_per_chunk - T
+        actions = w.actions[skip:]
+        keyboard = keyboard_vectors(self.variant, actions, p.cfg.action.keyboard_dim_in)
+        mouse = None
+        if self.mouse:
+            deltas = getattr(w, "mouse", None)
+            mouse = mouse_vectors(self.variant, actions, None if deltas is None else deltas[skip:])
+        return BlockRequest(w.session_id, keyboard, mouse, on_frame=self._on_frame(w, skip))
+
+    def _on_frame(self, w: WorldTick, pad: int) -> Callable[[int, np.ndarray], None] | None:
+        """The tick's frame sink at chunk indexes: a first block's first frame is also the
+        held frames before it, so the rest move up by as many."""
+        sink = w.frame_sink
+        if sink is None:
+            return None
+
+        def on_frame(i: int, frame: np.ndarray) -> None:
+            if pad and i == 0:
+                sink(0, np.repeat(frame, pad + 1, 0))
+            else:
+                sink(i + pad, frame)
+        return on_frame
+
+    def end_tick(self, session_id: str, committed: bool) -> None:
+        self.pipeline.end(session_id, committed)
+
+    def drop_session(self, session_id: str) -> None:
+        self.pipeline.close(session_id)
+
+    def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
+        self.pipeline.on_drop = lambda sid: listener(
+            sid, "KV and decoder state dropped: device and host memory for sessions are full")

@@ -1,0 +1,183 @@
+"""The served path on the tiny checkpoint root: sessions batched in one forward on kv/ pages,
+reset, swap to the host and back, close, and the paged attention against the plain caches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.world.matrix_game.checkpoint import load_clip, load_vae, load_variant, variant_folder
+from models.world.matrix_game.config import FRAMES_PER_BLOCK
+from models.world.matrix_game.denoise import denoise_block
+from models.world.matrix_game.model import RowInput, empty_kv
+from models.world.matrix_game.pipeline import BlockRequest, MatrixGamePipeline, NoCapacity, default_image
+from models.world.matrix_game.tiny_checkpoint import write_tiny_root
+from models.world.matrix_game.window import block_windows
+from models.world.noise import int64_bits, normal
+
+HEIGHT, WIDTH = 32, 64
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return write_tiny_root(tmp_path_factory.mktemp("matrix_game_root"))
+
+
+@pytest.fixture(scope="module")
+def parts(root):
+    return {v: (*load_variant(variant_folder(root, v)), load_vae(root), load_clip(root))
+            for v in ("universal", "templerun")}
+
+
+def pipeline(parts, sessions: int = 4, variant: str = "universal", **kw) -> MatrixGamePipeline:
+    dit, var, vae, clip = parts[variant]
+    return MatrixGamePipeline(dit, var, vae, clip, height=HEIGHT, width=WIDTH, max_sessions=sessions, **kw)
+
+
+def actions(sid: str, block: int, T: int, keys: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct actions per session and block (a function of both only)."""
+    g = torch.Generator().manual_seed(hash((sid, block)) % (1 << 31))
+    kb = (torch.rand(T, keys, generator=g) > 0.5).float()
+    return kb, 0.2 * torch.rand(T, 2, generator=g) - 0.1
+
+
+def request(p: MatrixGamePipeline, sid: str, block: int) -> BlockRequest:
+    kb, ms = actions(sid, block, p.frames_in_block(sid), p.cfg.action.keyboard_dim_in)
+    return BlockRequest(sid, kb, ms if p.cfg.action.enable_mouse else None)
+
+
+def run_alone(p: MatrixGamePipeline, sid: str, seed: int, blocks: int) -> list[np.ndarray]:
+    p.open(sid, seed=seed)
+    return [p.generate([request(p, sid, b)])[0] for b in range(blocks)]
+
+
+def test_a_session_alone_equals_it_among_others_at_other_positions(parts):
+    alone = run_alone(pipeline(parts), "a", 7, 3)
+    p = pipeline(parts)
+    p.open("b", seed=8)
+    p.generate([request(p, "b", 0)])                     # b is a block ahead of a
+    p.open("a", seed=7)
+    p.open("c", seed=9)
+    got = []
+    for blk in range(3):
+        reqs = [request(p, "a", blk), request(p, "b", blk + 1), request(p, "c", blk)]
+        got.append(p.generate(reqs)[0])
+    assert [f.shape for f in got] == [(9, HEIGHT, WIDTH, 3), (12, HEIGHT, WIDTH, 3), (12, HEIGHT, WIDTH, 3)]
+    for a, b in zip(alone, got):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_actions_change_frames(parts):
+    p = pipeline(parts)
+    p.open("x", seed=1)
+    p.open("y", seed=1)
+    T = p.frames_in_block("x")
+    still = BlockRequest("x", torch.zeros(T, 4), torch.zeros(T, 2))
+    moving = BlockRequest("y", torch.tensor([[1.0, 0, 0, 0]]).repeat(T, 1), torch.full((T, 2), 0.1))
+    a, b = p.generate([still, moving])
+    assert np.abs(a.astype(int) - b.astype(int)).max() > 0
+
+
+def test_reset_replays_the_same_frames(parts):
+    p = pipeline(parts)
+    first = run_alone(p, "a", 3, 2)
+    p.reset("a")
+    again = [p.generate([request(p, "a", b)])[0] for b in range(2)]
+    for x, y in zip(first, again):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_swap_to_host_and_back_is_bit_exact(parts):
+    ref = {sid: run_alone(pipeline(parts), sid, seed, 3) for sid, seed in (("a", 1), ("b", 2))}
+    p = pipeline(parts, sessions=1)                       # one resident session: every tick swaps
+    p.open("a", seed=1)
+    p.open("b", seed=2)
+    got = {"a": [], "b": []}
+    for blk in range(3):
+        for sid in ("a", "b"):
+            got[sid].append(p.generate([request(p, sid, blk)])[0])
+    assert p.residency.metrics()["swap_outs"] >= 4
+    for sid in ref:
+        for x, y in zip(ref[sid], got[sid]):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_close_frees_pages_slots_and_state(parts):
+    p = pipeline(parts, sessions=2)
+    free = p.cache.num_free_blocks
+    p.open("a", seed=1)
+    state = p._state("a")
+    p.generate([request(p, "a", 0)])
+    assert p.cache.num_free_blocks < free
+    p.close("a")
+    assert p.cache.num_free_blocks == free and "a" not in p.sessions and "a" not in p.cache
+    assert state.nbytes == 0
+    p.close("a")                                          # idempotent
+
+
+def test_a_failed_block_commits_nothing_and_a_dropped_one_closes_the_world(parts):
+    p = pipeline(parts)
+    p.open("a", seed=1)
+    bad = BlockRequest("a", torch.zeros(5, 4), torch.zeros(5, 2))
+    with pytest.raises(ValueError, match="keyboard must be"):
+        p.run([bad])
+    assert p.at_start("a") and p.cache.committed_frames("a") == 0
+    p.run([request(p, "a", 0)])
+    p.end("a", committed=False)
+    assert "a" not in p.sessions
+
+
+def test_no_room_is_a_refusal_that_changes_nothing(parts):
+    p = pipeline(parts, sessions=1, host_budget_bytes=0)
+    p.open("a", seed=1)
+    p.run([request(p, "a", 0)])
+    with pytest.raises(NoCapacity):
+        p.open("b", seed=2)                               # a is in flight: nothing to swap out
+    p.end("a", committed=True)
+    assert p.sessions["a"].blocks == 1 and "b" not in p.sessions
+
+
+def test_temple_run_has_no_mouse_and_seven_keys(parts):
+    p = pipeline(parts, variant="templerun")
+    p.open("t", seed=1)
+    T = p.frames_in_block("t")
+    (frames,) = p.generate([BlockRequest("t", torch.eye(7)[torch.arange(T) % 7])])
+    assert frames.shape == (9, HEIGHT, WIDTH, 3)
+    with pytest.raises(ValueError, match="keyboard must be"):
+        p.run([BlockRequest("t", torch.zeros(12, 4))])
+
+
+def test_paged_blocks_equal_the_plain_caches(parts):
+    """Three blocks of one session on kv/ pages and action state against ``denoise_block`` over
+    ``SessionKV`` with the same condition, CLIP K/V, action windows and noise."""
+    dit, var, vae, clip = parts["universal"]
+    p = pipeline(parts)
+    p.open("a", seed=5)
+    s = p.sessions["a"]
+    pixels = torch.from_numpy(default_image(5, HEIGHT, WIDTH)).permute(2, 0, 1).float() / 127.5 - 1
+    cross = dit.project_image(clip.encode(pixels[None])[0])
+    h, w = p.latent_hw
+    kv = empty_kv(dit.config, p.tokens_per_frame)
+    keys, mouse = [], []
+    plain, served = [], []
+    decode = p.decoder.new_state(1, h, w, "cpu")
+    mean, std = p._stats(torch.zeros(1))
+    for blk in range(3):
+        req = request(p, "a", blk)
+        keys.append(req.keyboard)
+        mouse.append(req.mouse)
+        served.append(p.generate([req])[0])
+        start = blk * FRAMES_PER_BLOCK
+        kh, mh = torch.cat(keys), torch.cat(mouse)
+        row = RowInput(start, kv, cross, block_windows(kh, start, 3, 12, 4), block_windows(mh, start, 3, 12, 4))
+        cond = s.condition[:, [min(f, s.condition.shape[1] - 1) for f in range(start, start + 3)]][None]
+        seeds = torch.tensor([int64_bits(5)])
+        noise = torch.stack([normal(seeds, torch.tensor([blk * len(var.steps) + i]), (16, 3, h, w))
+                             for i in range(len(var.steps))])
+        res = denoise_block(dit, cond, [row], noise, var.steps)
+        kv = res.caches[0]
+        video = p.decoder.decode(decode, res.latents * std + mean)[0]
+        plain.append(((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy())
+    for x, y in zip(plain, served):
+        assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
