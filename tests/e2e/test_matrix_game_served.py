@@ -1,0 +1,190 @@
+"""Matrix-Game 2.0 through a real uvicorn server and real WebSocket clients (world.v1).
+
+One server per module: a tiny random checkpoint root in the exact Skywork/Matrix-Game-2.0
+layout, loaded by the factory table's ``matrix_game`` row at 32x64 on CPU, the base variant
+beside Temple Run (no mouse), driven with keys.v1 and mouse.v1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from typing import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from PIL import Image
+
+from clients.world import ServerError, WorldClient
+from models import factory
+from models.factory import BuildOptions, ModelEntry
+from realtime.server.app import build_app
+from realtime.server.config import ServerConfig, WorldConfig
+from realtime.server.inventory import Inventory
+from tests.e2e.conftest import serve
+
+HEIGHT, WIDTH = 32, 64
+KEYS = {"track": "keys", "schema": "keys.v1"}
+MOUSE = {"track": "mouse", "schema": "mouse.v1"}
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+def _png(w: int, h: int) -> bytes:
+    rgb = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[tuple[str, object, object]]:
+    from models.world.matrix_game.tiny_checkpoint import write_tiny_root
+
+    root = write_tiny_root(tmp_path_factory.mktemp("matrix_game_e2e"), ("universal", "templerun"))
+    options = BuildOptions(device="cpu", max_batch=2, height=HEIGHT, width=WIDTH)
+    base = factory.build(ModelEntry("matrix_game", str(root)), options, kind="world")
+    temple = factory.build(ModelEntry("matrix_game", str(root), (("variant", "templerun"),)), options, kind="world")
+    temple.name = "matrix_game-templerun"
+    inventory = Inventory()
+    inventory.add(base)
+    inventory.add(temple)
+    app = build_app(ServerConfig(world=WorldConfig(models=("matrix_game", "matrix_game-templerun"))), inventory)
+    with serve(app) as addr:
+        yield addr, base, temple
+
+
+def url(addr: str) -> str:
+    return f"ws://{addr}/v1/realtime/world"
+
+
+def test_models_lists_both_variants_with_their_controls(server):
+    addr, _, _ = server
+    models = {m["id"]: m for m in httpx.get(f"http://{addr}/v1/models").json()["data"]}
+    mg, tr = models["matrix_game"], models["matrix_game-templerun"]
+    assert (mg["height"], mg["width"], mg["frames_per_chunk"], mg["fps"]) == (HEIGHT, WIDTH, 12, 25.0)
+    assert mg["control_schemas"] == ["keys.v1", "mouse.v1"] and mg["takes_image"] is True
+    assert (mg["variant"], mg["mouse"], mg["weights_licence"]) == ("universal", True, "MIT")
+    assert tr["control_schemas"] == ["keys.v1"] and tr["variant_keys"] == ["w", "a", "s", "d", "j", "l"]
+
+
+def test_keys_and_mouse_drive_the_world_bad_controls_change_nothing_and_reset_replays(server):
+    addr, base, _ = server
+
+    async def main():
+        async with WorldClient.connect(url(addr), session_id="mg") as c:
+            created = await c.create(model="matrix_game", image=_png(80, 40), format="rgb8", credits=0, seed=3)
+            assert (created["height"], created["width"], created["frames_per_chunk"]) == (HEIGHT, WIDTH, 12)
+            await c.event(event_id=1, controls=[{**KEYS, "data": {"mode": "state", "held": ["w"]}},
+                                                {**MOUSE, "data": {"deltas": [[0.3, -0.1]] * 12}}])
+            await c.credit(1)
+            first = await c.next_chunk(credit=False)
+            assert (first.chunk_index, first.applied_event_ids) == (0, [1])
+            assert len(first.payloads) == 12 and all(f.shape == (HEIGHT, WIDTH, 3) for f in first.frames())
+            assert base.pipeline.sessions["mg"].blocks == 1
+
+            # Bad controls: documented errors, nothing accepted, the next chunk as if never sent.
+            bad = [({**KEYS, "data": {"mode": "state", "held": ["q"]}}, "unknown key 'q'"),
+                   ({**MOUSE, "data": {"deltas": [[5.0, 0.0]]}}, "outside [-1.0, 1.0]"),
+                   ({**MOUSE, "data": {"deltas": [["left", 0.0]]}}, "yaw must be a finite number"),
+                   ({**MOUSE, "data": {"deltas": []}}, "1..256"),
+                   ({**MOUSE, "data": {"yaw": 0.1}}, "exactly 'deltas'")]
+            for i, (control, text) in enumerate(bad):
+                with pytest.raises(ServerError) as info:
+                    await c.event(event_id=2 + i, controls=[control])
+                assert info.value.code == "bad_request" and text in info.value.message, info.value.message
+                assert info.value.event_id == 2 + i
+            # NaN is not JSON; a client that writes it anyway is refused before any control is read.
+            await c.send({"type": "event", "event_id": 9, "controls": [
+                {**MOUSE, "data": {"deltas": [[float("nan"), 0.0]]}}]})
+            err = await c.expect("error")
+            assert err["code"] == "bad_request" and "NaN" in err["message"]
+
+            await c.event(event_id=10, controls=[{**MOUSE, "data": {"deltas": [[-0.5, 0.2]] * 4}}])
+            await c.credit(1)
+            second = await c.next_chunk(credit=False)
+            assert (second.chunk_index, second.applied_event_ids) == (1, [10])
+
+            # Reset: the same image and seed, so the same controls make the same chunk 0.
+            reset = await c.reset()
+            assert reset["chunk_index"] == 0
+            await c.event(event_id=11, controls=[{**KEYS, "data": {"mode": "state", "held": ["w"]}},
+                                                 {**MOUSE, "data": {"deltas": [[0.3, -0.1]] * 12}}])
+            await c.credit(1)
+            again = await c.next_chunk(credit=False)
+            assert (again.chunk_index, again.applied_event_ids) == (0, [11])
+            assert again.payloads == first.payloads
+            # Other keys and mouse make other frames from the same start.
+            await c.reset()
+            await c.event(event_id=12, controls=[{**KEYS, "data": {"mode": "state", "held": ["s", "j"]}}])
+            await c.credit(1)
+            other = await c.next_chunk(credit=False)
+            assert other.payloads != first.payloads
+            closed = await c.close()
+            assert closed["session_id"] == "mg" and "mg" not in base.pipeline.sessions
+            assert "mg" not in base.pipeline.cache
+
+    run(main())
+
+
+def test_two_sessions_share_batches_and_temple_run_refuses_the_mouse(server):
+    addr, base, temple = server
+
+    async def main():
+        async with WorldClient.connect(url(addr), session_id="t1") as t, \
+                WorldClient.connect(url(addr), session_id="m1") as m, \
+                WorldClient.connect(url(addr), session_id="m2") as m2:
+            await t.create(model="matrix_game-templerun", format="rgb8", credits=0, seed=1)
+            with pytest.raises(ServerError) as info:
+                await t.event(event_id=1, controls=[{**MOUSE, "data": {"deltas": [[0.1, 0.0]]}}])
+            assert info.value.code == "bad_request" and "unknown track 'mouse'" in info.value.message
+            with pytest.raises(ServerError) as info:
+                await t.event(event_id=2, controls=[{**KEYS, "data": {"mode": "state", "held": ["i"]}}])
+            assert "does nothing in matrix_game templerun" in info.value.message
+            await t.event(event_id=3, controls=[{**KEYS, "data": {"mode": "script", "frames": [["w"], ["j"]]}}])
+            await t.credit(1)
+            chunk = await t.next_chunk(credit=False)
+            assert (chunk.chunk_index, chunk.applied_event_ids, len(chunk.payloads)) == (0, [3], 12)
+
+            sizes: list[int] = []
+            run_blocks = base.pipeline.run
+
+            def counted(requests):
+                sizes.append(len(requests))
+                return run_blocks(requests)
+
+            base.pipeline.run = counted
+            try:
+                for c in (m, m2):
+                    await c.create(model="matrix_game", format="rgb8", credits=0, seed=4)
+                for c in (m, m2):
+                    await c.credit(3)
+                chunks = [[await c.next_chunk(credit=False) for _ in range(3)] for c in (m, m2)]
+            finally:
+                base.pipeline.run = run_blocks
+            # The same seed, default image and no controls: the same frames, whichever batches.
+            assert [ch.payloads for ch in chunks[0]] == [ch.payloads for ch in chunks[1]]
+            assert sum(sizes) == 6 and max(sizes) == 2      # the two sessions shared forwards
+
+    run(main())
+
+
+def test_a_create_with_a_bad_image_creates_nothing(server):
+    addr, base, _ = server
+
+    async def main():
+        async with websockets.connect(url(addr)) as ws:
+            garbage = b"\x89PNG not really"
+            await ws.send(json.dumps({"type": "session.create", "session_id": "x", "model": "matrix_game",
+                                      "image": {"format": "png", "bytes": len(garbage)}}))
+            await ws.send(garbage)
+            answer = json.loads(await ws.recv())
+            assert answer["code"] == "bad_request" and "not a valid png" in answer["message"]
+            assert "x" not in base.pipeline.sessions
+
+    run(main())
