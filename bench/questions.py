@@ -203,6 +203,26 @@ def lingbot(result: Result) -> list[str]:
             f"{fmt(steady.get('h2d_GBps'))} GB/s)."]
 
 
+def lingbot_ab(result: Result) -> list[str]:
+    """Each opt-in shortcut against the exact path, measured in the same run."""
+    variants = dig(result, "ab", "variants") or {}
+    exact = dig(variants, "exact", "steady_chunk_ms")
+    rows = []
+    for name, v in variants.items():
+        chunk = v.get("steady_chunk_ms")
+        ratio = chunk / exact if isinstance(chunk, (int, float)) and exact else None
+        fps = 12000 / chunk if isinstance(chunk, (int, float)) and chunk else None
+        rows.append([name, fmt(v.get("passes_per_chunk"), "d"), fmt(chunk, ".0f"), fmt(v.get("steady_transformer_ms"), ".0f"),
+                     fmt(ratio, ".3f"), fmt(fps, ".1f"), fmt(v.get("latent_max_abs_err"), ".3g")])
+    check = dig(result, "ab", "fp8_kernel_check") or {}
+    out = table(["options", "passes", "chunk ms", "transformer ms", "chunk / exact", "frames/s (12 a chunk)",
+                 "latent max error"], rows)
+    return out + ["", "Random weights: the error columns say how far a shortcut moves the latents, not how the "
+                  "pictures look. FP8 kernel alone on one FFN linear "
+                  f"({fmt(check.get('tokens'), 'd')} tokens): bf16 {fmt(check.get('bf16_ms'), '.3f')} ms, "
+                  f"scaled_mm {fmt(check.get('scaled_mm_ms'), '.3f')} ms."]
+
+
 # ------------------------------------------------------------------ (f) pi0
 def pi0(result: Result) -> list[str]:
     goals, model = (result.get("goals") or {}), (result.get("model") or {})
@@ -477,6 +497,14 @@ QUESTIONS: tuple[Question, ...] = (
              "LingBot-World at its full geometry on one GPU: a served tick against the bare one, key press to first "
              "frame, KV bytes against the capacity formula, and swapping a session out and in.",
              (Source("lingbot_h200.json"),), lingbot),
+    Question("LingBot-World: the opt-in shortcuts",
+             "Each shortcut of the lingbot entry (fewer denoising steps, reusing the last step's K/V instead of the "
+             "committing pass, FP8 linears, the TAEHV decoder) against the exact path in one run, 8 chunks each at "
+             "480x832; then the fastest set served over world.v1 beside the exact path served. Goal: 10 frames/s "
+             "for one session on one GPU.",
+             (Source("lingbot_ab_h100.json", "Each shortcut against the exact path", render=lingbot_ab),
+              Source("lingbot_shortcuts_h100.json", "Served with steps=1, reuse_kv=1, TAEHV"),
+              Source("lingbot_exact_served_h100.json", "Served on the exact path")), lingbot),
     Question("π0 on one GPU",
              "π0 at full size (random weights) served over OpenPI against calling the model directly, one robot and "
              "batches of robots.",

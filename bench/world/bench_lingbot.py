@@ -160,7 +160,9 @@ class TickClock:
         self.device = device
         self._cur: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        self._frames_calls = 0
         run, frames, residency = pipeline.run, pipeline.decoder.frames, pipeline.residency
+        decode = pipeline.decoder.decode
 
         def timed_run(requests):
             sync(device)
@@ -193,7 +195,22 @@ class TickClock:
                 with self._lock:
                     self.ticks.append(cur)
 
+        def timed_decode(state, z):
+            # A decoder whose ``decode`` does not go through ``frames`` (TAEHV) is timed here; one
+            # that does (the Wan VAE) is timed by ``timed_frames``, with its first frame.
+            cur, calls = self._cur, self._frames_calls
+            sync(device)
+            t = time.perf_counter()
+            out = decode(state, z)
+            sync(device)
+            if cur is not None and self._frames_calls == calls:
+                if cur["decode_start"] is None:
+                    cur["decode_start"] = t
+                cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
+            return out
+
         def timed_frames(state, z):
+            self._frames_calls += 1
             cur = self._cur
             sync(device)
             t = time.perf_counter()
@@ -213,6 +230,7 @@ class TickClock:
 
         pipeline.run = timed_run
         pipeline.decoder.frames = timed_frames
+        pipeline.decoder.decode = timed_decode
 
     def since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
