@@ -2,7 +2,8 @@
 //
 // Messages in (docs/protocols.md): session.created, event.accepted, chunk (+ N
 // binary frames), session.reset, session.closed, error. Out: session.create,
-// event (keys.v1 state, prompt), credit, session.reset, session.close, keyframe.
+// event (keys.v1 state, mouse.v1 deltas, prompt), credit, session.reset, session.close,
+// keyframe. A model that takes mouse.v1 gets mouse look on the canvas (mouse.js).
 //
 // The format menu's h264 is decoded with WebCodecs, and falls back to jpeg where it cannot
 // be (frame_format.js); state.formatFallback says why.
@@ -18,6 +19,7 @@ import { $, describeError, showError } from "./dom.js";
 import { FramePlayer } from "./frames.js";
 import { FrameFormat, videoLine } from "./frame_format.js";
 import { HeldKeys } from "./keys.js";
+import { MOUSE_SCHEMA, PointerLook } from "./mouse.js";
 import { connect, randomId } from "./net.js";
 import { RateMeter } from "./rate_meter.js";
 import { Reconnector, noRetryReason } from "./reconnect.js";
@@ -118,6 +120,8 @@ export class WorldPanel {
       },
     );
     this.keys = new HeldKeys((held) => this.#heldChanged(held));
+    this.look = new PointerLook(this.el.canvas, (control) => this.sendEvent({ controls: [control] }));
+    this.state.mouse = this.look.state;
   }
 
   /** Resolves once the first session was asked for (after the h264 support check). */
@@ -535,6 +539,7 @@ export class WorldPanel {
     this.el.prompt.title = this.state.usesPrompts ? "" : `${model.name} ignores prompts: they are accepted and have no effect`;
     this.el.imageRow.hidden = !model?.takes_image;
     this.el.trajectoryForm.hidden = !(model?.control_schemas || []).includes(TRAJECTORY_SCHEMA);
+    this.look.use((model?.control_schemas || []).includes(MOUSE_SCHEMA), model?.fps);
   }
 
   #renderHud() {

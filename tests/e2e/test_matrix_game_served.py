@@ -188,3 +188,49 @@ def test_a_create_with_a_bad_image_creates_nothing(server):
             assert "x" not in base.pipeline.sessions
 
     run(main())
+
+
+def test_the_page_captures_the_pointer_for_a_model_that_takes_mouse_v1(server):
+    """The demo page in headless Chromium: a click on the canvas locks the pointer for
+    matrix_game (it lists mouse.v1), motion goes out as mouse.v1 deltas the server accepts;
+    Temple Run (no mouse.v1) gets no pointer lock."""
+    import os
+
+    from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: apt-get install chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    addr, _, _ = server
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1180, "height": 760})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(f"http://{addr}/")
+            page.wait_for_function("window.demo && (window.demo.ready || window.demo.bootError)")
+            page.wait_for_function("demo.world.model === 'matrix_game' && demo.world.chunkIndex >= 0",
+                                   timeout=60_000)
+            box = page.locator("#world-canvas").bounding_box()
+            cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+            page.mouse.click(cx, cy)
+            page.wait_for_function("demo.world.mouse.locked", timeout=10_000)
+            page.mouse.move(cx + 40, cy - 20)
+            page.wait_for_function("demo.world.mouse.sent >= 1", timeout=10_000)
+            yaw, pitch = page.evaluate("demo.world.mouse.last")
+            assert yaw > 0 and pitch > 0 and max(abs(yaw), abs(pitch)) <= 1.0
+            sent = page.evaluate("demo.world.lastEventId")
+            page.wait_for_function(f"demo.world.appliedEventIds.includes({sent})", timeout=60_000)
+            assert page.evaluate("demo.world.errors.length") == 0
+
+            page.select_option("#world-model", "matrix_game-templerun")
+            page.wait_for_function("demo.world.model === 'matrix_game-templerun' && demo.world.chunkIndex >= 0",
+                                   timeout=60_000)
+            assert page.evaluate("demo.world.mouse.locked") is False
+            page.mouse.click(cx, cy)
+            page.wait_for_timeout(300)
+            assert page.evaluate("demo.world.mouse.locked") is False
+            assert errors == []
+        finally:
+            browser.close()
