@@ -22,14 +22,15 @@ from typing import Any
 
 
 def build(path: str | None, options: Any) -> Any:
-    """The factory entry: ``realtime serve --models 'matrix_game=DIR[?variant=base|gta|templerun]'``.
+    """The factory entry: ``realtime serve --models 'matrix_game=DIR[?variant=base|gta|templerun&decoder=...]'``.
 
     ``DIR`` is the root of ``Skywork/Matrix-Game-2.0`` (the variant folders beside
     ``Wan2.1_VAE.pth`` and the CLIP file); nothing is downloaded. ``options``
     (``models.factory.BuildOptions``) gives ``device``, ``max_batch``, ``gpu_memory_fraction``,
     ``kv_budget_bytes``, ``host_budget_bytes``, ``height``/``width`` (None: 352x640) and
-    ``model_options`` (``options.py``). The options are checked first, then the root's files,
-    before any weight loads; on CUDA the resident session count comes from kv capacity
+    ``model_options`` (``options.py``: the variant, the decoder). The options are checked
+    first, then the root's files and a TAEHV file, before any weight of the root loads; on
+    CUDA (or with ``kv_budget_bytes``) the resident session count comes from kv capacity
     planning of the memory free after the weights. Returns a ``MatrixGameWorld``.
     """
     import torch
@@ -52,6 +53,15 @@ def build(path: str | None, options: Any) -> Any:
     folder = validate_root(path, shortcuts.variant)
     device = torch.device(getattr(options, "device", None) or "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    taehv = None
+    if shortcuts.taehv is not None:   # a few MB, read before the checkpoint's GBs
+        from models.world.taehv import load_taehv
+
+        try:   # float16 on CUDA, the file's and the reference's dtype
+            taehv = load_taehv(shortcuts.taehv, device=device,
+                               dtype=torch.float16 if device.type == "cuda" else torch.float32)
+        except ValueError as e:   # names the file and the first tensor off the taew2_1 layout
+            raise ValueError(f"option decoder: {e}") from None
     height = getattr(options, "height", None) or DEFAULT_SIZE[0]
     width = getattr(options, "width", None) or DEFAULT_SIZE[1]
     max_batch = max(1, int(getattr(options, "max_batch", 1) or 1))
@@ -70,9 +80,9 @@ def build(path: str | None, options: Any) -> Any:
     available, fraction = kv_budget(device, fraction=getattr(options, "gpu_memory_fraction", 0.9) or 0.9,
                                     budget_bytes=getattr(options, "kv_budget_bytes", None))
     if available is not None:
-        g = session_geometry(dit, vae, clip, height, width)
+        g = session_geometry(dit, vae, clip, height, width, taehv)
         sessions = plan_capacity(g, available_bytes=available, fraction=fraction, requested_sessions=max_batch,
                                  ticks_in_flight=max_batch).capacity
     pipeline = MatrixGamePipeline(dit, variant, vae, clip, height=height, width=width, max_sessions=sessions,
-                                  device=device, **kwargs)
+                                  device=device, taehv=taehv, **kwargs)
     return MatrixGameWorld(pipeline, max_batch=min(max_batch, sessions), checkpoint=path)

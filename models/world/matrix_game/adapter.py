@@ -78,7 +78,7 @@ class MatrixGameWorld(WorldAdapter):
             "device": str(p.device), "dtype": str(p.dtype).replace("torch.", ""),
             "denoising_steps": len(p.variant.steps), "transformer_passes_per_block": p.passes_per_block,
             "sink_frames": cfg.sink_size, "attention_window_frames": cfg.local_attn_size,
-            "tokens_per_latent_frame": p.tokens_per_frame,
+            "tokens_per_latent_frame": p.tokens_per_frame, "decoder": p.decoder_name,
             "max_sessions": p.cache.max_sessions,
             "weights_licence": "MIT",
         }

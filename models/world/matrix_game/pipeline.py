@@ -66,13 +66,15 @@ class NoCapacity(RuntimeError):
     """The kv pool has no room for this block now; nothing changed."""
 
 
-def session_geometry(dit: MatrixGameDiT, vae: Any, clip: Any, height: int, width: int) -> KVGeometry:
+def session_geometry(dit: MatrixGameDiT, vae: Any, clip: Any, height: int, width: int,
+                     decoder: Any | None = None) -> KVGeometry:
     """The kv geometry of sessions at ``height`` x ``width``: the DiT's pages, the CLIP tokens
-    in the cross slot, the decoder state and action caches as model state (capacity counts them)."""
+    in the cross slot, the decoder state (``decoder``, None: the Wan VAE's) and action caches
+    as model state (capacity counts them)."""
     lh, lw = height // VAE_SPATIAL_STRIDE, width // VAE_SPATIAL_STRIDE
     dtype = dit.patch_embedding.weight.dtype
     actions = ActionCache(dit.config, dit.tokens_per_frame(lh, lw))
-    state = StreamingWanDecoder(vae).state_bytes(1, lh, lw) + actions.nbytes(dtype)
+    state = (decoder or StreamingWanDecoder(vae)).state_bytes(1, lh, lw) + actions.nbytes(dtype)
     return kv_geometry(dit.config, lh, lw, clip.model.visual.pos_embedding.shape[1], dtype=dtype,
                        model_state_bytes=state)
 
@@ -115,7 +117,7 @@ class MatrixGamePipeline:
     def __init__(self, dit: MatrixGameDiT, variant: Variant, vae: Any, clip: Any, *,
                  height: int = DEFAULT_SIZE[0], width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
                  device: torch.device | str = "cpu", host_budget_bytes: int = HOST_BUDGET_BYTES,
-                 condition_latents: int = CONDITION_LATENTS) -> None:
+                 condition_latents: int = CONDITION_LATENTS, taehv: Any | None = None) -> None:
         cfg = dit.config
         step = VAE_SPATIAL_STRIDE * cfg.patch_size[1]
         if height % step or width % step:
@@ -127,10 +129,13 @@ class MatrixGamePipeline:
         self.device = torch.device(device)
         self.dtype = dit.patch_embedding.weight.dtype
         self.condition_latents = condition_latents
-        self.decoder = StreamingWanDecoder(vae)
+        # The Wan VAE decodes de-normalised latents; TAEHV (``models/world/taehv.py``, opt-in)
+        # the diffusion latents as they are. Both stream with one state per session.
+        self.decoder = taehv if taehv is not None else StreamingWanDecoder(vae)
+        self.decoder_name = "wan" if taehv is None else "taehv"
         self.tokens_per_frame = dit.tokens_per_frame(*self.latent_hw)
         self.actions = ActionCache(cfg, self.tokens_per_frame)
-        self.geometry = session_geometry(dit, vae, clip, height, width)
+        self.geometry = session_geometry(dit, vae, clip, height, width, taehv)
         self.cache = make_cache(self.geometry, max_sessions, self.device)
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.sessions: dict[str, Session] = {}
@@ -189,6 +194,12 @@ class MatrixGamePipeline:
         c = self.vae.config
         return (torch.tensor(c.latents_mean, dtype=like.dtype, device=like.device).view(shape),
                 torch.tensor(c.latents_std, dtype=like.dtype, device=like.device).view(shape))
+
+    def _decoder_input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decoder_name == "taehv":
+            return x.to(self.decoder.dtype)
+        mean, std = self._stats(x)
+        return (x * std + mean).to(next(self.vae.parameters()).dtype)
 
     def at_start(self, session_id: str) -> bool:
         """Whether the session is open with no block made (just opened or reset)."""
@@ -346,11 +357,9 @@ class MatrixGamePipeline:
 
         x0 = denoise(flow, noise, R, self.variant.steps)
         actions = kept[0].keep()
-        mean, std = self._stats(x0)
-        vae_dtype = next(self.vae.parameters()).dtype
         frames, pending = [], {}
         for row, (r, s) in enumerate(zip(requests, states)):
-            z = (x0[row:row + 1] * std + mean).to(vae_dtype)
+            z = self._decoder_input(x0[row:row + 1])
             decoded.append(r.session_id)
             pixels = []
             for i, frame in enumerate(self.decoder.frames(res[row].decode, z)):

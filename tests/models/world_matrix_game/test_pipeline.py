@@ -181,3 +181,51 @@ def test_paged_blocks_equal_the_plain_caches(parts):
         plain.append(((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy())
     for x, y in zip(plain, served):
         assert np.abs(x.astype(int) - y.astype(int)).max() <= 1
+
+
+def test_the_taehv_decoder_streams_and_swaps_like_the_wan_vae(parts, tmp_path):
+    from models.world.taehv import load_taehv, random_state_dict
+
+    torch.save(random_state_dict(seed=0), tmp_path / "taew2_1.pth")
+    taehv = load_taehv(tmp_path / "taew2_1.pth")
+    ref = run_alone(pipeline(parts, taehv=taehv), "a", 1, 2)
+    assert [f.shape for f in ref] == [(9, HEIGHT, WIDTH, 3), (12, HEIGHT, WIDTH, 3)]
+    wan = run_alone(pipeline(parts), "a", 1, 1)
+    assert np.abs(wan[0].astype(int) - ref[0].astype(int)).max() > 0
+    p = pipeline(parts, sessions=1, taehv=taehv)
+    assert p.decoder_name == "taehv"
+    p.open("a", seed=1)
+    p.open("b", seed=2)
+    got = []
+    for blk in range(2):
+        got.append(p.generate([request(p, "a", blk)])[0])
+        p.generate([request(p, "b", blk)])
+    for x, y in zip(ref, got):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_options_name_what_they_refuse():
+    from models.world.matrix_game.options import MatrixGameOptions, OptionError, parse_options
+
+    assert parse_options([]) == MatrixGameOptions()
+    assert parse_options([("variant", "gta"), ("decoder", "taehv:/w/t.pth")]) == \
+        MatrixGameOptions("gta_drive", "/w/t.pth")
+    assert parse_options([("variant", "templerun"), ("decoder", "wan")]) == MatrixGameOptions("templerun")
+    for pairs, text in (([("variant", "minecraft")], "variant=minecraft"), ([("steps", "2")], "unknown option 'steps'"),
+                        ([("decoder", "taehv")], "decoder=taehv"), ([("decoder", "wan:/x")], "decoder=wan:/x")):
+        with pytest.raises(OptionError, match=text):
+            parse_options(pairs)
+
+
+def test_the_factory_checks_options_before_loading(root):
+    from models import factory
+    from models.factory import BuildOptions, FactoryError, ModelEntry
+
+    with pytest.raises((FactoryError, ValueError), match="variant=minecraft"):
+        factory.validate(factory.parse_entry(f"matrix_game={root}?variant=minecraft"))
+    with pytest.raises((FactoryError, ValueError), match="no such file"):
+        factory.build(ModelEntry("matrix_game", str(root), (("decoder", "taehv:/nope.pth"),)),
+                      BuildOptions(height=HEIGHT, width=WIDTH), kind="world")
+    w = factory.build(ModelEntry("matrix_game", str(root), (("variant", "templerun"),)),
+                      BuildOptions(height=HEIGHT, width=WIDTH, max_batch=2), kind="world")
+    assert (w.variant, w.control_schemas, w.describe()["decoder"]) == ("templerun", ("keys.v1",), "wan")
