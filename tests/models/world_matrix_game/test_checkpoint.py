@@ -98,3 +98,64 @@ def test_published_configs_round_trip_and_match_the_file_sizes(variant):
         model = MatrixGameDiT(cfg)
     assert sum(p.numel() for p in model.parameters()) == PARAMS[variant]
     assert round(PARAMS[variant] * 4 / 1e9, 2) == {"universal": 6.48, "gta_drive": 6.48, "templerun": 6.03}[variant]
+
+
+# -- the root's shared files ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def full_root(tmp_path_factory):
+    from models.world.matrix_game.tiny_checkpoint import write_tiny_root
+
+    return write_tiny_root(tmp_path_factory.mktemp("matrix_game_full_root"), ("universal",))
+
+
+def _copy_root(full_root, tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(full_root, root)
+    return root
+
+
+def test_the_root_loads_the_vae_and_the_clip_vision_tower_exactly(full_root):
+    from models.world.matrix_game.checkpoint import CLIP_FILE, VAE_FILE, load_clip, load_vae
+
+    vae, clip = load_vae(full_root), load_clip(full_root)
+    vae_file = torch.load(full_root / VAE_FILE, weights_only=True)
+    clip_file = torch.load(full_root / CLIP_FILE, weights_only=True)
+    assert torch.equal(dict(vae.named_parameters())["encoder.conv_in.weight"], vae_file["encoder.conv1.weight"])
+    params = dict(clip.named_parameters())
+    assert len(params) == len([k for k in clip_file if not k.startswith("textual.")])
+    assert torch.equal(params["model.visual.transformer.0.attn.to_qkv.weight"],
+                       clip_file["visual.transformer.0.attn.to_qkv.weight"])
+
+
+@pytest.mark.parametrize("file, edit, text", [
+    ("clip", lambda sd: sd.update({"visual.extra": torch.zeros(1)}), "unknown"),
+    ("clip", lambda sd: sd.pop("visual.head"), "missing"),
+    ("vae", lambda sd: sd.pop("decoder.conv1.bias"), "missing"),
+    ("vae", lambda sd: sd.update({"decoder.conv1.bias": torch.zeros(3)}), "shape"),
+])
+def test_a_vae_or_clip_file_off_the_layout_fails_naming_it(full_root, tmp_path, file, edit, text):
+    from models.world.matrix_game.checkpoint import CLIP_FILE, VAE_FILE, load_clip, load_vae
+
+    root = _copy_root(full_root, tmp_path)
+    name, load = (CLIP_FILE, load_clip) if file == "clip" else (VAE_FILE, load_vae)
+    sd = torch.load(root / name, weights_only=True)
+    edit(sd)
+    torch.save(sd, root / name)
+    with pytest.raises(ConfigError, match=text) as info:
+        load(root)
+    assert name in str(info.value)
+
+
+def test_validate_root_names_the_first_missing_file(full_root, tmp_path):
+    from models.world.matrix_game.checkpoint import VAE_FILE, validate_root
+
+    root = _copy_root(full_root, tmp_path)
+    assert validate_root(root, "universal") == variant_folder(root, "universal")
+    with pytest.raises(ConfigError, match="gta_distilled_model/config.json: missing"):
+        validate_root(root, "gta_drive")
+    (root / VAE_FILE).unlink()
+    with pytest.raises(ConfigError, match="Wan2.1_VAE.pth: missing"):
+        validate_root(root, "universal")
+    with pytest.raises(ConfigError, match="not a folder"):
+        validate_root(root / "nope", "universal")
