@@ -229,3 +229,21 @@ def test_the_factory_checks_options_before_loading(root):
     w = factory.build(ModelEntry("matrix_game", str(root), (("variant", "templerun"),)),
                       BuildOptions(height=HEIGHT, width=WIDTH, max_batch=2), kind="world")
     assert (w.variant, w.control_schemas, w.describe()["decoder"]) == ("templerun", ("keys.v1",), "wan")
+
+
+def test_an_evicted_session_is_dropped_and_replays_from_its_start(parts):
+    ref = run_alone(pipeline(parts), "a", 1, 2)
+    p = pipeline(parts, sessions=1, host_budget_bytes=0)   # no room on the host: eviction drops
+    dropped = []
+    p.on_drop = dropped.append
+    first = run_alone(p, "a", 1, 1)
+    p.open("b", seed=2)                                     # a is idle: dropped to make room
+    assert dropped == ["a"] and "a" not in p.sessions and "a" not in p.cache
+    with pytest.raises(ValueError, match="not open"):
+        p.run([request(p, "b", 0), BlockRequest("a", torch.zeros(12, 4), torch.zeros(12, 2))])
+    assert p.at_start("b")                                  # the refused batch changed nothing
+    p.close("b")
+    again = run_alone(p, "a", 1, 2)
+    np.testing.assert_array_equal(first[0], ref[0])
+    for x, y in zip(ref, again):
+        np.testing.assert_array_equal(x, y)
