@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -22,7 +23,7 @@ from realtime.server.admin import ROUTES as ADMIN_ROUTES
 from realtime.server.auth import ApiKeyGuard
 from realtime.server.config import ServerConfig
 from realtime.endpoints.live import LiveSessions
-from realtime.engine import Engine
+from realtime.engine import EXIT_GROUP_FAILED, Engine, GroupFailed, Mirrored, current_group, parallel
 from realtime.server.limits import SOCKETS_PER_SESSION_SLOT, ClientSlots, SocketGuard
 from realtime.server.metrics import CONTENT_TYPE, ServerMetrics
 from realtime.server.inventory import Inventory, close_all, plan
@@ -44,6 +45,11 @@ ENGINE_STOP_TIMEOUT_S = 2.0
 # At a shutdown while models load, how long the lifespan waits for the model being built to
 # reach its next progress report (realtime/server/loading.py Loading.join).
 LOADER_STOP_TIMEOUT_S = 10.0
+# After a sequence-parallel group failed (realtime/engine/group.py): how long the sessions have
+# to hear of it before the server stops as on SIGTERM, and how long past the drain deadline
+# the process may take before it exits anyway (a forward stuck in a collective).
+GROUP_FAILED_GRACE_S = 0.5
+GROUP_FAILED_EXIT_S = 10.0
 
 
 def build_app(config: ServerConfig | None = None, inventory: Inventory | None = None, *,
@@ -60,6 +66,10 @@ def build_app(config: ServerConfig | None = None, inventory: Inventory | None = 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         waiting: asyncio.Task | None = None
+        group = current_group()
+        if group is not None:  # the watchdog's thread -> the loop
+            loop = asyncio.get_running_loop()
+            group.on_failure = lambda reason: loop.call_soon_threadsafe(_group_failed, app, reason)
         if loading is None:
             assert inventory is not None
             _serve(app, inventory)
@@ -127,6 +137,11 @@ def _serve(app: Starlette, inventory: Inventory) -> None:
     still loading needs what the sessions of a served one would take, and the engine's
     scheduler is built for a fixed set of models."""
     config: ServerConfig = app.state.config
+    group = current_group()
+    if group is not None:  # each rank runs these models' calls too
+        for name, adapter in list(inventory.adapters.items()):
+            if parallel(adapter):
+                inventory.adapters[name] = Mirrored(adapter, group)  # type: ignore[assignment]
     policy_waits = {name: config.policy.batch_wait_ms for name in inventory.names("policy")}
     engine = Engine(inventory.adapters, batch_wait_ms=config.engine.batch_wait_ms, model_wait_ms=policy_waits,
                     gil_hand_off=config.engine.gil_hand_off, switch_interval_s=config.engine.switch_interval_s)
@@ -152,6 +167,27 @@ def _serve(app: Starlette, inventory: Inventory) -> None:
     app.state.inventory = inventory
     app.state.engine = engine
     app.state.loading = None
+    if group is not None and group.failure is not None:  # it failed while the models loaded
+        _group_failed(app, group.failure)
+
+
+def _group_failed(app: Starlette, reason: str) -> None:
+    """A rank of the sequence-parallel group died or hung (on the loop): the engine dies (every
+    session fails with ``engine unavailable``), then the server stops and exits with
+    ``EXIT_GROUP_FAILED`` (cli.py), within the drain deadline and ``GROUP_FAILED_EXIT_S``."""
+    engine: Engine | None = app.state.engine
+    if engine is not None and engine.healthy:  # else a failed collective has killed it already
+        def die() -> None:
+            if engine.healthy:
+                raise GroupFailed(reason)
+
+        engine.post_control(die)
+    if threading.current_thread() is threading.main_thread():
+        asyncio.get_running_loop().call_later(GROUP_FAILED_GRACE_S, signal.raise_signal, signal.SIGTERM)
+        exit_at = threading.Timer(GROUP_FAILED_GRACE_S + app.state.config.drain_timeout_s + GROUP_FAILED_EXIT_S,
+                                  os._exit, (EXIT_GROUP_FAILED,))
+        exit_at.daemon = True
+        exit_at.start()
 
 
 async def _serve_when_loaded(app: Starlette, loading: Loading) -> None:
@@ -184,6 +220,9 @@ async def healthz(request: Request) -> Response:
     loading: Loading | None = state.loading
     if loading is not None:
         return PlainTextResponse(loading.health(), status_code=503)
+    group = current_group()
+    if group is not None and group.failure is not None:  # before the engine hears of it
+        return PlainTextResponse(f"engine unavailable: {group.failure}", status_code=503)
     engine: Engine = state.engine
     if engine.healthy:
         return PlainTextResponse("OK")

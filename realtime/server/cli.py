@@ -9,6 +9,7 @@ import sys
 from typing import Mapping, MutableMapping
 
 from models.factory import CPU_FORMATS, DEFAULT_WORLDS, DEFAULTS, FACTORIES, FactoryError, kind_of, parse_entries
+from realtime.engine.group import EXIT_GROUP_FAILED
 from realtime.server import option_types as types
 from realtime.server.admin import LOOPBACK
 from realtime.server.config import DRAIN_TIMEOUT_S, EngineConfig, LimitsConfig, PolicyConfig, ServerConfig, TTSConfig, WorldConfig
@@ -30,6 +31,9 @@ examples:
                                                   LingBot-World with opt-in shortcuts
   REALTIME_PORT=8080 realtime serve --config serve.toml --print-config
                                                   the settings, and where each came from
+  realtime serve --models lingbot=/ckpt --sequence-parallel 4
+                                                  one LingBot session over 4 GPUs
+                                                  (docs/sequence_parallel.md)
 
 settings: every option is also an environment variable REALTIME_<OPTION>
 (--max-sessions-per-client: REALTIME_MAX_SESSIONS_PER_CLIENT; a flag such as --no-tts
@@ -120,8 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "block, default 4), reuse_kv=1 (the last denoising pass writes the block's K/V instead of "
                             "a committing pass), fp8=ffn|attn|cross|all or groups joined by '+' (e4m3 linear layers, "
                             "per-row scales), decoder=wan|taehv:PATH (a taew2_1 state dict); each changes the frames "
-                            "(models/world/lingbot/MODEL_CARD.md: how, and how far from the exact path); a bad one "
-                            "stops the server at start")
+                            "(models/world/lingbot/MODEL_CARD.md: how, and how far from the exact path); size=HxW "
+                            "(frame size, default 480x832); a bad one stops the server at start")
     serve.add_argument("--device", type=types.device, default="auto", help="cpu, cuda or auto (cuda when available)")
     serve.add_argument("--max-batch", type=types.at_least_one, default=32, help="most world ticks batched into one forward")
     serve.add_argument("--ticks-in-flight", choices=("1", "2", "auto"), default="auto",
@@ -150,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-host-gib", type=types.non_negative, default=None,
                        help="host memory per world model for idle sessions' KV swapped out of the pool "
                             "(default: the model's own); when it is full too, new sessions get 'busy'")
+    serve.add_argument("--sequence-parallel", type=types.at_least_one, default=1, metavar="N",
+                       help="split each world session over N processes (GPUs) of this host: Ulysses sequence "
+                            "parallel for the models that support it (lingbot; its attention heads must divide by "
+                            "N); the server starts ranks 1..N-1 itself (or run N ranks under torchrun "
+                            "--nproc-per-node N with the same N); a rank that dies or hangs fails every "
+                            f"session and the server exits with status {EXIT_GROUP_FAILED} (docs/sequence_parallel.md)")
     serve.add_argument("--trajectory-root", type=types.directory, default=None, metavar="DIR",
                        help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
                             "intrinsics.npy) for world models that play them")
@@ -309,8 +319,19 @@ def main(argv: list[str] | None = None) -> int:
         print(render([s for s in resolved.settings if s.dest not in FLAG_ONLY], secret=SECRET))
         return 0
     openmp_defaults(os.environ)  # nothing has imported torch yet
+    from realtime.engine.group import launched_rank
     from realtime.server.auth import warn_if_exposed
     from realtime.server.server import bind_socket, configure_logging, run
+
+    launched = launched_rank()
+    ranks = launched[1] if launched is not None else args.sequence_parallel
+    if ranks != args.sequence_parallel:
+        print(f"realtime serve: launched as {ranks} ranks (WORLD_SIZE) with --sequence-parallel "
+              f"{args.sequence_parallel}: give the same N to both", file=sys.stderr)
+        return 2
+    if launched is not None and launched[0] > 0:
+        configure_logging(args.log_level)
+        return _worker(args)
 
     # The port first: a busy one is reported now, not after every model has loaded.
     try:
@@ -334,12 +355,41 @@ def main(argv: list[str] | None = None) -> int:
         print("realtime serve: interrupted at start", file=sys.stderr)
         return 130
     warn_if_exposed(args.host, config.api_keys)
-    run(app, sock=sock, log_level=args.log_level, access_log=not args.no_access_log)
+    group = None
+    if ranks > 1:  # rank 0: start ranks 1..N-1 unless a launcher did, and join them
+        from realtime.engine.group import init_group, spawn_workers
+
+        procs = spawn_workers(ranks, list(sys.argv[1:] if argv is None else argv)) if launched is None else []
+        group = init_group(config.engine.device, procs)
+    try:
+        run(app, sock=sock, log_level=args.log_level, access_log=not args.no_access_log)
+    finally:
+        if group is not None:
+            group.stop()
+    if group is not None and group.failure is not None:
+        print(f"realtime serve: {group.failure}", file=sys.stderr)
+        return EXIT_GROUP_FAILED
     failure = app.state.loading.failure if app.state.loading is not None else None
     if failure is not None:  # a model failed to build in the background: the server stopped itself
         print(f"realtime serve: {failure}", file=sys.stderr)
         return 2
     return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """A worker rank: the world models rank 0 builds, in its order, then rank 0's calls on them."""
+    import dataclasses
+
+    from realtime.engine import serve_worker
+    from realtime.server.inventory import load, on_spent_thread, plan
+
+    try:
+        config = config_from_args(args)
+        worlds = dataclasses.replace(config, policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False))
+        return serve_worker(config.engine.device, lambda: on_spent_thread(load, plan(worlds)[0]).adapters)
+    except FactoryError as exc:
+        print(f"realtime serve: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -232,7 +232,7 @@ def lingbot_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("query, error", [
-    ("turbo=1", "unknown option 'turbo' (lingbot takes steps, reuse_kv, fp8, decoder)"),
+    ("turbo=1", "unknown option 'turbo' (lingbot takes steps, reuse_kv, fp8, decoder, size)"),
     ("steps=5", "option steps=5: must be an integer in 1..4"),
     ("steps=0&reuse_kv=1", "option steps=0: must be an integer in 1..4"),
     ("fp8=mlp", "option fp8=mlp: must be 'all', 'none' or groups of ffn, attn, cross joined by '+'"),

@@ -45,7 +45,7 @@ def samples(tmp_path) -> dict[str, str]:
         "host": "0.0.0.0", "port": "8123", "models": "tiny,maze", "device": "cpu", "max-batch": "3",
         "ticks-in-flight": "1", "frames-per-chunk": "2", "steps": "2", "cpu-format": "bfloat16",
         "gpu-memory-fraction": "0.5", "kv-budget-gib": "1.5", "kv-host-gib": "0",
-        "trajectory-root": str(tmp_path), "policy": "", "no-tts": "yes",
+        "trajectory-root": str(tmp_path), "sequence-parallel": "2", "policy": "", "no-tts": "yes",
         "allowed-origins": "https://a.example, https://b.example", "admin-from": "10.0.0.0/8,192.168.1.7",
         "idle-timeout-s": "0", "max-sessions-per-client": "4", "forwarded-allow-ips": "10.0.0.5, 10.1.0.0/16",
         "drain-timeout": "2.5", "api-key": "k1,k2", "api-key-file": str(keys), "metrics-require-key": "1",

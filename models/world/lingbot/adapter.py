@@ -97,6 +97,13 @@ class LingBotWorld(WorldAdapter):
         self.geometry = WorldGeometry(height=pipeline.height, width=pipeline.width,
                                       frames_per_chunk=VAE_TEMPORAL_STRIDE * self.frames_per_block, fps=FPS)
 
+    @property
+    def sequence_parallel(self) -> int:
+        """Ranks this model's forwards are split over (1: one process); the server mirrors the
+        calls of a model split over several (realtime/engine/mirror.py)."""
+        sp = self.pipeline.sequence_parallel
+        return 1 if sp is None else sp.size
+
     # ------------------------------------------------------------------ seam
     def details(self) -> Mapping[str, Any]:
         cfg, p, g = self.pipeline.cfg, self.pipeline, self.pipeline.geometry
@@ -114,6 +121,7 @@ class LingBotWorld(WorldAdapter):
             "attention_window_frames": cfg.sliding_window_num_frames,
             "tokens_per_latent_frame": g.tokens_per_frame,
             "max_sessions": p.cache.max_sessions,
+            "sequence_parallel": self.sequence_parallel,
             "named_trajectories": self.trajectory_root is not None,
             "weights_licence": "CC BY-NC-SA 4.0 (non-commercial)",
         }

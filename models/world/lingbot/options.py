@@ -12,6 +12,8 @@ They come after the checkpoint folder as ``key=value`` pairs (``models.factory.p
                      several joined by ``+`` (default: none, bf16)
     decoder=wan      the Wan VAE (default), or ``decoder=taehv:PATH`` for a TAEHV decoder
                      whose ``taew2_1`` state dict is at PATH
+    size=HxW         the frame size, multiples of 16 (default 480x832); not a shortcut: the
+                     model at another size (a tiny checkpoint served in a test)
 
 With no option the exact path runs: 4 passes and the committing pass, bf16, the Wan VAE.
 A bad option is a ``ValueError`` naming it, which the CLI prints as one line at start.
@@ -25,7 +27,9 @@ from typing import Iterable
 STEPS = (1, 2, 3, 4)
 FP8_GROUPS = ("ffn", "attn", "cross")
 DECODERS = ("wan", "taehv")
-KEYS = ("steps", "reuse_kv", "fp8", "decoder")
+KEYS = ("steps", "reuse_kv", "fp8", "decoder", "size")
+# Each side of ``size``: a multiple of the VAE stride times the patch (16), at most this.
+MAX_SIDE = 1920
 
 
 class OptionError(ValueError):
@@ -38,11 +42,12 @@ class LingBotOptions:
     reuse_kv: bool = False
     fp8: tuple[str, ...] = ()          # groups of FP8_GROUPS, in that order; () is bf16
     taehv: str | None = None           # the TAEHV state dict's path; None is the Wan VAE
+    size: tuple[int, int] | None = None  # (height, width); None: the server's (480x832)
 
     @property
     def exact(self) -> bool:
-        """No shortcut: the path whose outputs the tests pin."""
-        return self == LingBotOptions()
+        """No shortcut: the path whose outputs the tests pin (at any size)."""
+        return (self.steps, self.reuse_kv, self.fp8, self.taehv) == (4, False, (), None)
 
     @property
     def passes_per_block(self) -> int:
@@ -59,6 +64,8 @@ class LingBotOptions:
             parts.append("fp8=" + "+".join(self.fp8))
         if self.taehv is not None:
             parts.append(f"decoder=taehv:{self.taehv}")
+        if self.size is not None:
+            parts.append(f"size={self.size[0]}x{self.size[1]}")
         return "&".join(parts)
 
 
@@ -88,7 +95,17 @@ def parse_options(pairs: Iterable[tuple[str, str]]) -> LingBotOptions:
         if kind not in DECODERS or (kind == "wan") != (path == ""):
             raise OptionError(f"option decoder={v}: must be 'wan' or 'taehv:PATH' (a taew2_1 state dict)")
         kw["taehv"] = path if kind == "taehv" else None
+    if "size" in got:
+        kw["size"] = _size(got["size"])
     return LingBotOptions(**kw)
+
+
+def _size(value: str) -> tuple[int, int]:
+    h, x, w = value.partition("x")
+    if not (x and h.isdigit() and w.isdigit()) or not all(
+            16 <= int(n) <= MAX_SIDE and int(n) % 16 == 0 for n in (h, w)):
+        raise OptionError(f"option size={value}: must be HEIGHTxWIDTH, each a multiple of 16 in 16..{MAX_SIDE}")
+    return int(h), int(w)
 
 
 def _fp8_groups(value: str) -> tuple[str, ...]:

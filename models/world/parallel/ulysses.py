@@ -19,11 +19,31 @@ Shares are as even as possible: rank ``i`` holds ``L // N`` tokens, one more for
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from kv import KVGeometry
+from models.base import EngineDeadError
+
+
+def _collective(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)``; a failure is the group's, not the batch's: a rank that died or a
+    wait past the group's timeout leaves the ranks out of step, so nothing can run on it again
+    (``EngineDeadError``: the server fails every session and exits, realtime/engine/group.py)."""
+    try:
+        return op(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - gloo raises RuntimeError, NCCL DistBackendError
+        raise EngineDeadError(f"sequence-parallel {op.__name__} failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The backend's message less its source location and advice: ``Connection reset by peer``."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.split(". ", 1)[0][:200]
 
 
 def token_shares(tokens: int, ranks: int) -> list[int]:
@@ -63,6 +83,13 @@ class Ulysses:
             return None
         return cls(dist.get_rank(), dist.get_world_size())
 
+    def smallest(self, value: int, device: torch.device | str = "cpu") -> int:
+        """The smallest of every rank's ``value`` (a capacity the ranks must agree on); ``device``:
+        where the group's backend reduces (CUDA for NCCL)."""
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        _collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     # -- tokens ----------------------------------------------------------------------------
 
     def shard(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -79,7 +106,7 @@ class Ulysses:
         padded = x if x.shape[1] == most else torch.cat([x, x.new_zeros(x.shape[0], most - x.shape[1],
                                                                         *x.shape[2:])], 1)
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        _collective(dist.all_gather, parts, padded.contiguous(), group=self.group)
         return torch.cat([p[:, :n] for p, n in zip(parts, shares)], 1)
 
     # -- heads -----------------------------------------------------------------------------
@@ -98,7 +125,7 @@ class Ulysses:
         # Send buffer rank by rank: the heads rank j attends, of this rank's tokens.
         send = x.view(R, share, self.size, h, D).permute(2, 0, 1, 3, 4).contiguous()
         recv = x.new_empty(R * tokens * h * D)
-        dist.all_to_all_single(recv, send.view(-1), [n * R * h * D for n in shares],
+        _collective(dist.all_to_all_single, recv, send.view(-1), [n * R * h * D for n in shares],
                                [share * R * h * D] * self.size, group=self.group)
         parts = recv.split([n * R * h * D for n in shares])
         return torch.cat([p.view(R, n, h, D) for p, n in zip(parts, shares)], 1)
@@ -111,7 +138,7 @@ class Ulysses:
         # Send buffer rank by rank: rank j's tokens, of this rank's heads.
         send = torch.cat([p.reshape(-1) for p in x.split(shares, 1)])
         recv = x.new_empty(self.size * R * share * h * D)
-        dist.all_to_all_single(recv, send, [share * R * h * D] * self.size,
+        _collective(dist.all_to_all_single, recv, send, [share * R * h * D] * self.size,
                                [n * R * h * D for n in shares], group=self.group)
         # recv: [source rank (= head group), R, share, h, D] -> [R, share, H, D]
         return recv.view(self.size, R, share, h, D).permute(1, 2, 0, 3, 4).reshape(R, share, self.size * h, D)

@@ -48,13 +48,21 @@ def test_options_parse_to_the_shortcuts_and_back():
     assert not o.exact and o.passes_per_block == 2
     assert o.query() == "steps=2&reuse_kv=1&fp8=ffn+attn&decoder=taehv:/w/t.pth"
     assert parse_options(factory.parse_entry("lingbot=/c?" + o.query()).options) == o
+    sized = parse_options([("size", "32x48")])
+    assert sized == LingBotOptions(size=(32, 48)) and sized.exact and sized.query() == "size=32x48"
+
+
+@pytest.mark.parametrize("value", ["32", "32x40", "0x16", "16x1936", "ax16"])
+def test_a_size_is_two_multiples_of_16(value):
+    with pytest.raises(OptionError, match=f"option size={value}: must be HEIGHTxWIDTH, each a multiple of 16"):
+        parse_options([("size", value)])
     assert parse_options([("fp8", "all")]).fp8 == ("ffn", "attn", "cross")
     assert parse_options([("fp8", "none"), ("decoder", "wan"), ("reuse_kv", "0"), ("steps", "4")]).exact
     assert [parse_options([("steps", str(n))]).passes_per_block for n in (1, 2, 3, 4)] == [2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("pairs, match", [
-    ([("step", "2")], "unknown option 'step' \\(lingbot takes steps, reuse_kv, fp8, decoder\\)"),
+    ([("step", "2")], "unknown option 'step' \\(lingbot takes steps, reuse_kv, fp8, decoder, size\\)"),
     ([("steps", "0")], "option steps=0: must be an integer in 1..4"),
     ([("steps", "5")], "option steps=5: must be an integer in 1..4"),
     ([("steps", "two")], "option steps=two: must be an integer in 1..4"),
