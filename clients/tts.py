@@ -93,7 +93,8 @@ class TTSClient:
         return _Connect(url, timeout, session_id or new_session_id())
 
     async def _recv(self):
-        frame = await asyncio.wait_for(self._ws.recv(), self.timeout)
+        async with asyncio.timeout(self.timeout):  # not wait_for: on 3.11 it can swallow a cancellation
+            frame = await self._ws.recv()
         if isinstance(frame, bytes):
             return frame
         msg = tts_v1.parse_server(frame)

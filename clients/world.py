@@ -129,7 +129,8 @@ class WorldClient:
 
     async def expect(self, *types: str, timeout: float = 30.0) -> dict[str, Any]:
         """The next non-chunk message; raises ServerError for an unexpected error."""
-        msg = await asyncio.wait_for(self.messages.get(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancellation
+            msg = await self.messages.get()
         if msg["type"] == "error" and "error" not in types:
             raise ServerError(msg)
         if types and msg["type"] not in types:
@@ -177,7 +178,8 @@ class WorldClient:
         await self.send({"type": "keyframe"})
 
     async def next_chunk(self, timeout: float = 30.0, *, credit: bool = True) -> Chunk:
-        chunk = await asyncio.wait_for(self.chunks.get(), timeout)
+        async with asyncio.timeout(timeout):
+            chunk = await self.chunks.get()
         if credit:
             await self.credit(1)
         return chunk

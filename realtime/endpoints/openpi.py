@@ -258,7 +258,8 @@ class OpenPIEndpoint(SessionEndpoint):
                 return held
             try:
                 wait = left if held.state is SessionState.CLOSING else min(left, HOLDER_WAIT_S)
-                await asyncio.wait_for(held.ended.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await held.ended.wait()
             except TimeoutError:
                 if held.state is not SessionState.CLOSING:
                     return held  # another robot holds it: in use

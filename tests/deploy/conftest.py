@@ -63,13 +63,14 @@ class Player:
     upstream: str  # the replica nginx picked, host:port
     indexes: list[int] = field(default_factory=list)
     task: asyncio.Task | None = None
+    stopping: bool = False
 
     @property
     def close_code(self) -> int | None:
         return self.client.ws.close_code
 
     async def play(self, pace_s: float) -> None:
-        while True:
+        while not self.stopping:
             chunk = await self.client.next_chunk(timeout=60.0, credit=False)
             self.indexes.append(chunk.chunk_index)
             await asyncio.sleep(pace_s)
@@ -95,10 +96,17 @@ class Player:
         return self.client.ws.close_code
 
     async def stop(self) -> None:
+        """Stop crediting and close the socket, in bounded time whatever state it is in (the
+        flag as well as the cancel: a cancel that lands as a chunk arrives can be lost)."""
+        self.stopping = True
         if self.task is not None:
             self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-        await self.connector.__aexit__(None, None, None)
+            await asyncio.wait({self.task}, timeout=5.0)
+        try:
+            async with asyncio.timeout(5.0):
+                await self.connector.__aexit__(None, None, None)
+        except Exception:  # noqa: BLE001 - a close that cannot finish: drop the connection
+            self.client.ws.transport.abort()
 
 
 async def join(addr: str, session_id: str, credits: int = 1) -> Player:
