@@ -12,6 +12,7 @@ For ``c`` resident sessions, ``B`` local branches, ``ppf`` pages per frame and
     managed_pages(c) = B * (c * (sink + window) + in_flight_frames) * ppf + 2
     scratch          = B' * (T * ppf + scratch_blocks)   B' = 1 if the branches share
                                                           the worker-local slot, else B
+                                                          (0 without a worker slot)
     required(c)      = (scratch + managed_pages(c)) * page_bytes
                        + c * cross_bytes + c * model_state_bytes
 
@@ -43,6 +44,13 @@ Why these units reproduce the issue's figures (one tick in flight):
   is a budget of 134,325,102,182 bytes and holds 2 (required(3) =
   156,489,744,384). Without the shared slot required(1) = 65,368,752,128.
 
+* DreamZero-DROID (40 layers, 40 heads, head 128, bf16, block = frame = 880 tokens, two
+  branches, sink 1, window 6, T=2, no worker slot, state 1,262,464,000 bytes: both branches'
+  cross K/V of 512 text + 257 CLIP tokens and the float32 I2V condition ``y``):
+  page = 40*2*880*40*128*2 = 720,896,000 bytes; managed(1) = 2*(7 + 2) + 2 = 20, so
+  required(1) = 20*720,896,000 + 1,262,464,000 = 15,680,384,000, and each further session
+  adds 2*7 pages + state = 11,355,008,000 (``models/policy/dreamzero/cache.py``).
+
 The budget is soft: ``effective = max(available * fraction, required(1))`` so one
 session always fits when the device can hold it at all; when ``required(1) >
 available`` planning fails at start with both numbers in the message.
@@ -65,7 +73,10 @@ class CapacityError(RuntimeError):
 
 
 def scratch_pages(g: KVGeometry) -> int:
-    """The worker-local slot: one tick's pages (+ ``scratch_blocks``) per branch, or once if shared."""
+    """The worker-local slot: one tick's pages (+ ``scratch_blocks``) per branch, or once if
+    shared; none for a geometry without one (``worker_slot=False``)."""
+    if not g.worker_slot:
+        return 0
     branches = 1 if g.branches_share_worker_slot else g.num_branches
     return branches * (g.pages_per_tick + g.scratch_blocks)
 

@@ -52,6 +52,10 @@ class KVGeometry:
     # True when the branches run one after another through one worker-local slot
     # (CFG positive pass, then negative), so the worker scratch is counted once.
     branches_share_worker_slot: bool = False
+    # False when the model keeps no K/V of its own outside sessions' chunks (DreamZero: its
+    # denoising passes' K/V are activations of one layer at a time), so no worker slot is
+    # reserved and capacity counts no scratch.
+    worker_slot: bool = True
     _itemsize: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -151,3 +151,22 @@ def test_dreamzero_two_branches_with_the_603_mib_vae_state():
     assert plan.budget_bytes == 134_325_102_182
     assert (plan.capacity, plan.required_bytes, plan.num_blocks, plan.worker_blocks) == (
         2, 109_012_320_256, 83, 3)
+
+
+DREAMZERO_DROID = KVGeometry(
+    num_layers=40, kv_heads=40, head_dim=128, dtype=torch.bfloat16, tokens_per_frame=880, block_size=880,
+    sink_frames=1, window_frames=6, span_frames=1, frames_per_tick=2, branches=("conditional", "negative"),
+    model_state_bytes=1_262_464_000, worker_slot=False)
+
+
+def test_a_geometry_without_a_worker_slot_counts_and_reserves_no_scratch():
+    # DreamZero-DROID's figures (the capacity docstring; models/policy/dreamzero/cache.py).
+    assert DREAMZERO_DROID.page_bytes == 720_896_000 and scratch_pages(DREAMZERO_DROID) == 0
+    assert managed_pages(DREAMZERO_DROID, 1) == 2 * (7 + 2) + 2 == pool_blocks(DREAMZERO_DROID, 1)
+    assert required_bytes(DREAMZERO_DROID, 1) == 20 * 720_896_000 + 1_262_464_000 == 15_680_384_000
+    assert required_bytes(DREAMZERO_DROID, 2) - required_bytes(DREAMZERO_DROID, 1) == 11_355_008_000
+    with_slot = dataclasses.replace(DREAMZERO_DROID, worker_slot=True)
+    assert scratch_pages(with_slot) == 4 and required_bytes(with_slot, 1) == 15_680_384_000 + 4 * 720_896_000
+    plan = plan_capacity(DREAMZERO_DROID, 100 * GIB, fraction=0.9)
+    # (0.9 * 100 GiB - 4,325,376,000) // 11,355,008,000 = 8 sessions, no worker blocks.
+    assert (plan.capacity, plan.worker_blocks, plan.num_blocks) == (8, 0, 14 * 8 + 6)
