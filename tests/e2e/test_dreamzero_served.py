@@ -126,16 +126,25 @@ def test_a_bad_observation_is_named_and_the_episode_kept(served, folders):
     np.testing.assert_array_equal(chunk(again.infer(droid_obs(40, 1, "ep-B"))), want[1])
 
 
-def test_an_evicted_episode_is_refused_until_its_robot_resets(folders):
-    want = reference(folders, 50, 2)
+def test_an_idle_episode_swaps_to_the_host_and_continues_with_the_same_chunks(folders):
+    want = reference(folders, 50, 3)
     with running(load_policy(*folders, sessions=1)) as addr:
         a, b = RoboArenaClient(f"ws://{addr}/"), RoboArenaClient(f"ws://{addr}/")
         np.testing.assert_array_equal(chunk(a.infer(droid_obs(50, 0, "ep-A"))), want[0])
-        chunk(b.infer(droid_obs(51, 0, "ep-B")))             # one session resident: ep-A is evicted
+        chunk(b.infer(droid_obs(51, 0, "ep-B")))             # one session resident: ep-A to the host
+        for call in (1, 2):                                  # ep-A back (ep-B out), bit for bit
+            np.testing.assert_array_equal(chunk(a.infer(droid_obs(50, call, "ep-A"))), want[call])
+
+
+def test_a_new_episode_without_room_is_refused_busy_until_one_ends(folders):
+    want = reference(folders, 60, 1)
+    with running(load_policy(*folders, sessions=1, host_budget_bytes=0)) as addr:
+        a, b = RoboArenaClient(f"ws://{addr}/"), RoboArenaClient(f"ws://{addr}/")
+        chunk(a.infer(droid_obs(61, 0, "ep-A")))
         with pytest.raises(RuntimeError) as info:
-            a.infer(droid_obs(50, 1, "ep-A"))
-        assert str(info.value) == ("Error in inference server:\npolicy failed: session ep-A: its state was evicted "
-                                   "(at most 1 session is kept); reset it to start over")
+            b.infer(droid_obs(60, 0, "ep-B"))
+        assert str(info.value).startswith("Error in inference server:\npolicy failed: busy: session ep-B: no room "
+                                          "for a new session: it needs ")
+        a.reset({"session_id": "ep-A"})                      # ep-A's state goes: room for ep-B
         again = RoboArenaClient(f"ws://{addr}/")
-        again.reset({"session_id": "ep-A"})
-        np.testing.assert_array_equal(chunk(again.infer(droid_obs(50, 0, "ep-A"))), want[0])
+        np.testing.assert_array_equal(chunk(again.infer(droid_obs(60, 0, "ep-B"))), want[0])

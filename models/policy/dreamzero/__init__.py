@@ -12,8 +12,10 @@
     checkpoint.py       the folder: shards + index, every tensor consumed, metadata.json exposed
     observation.py      DROID cameras stitched, state/action normalisation, the prompt template
     conditioning.py     the frames a call uses, the first-frame condition (CLIP + y), frames to latents
-    options.py          the entry's options: tokenizer=PATH, step_cache=1, sessions=N
-    adapter.py          DreamZeroPolicy: per-session window, K/V and condition; one chunk a call
+    options.py          the entry's options: tokenizer=PATH, step_cache=1, sessions=N, kv_gib, host_gib
+    cache.py            the kv/ geometry (two branches, sink 1 + window 6), SessionState (cross K/V
+                        and y, model-owned), PagedRows (the DiT's self-attention on the pool)
+    adapter.py          DreamZeroPolicy: sessions in kv/'s pool with LRU swap and admission
     tiny_checkpoint.py  a tiny random checkpoint in the exact layout, and a tiny tokenizer (tests)
 
 ``build(path, options)`` is the factory (``realtime serve --policy 'dreamzero=DIR?tokenizer=TOK'``;
@@ -30,9 +32,11 @@ log = logging.getLogger(__name__)
 
 def load_policy(path: str, tokenizer: str, *, device: str = "cpu", sessions: int | None = None,
                 step_cache: bool = False, max_batch: int | None = None, name: str = "dreamzero",
-                progress: Any = None) -> Any:
+                progress: Any = None, kv_budget_bytes: int | None = None,
+                host_budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9) -> Any:
     """The checkpoint folder ``path`` and the umt5 tokenizer folder ``tokenizer`` as a
-    ``DreamZeroPolicy`` (bf16 on CUDA, float32 on CPU; the VAE float32)."""
+    ``DreamZeroPolicy`` (bf16 on CUDA, float32 on CPU; the VAE float32). The KV pool is planned
+    after the weights are on the device (``adapter.DreamZeroPolicy``)."""
     from pathlib import Path
 
     import torch
@@ -40,7 +44,7 @@ def load_policy(path: str, tokenizer: str, *, device: str = "cpu", sessions: int
 
     from models.policy.dreamzero.adapter import DreamZeroPolicy
     from models.policy.dreamzero.checkpoint import load_checkpoint
-    from models.policy.dreamzero.options import DEFAULT_SESSIONS
+    from models.policy.dreamzero.options import DEFAULT_HOST_GIB, DEFAULT_SESSIONS
 
     if not Path(tokenizer).is_dir():
         raise FileNotFoundError(f"{tokenizer}: not a folder (expected the umt5-xxl tokenizer)")
@@ -51,15 +55,18 @@ def load_policy(path: str, tokenizer: str, *, device: str = "cpu", sessions: int
         on_shard = lambda i, n, file: progress("reading checkpoint", i + 1, n)  # noqa: E731
     ckpt = load_checkpoint(path, dev, dtype, on_shard=on_shard)
     tok = T5TokenizerFast.from_pretrained(tokenizer, local_files_only=True)
+    host = int(DEFAULT_HOST_GIB * (1 << 30)) if host_budget_bytes is None else host_budget_bytes
     policy = DreamZeroPolicy(ckpt, tok, sessions=sessions or DEFAULT_SESSIONS, step_cache=step_cache,
-                             max_batch=max_batch, name=name)
+                             max_batch=max_batch, name=name, kv_budget_bytes=kv_budget_bytes,
+                             host_budget_bytes=host, gpu_memory_fraction=gpu_memory_fraction)
     log.info("dreamzero: serving %s on %s (%d sessions resident at most, %s DiT steps)", path, dev,
              policy.capacity, "8 of 16" if step_cache else "16")
     return policy
 
 
 def build(path: str | None, options: Any) -> Any:
-    """Factory-table entry ``dreamzero``: ``dreamzero=DIR?tokenizer=TOK[&step_cache=1][&sessions=N]``."""
+    """Factory-table entry ``dreamzero``:
+    ``dreamzero=DIR?tokenizer=TOK[&step_cache=1][&sessions=N][&kv_gib=X][&host_gib=X]``."""
     from models.policy.dreamzero.checkpoint import CheckpointError
     from models.policy.dreamzero.options import parse_options
 
@@ -68,4 +75,7 @@ def build(path: str | None, options: Any) -> Any:
         raise CheckpointError("dreamzero needs its checkpoint folder: dreamzero=/path/to/DreamZero-DROID?tokenizer=...")
     return load_policy(path, opts.tokenizer, device=str(getattr(options, "device", "cpu") or "cpu"),
                        sessions=opts.sessions, step_cache=opts.step_cache,
-                       max_batch=getattr(options, "max_batch", None), progress=getattr(options, "progress", None))
+                       max_batch=getattr(options, "max_batch", None), progress=getattr(options, "progress", None),
+                       kv_budget_bytes=opts.kv_budget_bytes or getattr(options, "kv_budget_bytes", None),
+                       host_budget_bytes=opts.host_budget_bytes,
+                       gpu_memory_fraction=getattr(options, "gpu_memory_fraction", 0.9))

@@ -2,14 +2,17 @@
 
 Each robot's session (the id the OpenPI endpoint passes: the robot's ``session_id``, or its
 connection's) keeps what upstream's server keeps for its one robot: the window position
-(``window.plan_call``), both CFG branches' K/V and cross K/V, the first frame's condition
-(``conditioning.FirstFrame``) and the last frames sent. One call::
+(``window.plan_call``), both CFG branches' self-attention K/V in kv/'s paged pool, the
+window's cross K/V and I2V condition as model-owned state (``cache.SessionState``), and the
+last frames sent. One call::
 
     check the observation (observation.validate_observation)   a bad one names its field; nothing changes
+    admit a new session (busy when neither the device nor the host swap budget holds one more)
+    make the call's sessions resident (kv Residency: idle ones swap to the host, LRU)
     stitch the cameras, normalise the state
     restart (first call, new prompt, window full):
         CLIP + y of the newest frame, text K/V of the prompt and of the negative prompt
-        t = 0 pass writes the first latent frame                      (both branches, rows of one forward)
+        t = 0 pass writes the first latent frame (a restarting kv chunk)
     else:
         VAE-encode the last 4 frames, t = 0 pass writes their 2 latent frames
     denoise the next 2 latent frames and 24 actions (16 UniPC steps, CFG on video only)
@@ -19,11 +22,17 @@ Noise is upstream's: the same seeded draw (seed 1140) every chunk, here one draw
 start on the CPU generator and shared by every session (upstream draws on the GPU's, whose
 values differ), so a session's chunks do not depend on which sessions share its forward.
 
-Commit only what is final: a call's new session state is staged and kept only when the
-engine commits the tick (``end_tick``); a failed or re-run batch leaves every session as it
-was. The resident sessions are bounded (``sessions``): a batch that brings new ones first
-evicts the least recently used sessions outside it, tells the drop listener, and refuses an
-evicted session's next call until it is reset or released (the seam's rule: no silent restart).
+Commit only what is final: a call is one kv tick. Its chunk (and, on a restart, its new
+``SessionState``) is kept only when the engine commits the tick (``end_tick``); a failed or
+re-run batch aborts it, and a restart's old pages and state come back with it.
+
+Capacity (``kv.capacity``): the pool is planned from ``cache.kv_geometry`` (two branches,
+sink 1 + window 6 frames, a tick of 2 frames, the state as ``model_state_bytes``) and the
+budget (``kv_budget_bytes``, or a fraction of the device's free memory on CUDA; on CPU
+``sessions``). A new session is admitted only when it fits without dropping anyone
+(``Residency.refusal``): otherwise its call fails with ``busy: ...``, naming what a session
+needs and what is free. Residency drops a swapped session only if admission was bypassed; a
+dropped session is reported and refused until it is reset or released (no silent restart).
 """
 
 from __future__ import annotations
@@ -36,17 +45,18 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from kv import PagedKVCache, Residency, kv_budget, plan_capacity
 from models.base import ModelError
 from models.policy.base import PolicyAdapter, PolicyWork
+from models.policy.dreamzero.cache import PagedRows, SessionState, cross_rows, kv_geometry
 from models.policy.dreamzero.checkpoint import Checkpoint, CheckpointError
-from models.policy.dreamzero.conditioning import (HISTORY, FirstFrame, first_frame_condition, frame_size,
-                                                  frames_for_call, observed_latents)
+from models.policy.dreamzero.conditioning import HISTORY, first_frame_condition, frame_size, frames_for_call, observed_latents
+from models.policy.dreamzero.config import VAE_SPATIAL_STRIDE
 from models.policy.dreamzero.denoise import Branch, denoise_chunk, write_frames
-from models.policy.dreamzero.model import CrossKV
 from models.policy.dreamzero.observation import (ACTION_DIM, ACTION_HORIZON, MAX_STATE_DIM, METADATA,
                                                  DroidObservation, Normalizer, policy_metadata, prompt_text,
                                                  stitch_cameras, validate_observation)
-from models.policy.dreamzero.options import DEFAULT_SESSIONS
+from models.policy.dreamzero.options import DEFAULT_HOST_GIB, DEFAULT_SESSIONS
 from models.policy.dreamzero.scheduler import DIT_STEPS_8
 from models.policy.dreamzero.text_encoder import NEGATIVE_PROMPT, clean_prompt, encode_prompts
 from models.policy.dreamzero.window import CallPlan, plan_call
@@ -58,18 +68,26 @@ SEED = 1140
 # Evicted session ids remembered (refused until reset); past it the oldest are forgotten,
 # and a forgotten one simply starts over.
 EVICTED_MEMORY = 1024
-EVICTED_REASON = "policy state evicted: the resident sessions are full (least recently used first)"
+EVICTED_REASON = "policy state evicted: device and host memory for sessions are full"
+# The first word of a refusal for want of room (world.v1's error code for the same).
+BUSY = "busy"
 
 
 @dataclass(frozen=True)
 class _Session:
-    """What one robot's episode holds between calls."""
+    """What one robot's episode holds between calls besides its K/V and ``SessionState``."""
 
     prompt: str                                   # the text the window's K/V were built with
     start: int                                    # the window position of the next call
     history: tuple[np.ndarray, ...] = field(repr=False)   # the last HISTORY stitched frames
-    first: FirstFrame = field(repr=False)
-    branches: tuple[Branch, Branch] = field(repr=False)  # conditional, negative
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A call's outcome, kept if the engine commits its tick."""
+
+    session: _Session
+    state: SessionState | None = field(repr=False)   # a restart's new state; None: unchanged
 
 
 @dataclass
@@ -90,7 +108,9 @@ class DreamZeroPolicy(PolicyAdapter):
     """A loaded ``Checkpoint`` and its tokenizer served as a policy; see the module docstring."""
 
     def __init__(self, ckpt: Checkpoint, tokenizer: Any, *, sessions: int = DEFAULT_SESSIONS,
-                 step_cache: bool = False, max_batch: int | None = None, name: str = "dreamzero") -> None:
+                 step_cache: bool = False, max_batch: int | None = None, name: str = "dreamzero",
+                 kv_budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
+                 host_budget_bytes: int = int(DEFAULT_HOST_GIB * (1 << 30))) -> None:
         cfg = ckpt.config
         if cfg.action_horizon != ACTION_HORIZON or cfg.action_dim < ACTION_DIM or cfg.max_state_dim != MAX_STATE_DIM:
             raise CheckpointError(f"{ckpt.root}: DROID serving needs action_horizon {ACTION_HORIZON}, action_dim >= "
@@ -101,25 +121,41 @@ class DreamZeroPolicy(PolicyAdapter):
         self.ckpt, self.cfg, self.tokenizer = ckpt, cfg, tokenizer
         self.name = name
         self.metadata = policy_metadata(policy="dreamzero")
-        self.capacity = sessions
-        # A batch never holds more sessions than may be resident, so it always fits.
-        self.max_batch = max(1, min(max_batch or sessions, sessions))
         self.inline_forward_s = 0.0
         self.dit_steps = DIT_STEPS_8 if step_cache else None
-        self.device = next(ckpt.dit.parameters()).device
+        param = next(ckpt.dit.parameters())
+        self.device = param.device
         self.normalizer = Normalizer.from_metadata(ckpt.metadata)
         self.frame_hw = frame_size(cfg)
-        lh, lw = (s // 8 for s in self.frame_hw)
+        lh, lw = (s // VAE_SPATIAL_STRIDE for s in self.frame_hw)
+        image_tokens = ckpt.image_encoder.get_parameter("model.visual.pos_embedding").shape[1]
+        self.geometry = kv_geometry(cfg, (lh, lw), image_tokens=image_tokens, dtype=param.dtype)
+        # The pool: as many sessions as the budget holds, ``sessions`` at most, each forward's
+        # sessions in flight at once.
+        in_flight = max(1, min(max_batch or sessions, sessions))
+        available, fraction = kv_budget(self.device, fraction=gpu_memory_fraction, budget_bytes=kv_budget_bytes)
+        self.plan = plan_capacity(self.geometry, available, fraction=fraction, requested_sessions=sessions,
+                                  ticks_in_flight=in_flight)
+        self.capacity = self.plan.capacity
+        # A batch never holds more sessions than may be resident, so it always fits.
+        self.max_batch = min(in_flight, self.capacity)
+        self.cache = PagedKVCache.from_plan(self.geometry, self.plan, self.device,
+                                            attention_backend="auto" if self.device.type == "cuda" else "gather_sdpa")
+        self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         g = torch.Generator().manual_seed(SEED)
         self.noise_video = torch.randn(1, cfg.out_dim, cfg.num_frame_per_block, lh, lw, generator=g).to(self.device)
         g = torch.Generator().manual_seed(SEED)
         self.noise_actions = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=g).to(self.device)
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()   # least recently used first
-        self._pending: dict[str, _Session] = {}
+        self._sessions: dict[str, _Session] = {}      # committed state of every open session
+        self._pending: dict[str, _Staged] = {}
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._texts: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._negative = encode_prompts(ckpt.text_encoder, tokenizer, [NEGATIVE_PROMPT], cfg.text_len)
         self._drop_listener: Callable[[str, str], None] | None = None
+        log.info("dreamzero kv: %d resident sessions in %d bytes (%d blocks of %d bytes, state %d bytes a "
+                 "session), host swap budget %d bytes", self.capacity, self.plan.required_bytes,
+                 self.plan.num_blocks, self.geometry.page_bytes, self.geometry.model_state_bytes,
+                 host_budget_bytes)
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -127,24 +163,43 @@ class DreamZeroPolicy(PolicyAdapter):
         if len(works) > self.capacity:
             raise ModelError(f"{len(works)} sessions in one call, {self.capacity} may be resident")
         calls = [self._check(w) for w in works]         # every check before anything changes
-        self._make_room([w.session_id for w in works])
-        # Sessions at the same window position run as rows of one forward (rows = sessions x 2
-        # branches): their caches hold as many frames and they write and denoise the same frames.
-        # Sessions at different positions run one group after another.
-        groups: dict[tuple[bool, int], list[_Call]] = {}
-        for c in calls:
-            groups.setdefault((c.plan.restart, c.plan.denoise.start), []).append(c)
-        out: dict[str, Mapping[str, Any]] = {}
-        for group in groups.values():
-            for c, actions in zip(group, self._run_group(group)):
-                out[c.work.session_id] = {"actions": actions}
+        ids = [w.session_id for w in works]
+        new = [sid for sid in ids if sid not in self.cache]
+        for i, sid in enumerate(new):
+            refusal = self.residency.refusal(pending=i)
+            if refusal is not None:
+                raise ModelError(f"{BUSY}: session {sid}: {refusal}")
+        try:
+            for sid in new:
+                self._report(self.residency.open(sid))
+            self._report(self.residency.ensure_resident(ids))
+            # Sessions at the same window position run as rows of one forward (rows = sessions x 2
+            # branches): their caches hold as many frames and they write and denoise the same
+            # frames. Sessions at different positions run one group after another.
+            groups: dict[tuple[bool, int], list[_Call]] = {}
+            for c in calls:
+                groups.setdefault((c.plan.restart, c.plan.denoise.start), []).append(c)
+            out: dict[str, Mapping[str, Any]] = {}
+            for group in groups.values():
+                for c, actions in zip(group, self._run_group(group)):
+                    out[c.work.session_id] = {"actions": actions}
+        except BaseException:
+            for sid in ids:
+                self._abandon(sid)
+            raise
         return [out[w.session_id] for w in works]
 
     def end_tick(self, session_id: str, committed: bool) -> None:
+        if not committed:
+            self._abandon(session_id)
+            return
         staged = self._pending.pop(session_id, None)
-        if committed and staged is not None:
-            self._sessions[session_id] = staged
-            self._sessions.move_to_end(session_id)
+        if staged is None:
+            return
+        self.cache.commit_chunk(session_id)
+        if staged.state is not None:
+            self.residency.attach_state(session_id, staged.state)   # frees the old window's
+        self._sessions[session_id] = staged.session
 
     def reset(self, session_id: str) -> None:
         self.drop_session(session_id)
@@ -153,22 +208,32 @@ class DreamZeroPolicy(PolicyAdapter):
         self._sessions.pop(session_id, None)
         self._pending.pop(session_id, None)
         self._evicted.pop(session_id, None)
+        self.residency.close(session_id)        # its blocks, set-aside pages and state
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         self._drop_listener = listener
 
+    def kv_usage(self) -> Mapping[str, float]:
+        """The pool's and residency's counters (``/metrics``, as a world's ``kv_usage``)."""
+        return self.residency.metrics()
+
     @property
     def resident(self) -> tuple[str, ...]:
-        """Session ids with state, least recently used first."""
-        return tuple(self._sessions)
+        """Session ids on the device, least recently used first."""
+        return tuple(sid for sid in self.residency.lru_order() if self.cache.is_resident(sid))
 
-    # -- checks and room -----------------------------------------------------------------------
+    @property
+    def swapped(self) -> tuple[str, ...]:
+        """Session ids swapped out to the host, least recently used first."""
+        return tuple(sid for sid in self.residency.lru_order() if self.residency.is_swapped(sid))
+
+    # -- checks, room and endings -------------------------------------------------------------
 
     def _check(self, work: PolicyWork) -> _Call:
         sid = work.session_id
         if sid in self._evicted:
-            kept = f"{self.capacity} session{'s are' if self.capacity > 1 else ' is'}"
-            raise ModelError(f"session {sid}: its state was evicted (at most {kept} kept); reset it to start over")
+            raise ModelError(f"session {sid}: its state was evicted (device and host memory for sessions "
+                             "were full); reset it to start over")
         try:
             obs = validate_observation(work.observation.as_dict(METADATA))
         except ValueError as exc:
@@ -186,53 +251,71 @@ class DreamZeroPolicy(PolicyAdapter):
         return _Call(work, obs, prompt, history, frames_for_call(history, old is None), plan,
                      state.view(1, 1, -1).to(self.device), old)
 
-    def _make_room(self, batch: list[str]) -> None:
-        """Evict the least recently used sessions outside ``batch`` until its new ones fit."""
-        inside = set(batch)
-        new = sum(1 for sid in inside if sid not in self._sessions)
-        for sid in [s for s in self._sessions if s not in inside][:max(0, len(self._sessions) + new - self.capacity)]:
-            del self._sessions[sid]
-            self._evicted[sid] = None
-            if len(self._evicted) > EVICTED_MEMORY:
-                self._evicted.popitem(last=False)
-            log.info("session %s: dreamzero state evicted (%d sessions resident at most)", sid, self.capacity)
-            if self._drop_listener is not None:
-                self._drop_listener(sid, EVICTED_REASON)
+    def _abandon(self, session_id: str) -> None:
+        """A call that will not be committed: its chunk (and a restart's state) go, the session is
+        as it was; a session that never committed a call is closed."""
+        staged = self._pending.pop(session_id, None)
+        if staged is not None and staged.state is not None:
+            staged.state.free()
+        cache = self.cache
+        if session_id not in cache:
+            return
+        if session_id not in self._sessions:
+            self.residency.close(session_id)
+        elif cache.is_resident(session_id) and cache.in_flight(session_id):
+            cache.abort_chunk(session_id)
+
+    def _report(self, dropped: list[str]) -> None:
+        for sid in dropped:          # Residency already closed each one (``_dropped``)
+            log.info("session %s: dreamzero state dropped (device and host memory for sessions are full)", sid)
+
+    def _dropped(self, session_id: str) -> None:
+        """Residency dropped a session (swap budget full): refused until it is reset."""
+        self._sessions.pop(session_id, None)
+        self._pending.pop(session_id, None)
+        self._evicted[session_id] = None
+        if len(self._evicted) > EVICTED_MEMORY:
+            self._evicted.popitem(last=False)
+        if self._drop_listener is not None:
+            self._drop_listener(session_id, EVICTED_REASON)
 
     # -- one group of sessions at one window position --------------------------------------------
 
     @torch.no_grad()
     def _run_group(self, group: list[_Call]) -> list[np.ndarray]:
         ck, plan = self.ckpt, group[0].plan
+        ids = [c.work.session_id for c in group]
+        R = len(group)
+        batch = self.cache.begin_batch(ids, frames=len(plan.write), restart=plan.restart)
+        if batch is None:   # ensure_resident made room for every chunk of the call
+            raise ModelError(f"no KV blocks for the chunks of {', '.join(ids)}")
         if plan.restart:
             firsts = [first_frame_condition(ck.image_encoder, ck.vae, c.frames[-1], self.cfg, self.device)
                       for c in group]
-            texts = [self._encode_text(c.prompt) for c in group]
-            branches = [self._branch([ck.dit.encode_context(t, f.clip) for t, f in zip(texts, firsts)]),
-                        self._branch([ck.dit.encode_context(self._negative, f.clip) for f in firsts])]
+            states = []
+            for c, f in zip(group, firsts):
+                text = self._encode_text(c.prompt)
+                states.append(SessionState.build([ck.dit.encode_context(text, f.clip),
+                                                  ck.dit.encode_context(self._negative, f.clip)], f.y))
             latents = torch.cat([f.latent for f in firsts])
         else:
-            firsts = [c.old.first for c in group]
-            branches = [_cat_branches([c.old.branches[b] for c in group]) for b in (0, 1)]
+            states = [self.residency.state(sid) for sid in ids]
             latents = torch.cat([observed_latents(ck.vae, c.frames, self.cfg, self.device) for c in group])
-        y = torch.cat([f.y for f in firsts])
-        branches = write_frames(ck.dit, branches, latents, y[:, :, plan.write_condition], plan.write.start)
-        R = len(group)
+        branches = [Branch(None, cross_rows(states, b)) for b in (0, 1)]
+        y = torch.cat([s.y for s in states])
+        write_frames(ck.dit, branches, latents, y[:, :, plan.write_condition], plan.write.start,
+                     paged=PagedRows(self.cache, batch, R, write=True))
         _, actions = denoise_chunk(ck.dit, branches, self.noise_video.expand(R, -1, -1, -1, -1),
                                    self.noise_actions.expand(R, -1, -1), torch.cat([c.state for c in group]),
-                                   y[:, :, plan.denoise_condition], plan.denoise.start, dit_steps=self.dit_steps)
+                                   y[:, :, plan.denoise_condition], plan.denoise.start, dit_steps=self.dit_steps,
+                                   paged=PagedRows(self.cache, batch, R, write=False))
         actions = actions[:, :, :ACTION_DIM].float().cpu().numpy()
         out = []
         for i, c in enumerate(group):
-            mine = tuple(_row(b, i, R) for b in branches)
-            self._pending[c.work.session_id] = _Session(c.prompt, plan.next_start, c.history, firsts[i], mine)
+            session = _Session(c.prompt, plan.next_start, c.history)
+            self._pending[c.work.session_id] = _Staged(session, states[i] if plan.restart else None)
             out.append(self.normalizer.actions(actions[i], c.obs.joint_position))
         return out
-
-    def _branch(self, crosses: list[list[CrossKV]]) -> Branch:
-        """One branch over several sessions' cross K/V (no cache yet)."""
-        return Branch(None, [CrossKV(*(torch.cat([getattr(c[i], f) for c in crosses])
-                                       for f in ("k", "v", "k_img", "v_img"))) for i in range(len(crosses[0]))])
 
     def _encode_text(self, text: str) -> torch.Tensor:
         """The umt5 states of ``text`` ``[1, text_len, text_dim]``, kept for the prompts in use."""
@@ -244,23 +327,3 @@ class DreamZeroPolicy(PolicyAdapter):
         if len(self._texts) > self.capacity + 1:
             self._texts.popitem(last=False)
         return emb
-
-
-def _cat_branches(branches: list[Branch]) -> Branch:
-    if len(branches) == 1:
-        return branches[0]
-    kv = [(torch.cat([b.kv[i][0] for b in branches]), torch.cat([b.kv[i][1] for b in branches]))
-          for i in range(len(branches[0].kv))]
-    cross = [CrossKV(*(torch.cat([getattr(b.cross[i], f) for b in branches]) for f in ("k", "v", "k_img", "v_img")))
-             for i in range(len(branches[0].cross))]
-    return Branch(kv, cross)
-
-
-def _row(branch: Branch, i: int, rows: int) -> Branch:
-    """Session ``i``'s rows of a branch over ``rows`` sessions (copied out when shared, so a
-    dropped session frees its memory)."""
-    if rows == 1:
-        return branch
-    kv = [(k[i:i + 1].clone(), v[i:i + 1].clone()) for k, v in branch.kv]
-    cross = [CrossKV(*(getattr(c, f)[i:i + 1].clone() for f in ("k", "v", "k_img", "v_img"))) for c in branch.cross]
-    return Branch(kv, cross)

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from models.policy.dreamzero.model import KV, CrossKV, DreamZeroDiT
+from models.policy.dreamzero.model import KV, CrossKV, DreamZeroDiT, PagedSelfKV
 from models.policy.dreamzero.scheduler import (FLOW_SHIFT, GUIDANCE_SCALE, NUM_STEPS, dit_step_mask,
                                                make_scheduler)
 
@@ -40,11 +40,14 @@ class Branch:
 
 @torch.no_grad()
 def write_frames(model: DreamZeroDiT, branches: Sequence[Branch], latents: torch.Tensor, y: torch.Tensor,
-                 start_frame: int) -> list[Branch]:
+                 start_frame: int, *, paged: PagedSelfKV | None = None) -> list[Branch]:
     """The ``t = 0`` pass: real frames' latents ``[R, C, F, h, w]`` (the first frame, or a chunk's
-    observation) attend the cache and come back as each branch's new cache."""
+    observation) attend the cache and come back as each branch's new cache. With ``paged`` the
+    cache is kv/'s pool, which the pass writes (the branches come back as they were)."""
     out = _forward(model, branches, latents, y, torch.zeros(latents.shape[0], device=latents.device),
-                   start_frame)
+                   start_frame, paged=paged)
+    if paged is not None:
+        return list(branches)
     return [Branch(kv, b.cross) for b, kv in zip(branches, out.kv_per_branch)]
 
 
@@ -52,10 +55,12 @@ def write_frames(model: DreamZeroDiT, branches: Sequence[Branch], latents: torch
 def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: torch.Tensor,
                   noise_actions: torch.Tensor, state: torch.Tensor, y: torch.Tensor, start_frame: int, *,
                   steps: int = NUM_STEPS, guidance: float = GUIDANCE_SCALE, shift: float = FLOW_SHIFT,
-                  dit_steps: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  dit_steps: tuple[int, ...] | None = None,
+                  paged: PagedSelfKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise ``noise_video [R, out_dim, frames, h, w]`` and ``noise_actions [R, horizon, action_dim]``
     at ``start_frame`` given ``state [R, S, max_state_dim]`` and ``y`` (the I2V condition of those
-    frames); returns (video latents, normalised actions), float32."""
+    frames); returns (video latents, normalised actions), float32. ``paged``: the cache is kv/'s
+    pool (the branches then carry cross K/V only)."""
     if len(branches) not in (1, 2):
         raise ValueError(f"one or two branches (conditional, negative), got {len(branches)}")
     device = noise_video.device
@@ -70,7 +75,7 @@ def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: 
             R = x.shape[0]
             tt = t.to(device=device, dtype=torch.float32).expand(R)
             out = _forward(model, stacked, x, y, tt, start_frame, keep_kv=False, actions=a, action_timestep=tt,
-                           state=state)
+                           state=state, paged=paged)
             v, act = out.video.chunk(len(branches)), out.actions.chunk(len(branches))
             video_flow = v[1] + guidance * (v[0] - v[1]) if len(branches) == 2 else v[0]
             action_flow = act[0]
@@ -112,11 +117,11 @@ def _stack(branches: Sequence[Branch]) -> _Stacked:
 
 
 def _forward(model: DreamZeroDiT, branches, latents: torch.Tensor, y: torch.Tensor, t: torch.Tensor,
-             start_frame: int, keep_kv: bool = True, **register) -> _Out:
+             start_frame: int, keep_kv: bool = True, paged: PagedSelfKV | None = None, **register) -> _Out:
     s = _stack(branches)
     n = s.branches
     rep = {k: torch.cat([v] * n) for k, v in register.items()}
     out = model(torch.cat([latents] * n), torch.cat([y] * n), torch.cat([t] * n), start_frame, s.cross, s.kv,
-                keep_kv=keep_kv, **rep)
+                keep_kv=keep_kv and paged is None, paged=paged, **rep)
     per = [[(k.chunk(n)[b], v.chunk(n)[b]) for k, v in out.kv] for b in range(n)]
     return _Out(out.video, out.actions, per)

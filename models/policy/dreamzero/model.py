@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,14 @@ class CrossKV:
 
     def repeat_rows(self, n: int) -> "CrossKV":
         return CrossKV(*(t.expand(n, *t.shape[1:]) for t in (self.k, self.v, self.k_img, self.v_img)))
+
+
+class PagedSelfKV(Protocol):
+    """Self-attention over K/V kept outside the forward (kv/'s pool: ``cache.PagedRows``)."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               video_tokens: int) -> torch.Tensor:
+        """The chunk's roped ``q, k, v [R, L, H, D]`` (video tokens first) -> ``[R, L, H, D]``."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +143,11 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 class SelfAttention(Attention):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, video_tokens: int,
                 past: KV | None, window_tokens: int | None,
-                mask: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+                mask: torch.Tensor | None, paged: PagedSelfKV | None = None,
+                layer: int = 0) -> tuple[torch.Tensor, KV | None]:
         q, k, v = self.roped(x, cos, sin)
+        if paged is not None:
+            return self.o(paged.attend(layer, q, k, v, video_tokens).flatten(2)), None
         kv_video, kv_reg = k[:, :video_tokens], k[:, video_tokens:]
         vv_video, vv_reg = v[:, :video_tokens], v[:, video_tokens:]
         if past is not None:
@@ -182,11 +194,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 video_tokens: int, past: KV | None, window_tokens: int | None, cross: CrossKV,
-                mask: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+                mask: torch.Tensor | None, paged: PagedSelfKV | None = None,
+                layer: int = 0) -> tuple[torch.Tensor, KV | None]:
         # e: [R, L, 6, dim] float32, one row of modulation per token.
         mod = (self.modulation.float()[None] + e).unbind(2)
         y = layer_norm(x, self.eps).float() * (1 + mod[1]) + mod[0]
-        y, kv = self.self_attn(y.type_as(x), cos, sin, video_tokens, past, window_tokens, mask)
+        y, kv = self.self_attn(y.type_as(x), cos, sin, video_tokens, past, window_tokens, mask, paged, layer)
         x = (x.float() + y.float() * mod[2]).type_as(x)
         x = x + self.cross_attn(self.norm3(x), cross)
         y = layer_norm(x, self.eps).float() * (1 + mod[4]) + mod[3]
@@ -251,7 +264,8 @@ class DreamZeroDiT(nn.Module):
     def forward(self, latents: torch.Tensor, y: torch.Tensor, timestep: torch.Tensor, start_frame: int,
                 cross: list[CrossKV], past: list[KV] | None = None, *, actions: torch.Tensor | None = None,
                 action_timestep: torch.Tensor | None = None, state: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, keep_kv: bool = True) -> ChunkOutput:
+                mask: torch.Tensor | None = None, keep_kv: bool = True,
+                paged: PagedSelfKV | None = None) -> ChunkOutput:
         """One chunk. ``latents [R, out_dim, F, h, w]``, ``y [R, in_dim - out_dim, F, h, w]`` (mask
         channels + first-frame latents), ``timestep [R]`` or ``[R, F]`` (0 for a K/V pass),
         ``start_frame``: the absolute latent index of the chunk's first frame, ``cross``: every
@@ -259,7 +273,8 @@ class DreamZeroDiT(nn.Module):
         ``actions [R, T, action_dim]`` with ``action_timestep [R]`` and ``state [R, S, max_state_dim]``
         add the action register (all three or none). ``keep_kv=False`` (a denoising pass) drops
         each layer's cache + chunk K/V as soon as the layer is done (at 14B, 7 cached frames and
-        2 rows, about 6 GB held to the end otherwise)."""
+        2 rows, about 6 GB held to the end otherwise). ``paged`` replaces ``past``: every layer's
+        self-attention goes through it (kv/'s pool, which keeps the K/V; ``kv`` is then empty)."""
         cfg = self.config
         if latents.ndim != 5 or latents.shape[1] != cfg.out_dim:
             raise ValueError(f"latents must be [rows, {cfg.out_dim}, frames, h, w], got {tuple(latents.shape)}")
@@ -273,6 +288,8 @@ class DreamZeroDiT(nn.Module):
             raise ValueError("actions, action_timestep and state come together")
         if mask is not None and past is not None:
             raise ValueError("a masked forward is a whole sequence: no cache")
+        if paged is not None and (past is not None or mask is not None):
+            raise ValueError("a paged forward takes neither past K/V nor a mask")
         ph, pw = cfg.patch_size[1:]
         hp, wp = H // ph, W // pw
         tpf = hp * wp
@@ -308,8 +325,8 @@ class DreamZeroDiT(nn.Module):
         kv_out: list[KV] = []
         for i, blk in enumerate(self.blocks):
             x, kv = blk(x, e0, cos, sin, video_tokens, None if past is None else past[i], window,
-                        cross[i], mask)
-            if keep_kv:
+                        cross[i], mask, paged, i)
+            if keep_kv and kv is not None:
                 kv_out.append(kv)
             del kv
         video = self.head(x[:, :video_tokens], e[:, :video_tokens]).float()

@@ -9,9 +9,14 @@ They come after the checkpoint folder as ``key=value`` pairs (``models.factory.p
                      folder does not hold it, and nothing is ever downloaded
     step_cache=1     upstream's DiT cache: the DiT runs on 8 of the 16 steps, the others
                      reuse the last flows (scheduler.DIT_STEPS_8; default 0, every step)
-    sessions=N       robots whose state (K/V, first-frame condition, frames) stays resident,
-                     1..64 (default 2: at 14B a session holds ~11 GB of K/V); past it the least
-                     recently used idle one is evicted
+    sessions=N       robots whose state (K/V, cross K/V, first-frame condition) may be resident
+                     on the device at once, 1..64 (default 2), fewer when the KV budget holds
+                     fewer (at 14B a session holds 11.35 GB: cache.py, MODEL_CARD.md); past it the
+                     least recently used idle one is swapped to the host
+    kv_gib=X         the device KV budget in GiB (default: 0.9 of the device's free memory
+                     after loading; on CPU no limit)
+    host_gib=X       host memory in GiB for sessions swapped out of the device (default 64;
+                     0: none); a new robot that fits neither is refused ``busy``
 
 This module imports nothing heavy: ``models.factory.validate`` runs ``parse_options`` before a
 server starts to load. A bad option is a ``ValueError`` naming it, printed as one line.
@@ -23,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-KEYS = ("tokenizer", "step_cache", "sessions")
+KEYS = ("tokenizer", "step_cache", "sessions", "kv_gib", "host_gib")
 MAX_SESSIONS = 64
 DEFAULT_SESSIONS = 2
+DEFAULT_HOST_GIB = 64.0
 
 
 class OptionError(ValueError):
@@ -37,6 +43,8 @@ class DreamZeroOptions:
     tokenizer: str
     step_cache: bool = False
     sessions: int = DEFAULT_SESSIONS
+    kv_budget_bytes: int | None = None
+    host_budget_bytes: int = int(DEFAULT_HOST_GIB * (1 << 30))
 
 
 def parse_options(pairs: Iterable[tuple[str, str]]) -> DreamZeroOptions:
@@ -58,4 +66,20 @@ def parse_options(pairs: Iterable[tuple[str, str]]) -> DreamZeroOptions:
     sessions = got.get("sessions", str(DEFAULT_SESSIONS))
     if not sessions.isdigit() or not 1 <= int(sessions) <= MAX_SESSIONS:
         raise OptionError(f"option sessions={sessions}: must be an integer in 1..{MAX_SESSIONS}")
-    return DreamZeroOptions(tokenizer, step_cache == "1", int(sessions))
+    kv = _gib(got, "kv_gib", positive=True)
+    host = _gib(got, "host_gib", positive=False)
+    return DreamZeroOptions(tokenizer, step_cache == "1", int(sessions), kv,
+                            int(DEFAULT_HOST_GIB * (1 << 30)) if host is None else host)
+
+
+def _gib(got: dict[str, str], key: str, *, positive: bool) -> int | None:
+    """Option ``key`` in GiB as bytes (None when absent)."""
+    if key not in got:
+        return None
+    try:
+        value = float(got[key])
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        raise OptionError(f"option {key}={got[key]}: must be a number of GiB {'> 0' if positive else '>= 0'}")
+    return int(value * (1 << 30))

@@ -1,5 +1,6 @@
 """DreamZeroPolicy on the tiny checkpoint (DROID's action register): per-session windows, batching
-that does not change a session's chunks, reset, eviction, bad observations, uncommitted ticks."""
+that does not change a session's chunks, reset, K/V in kv/'s pool swapped to the host and back,
+admission, drops, bad observations, uncommitted ticks."""
 
 from __future__ import annotations
 
@@ -117,20 +118,85 @@ def test_an_uncommitted_tick_leaves_the_session_as_it_was(policy):
     np.testing.assert_array_equal(step(policy, {"a": (2, 1)})["a"], failed)
 
 
-def test_the_least_recently_used_idle_session_is_evicted_reported_and_refused(policy):
+def test_an_uncommitted_restart_leaves_the_session_and_the_pool_as_they_were(policy):
+    step(policy, {"a": (2, 0)})
+    step(policy, {"a": (2, 1)})
+    before, free = policy._sessions["a"], policy.cache.num_free_blocks
+    state = policy.residency.state("a")
+    failed = step(policy, {"a": (2, 2)}, commit=False)["a"]     # TINY: call 2 restarts the window
+    assert policy._sessions["a"] is before and policy.residency.state("a") is state
+    assert policy.cache.num_free_blocks == free and policy.cache.committed_frames("a") == 3
+    np.testing.assert_array_equal(step(policy, {"a": (2, 2)})["a"], failed)
+    assert policy.cache.committed_frames("a") == 1 and policy.cache.num_free_blocks == free + 4
+
+
+def test_an_idle_session_swaps_to_the_host_and_back_with_the_same_chunks(folders):
+    alone = episode(load_policy(*folders, sessions=1), "a", seed=12, calls=4)
+    policy = load_policy(*folders, sessions=1)                  # one session resident at a time
+    got = [step(policy, {"a": (12, i)})["a"] for i in range(2)]
+    step(policy, {"b": (13, 0)})                                # a swaps out to the host
+    assert policy.resident == ("b",) and policy.swapped == ("a",)
+    m = policy.kv_usage()
+    # a after 2 calls: 3 frames x 2 branches of 2 layers x 2 (K, V) x 4 tokens x 24 floats,
+    # plus its state (cross K/V of both branches and y).
+    assert m["swap_outs"] == 1 and m["host_bytes"] == 3 * 2 * 2 * 2 * 4 * 24 * 4 + policy.geometry.model_state_bytes
+    got += [step(policy, {"a": (12, i)})["a"] for i in (2, 3)]  # back (b out), a restart, then on
+    assert policy.kv_usage()["swap_ins"] == 1 and policy.swapped == ("b",)
+    for a, b in zip(alone, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_close_and_reset_give_every_block_and_byte_back(folders):
+    policy = load_policy(*folders, sessions=2)
+    idle = policy.kv_usage()
+    for sid, seed in (("a", 1), ("b", 2), ("c", 3)):           # c's arrival swaps a out
+        for i in range(2):
+            step(policy, {sid: (seed, i)})
+    m = policy.kv_usage()
+    assert m["swapped_sessions"] == 1 and m["free_blocks"] < idle["free_blocks"] and m["model_state_bytes"] > 0
+    policy.reset("a")                                           # swapped: its host copy goes
+    policy.drop_session("b")                                    # resident: its blocks go
+    policy.reset("c")
+    m = policy.kv_usage()
+    assert (m["free_blocks"], m["resident_sessions"], m["swapped_sessions"], m["host_bytes"],
+            m["model_state_bytes"]) == (idle["free_blocks"], 0, 0, 0, 0)
+
+
+def test_a_new_session_is_refused_busy_when_device_and_host_are_full(folders):
+    policy = load_policy(*folders, sessions=2, host_budget_bytes=0)
+    want = episode(load_policy(*folders, sessions=1), "a", seed=3, calls=2)
+    np.testing.assert_array_equal(step(policy, {"a": (3, 0)})["a"], want[0])
+    step(policy, {"c": (5, 0)})
+    free = policy.cache.num_free_blocks
+    refused = (r"^busy: session b: no room for a new session: it needs [0-9.]+ KiB of KV memory; free: 0 B on "
+               r"the device \(2 sessions held, 2 resident slots\) and 0 B of the 0 B host swap budget")
+    with pytest.raises(ModelError, match=refused):
+        step(policy, {"b": (4, 0)})
+    with pytest.raises(ModelError, match=refused):              # beside a: nothing of a's changes either
+        policy.run_batch([PolicyWork("a", "a:1", observation(3, 1)), PolicyWork("b", "b:0", observation(4, 0))])
+    assert policy.resident == ("a", "c") and "b" not in policy.cache and policy.cache.num_free_blocks == free
+    np.testing.assert_array_equal(step(policy, {"a": (3, 1)})["a"], want[1])
+    policy.drop_session("c")
+    step(policy, {"b": (4, 0)})                                 # room again
+    assert policy.resident == ("a", "b")
+
+
+def test_a_session_dropped_from_the_host_is_reported_and_refused_until_reset(folders):
+    policy = load_policy(*folders, sessions=1)
     dropped = []
     policy.set_drop_listener(lambda sid, why: dropped.append((sid, why)))
-    for sid in ("a", "b", "c"):
-        step(policy, {sid: (3, 0)})
-    step(policy, {"a": (3, 1)})                     # b is now the least recently used
-    step(policy, {"d": (3, 0), "c": (3, 1)})
-    assert dropped == [("b", EVICTED_REASON)] and policy.resident == ("a", "d", "c")
-    refused = r"^session b: its state was evicted \(at most 3 sessions are kept\); reset it to start over$"
+    step(policy, {"a": (3, 0)})
+    step(policy, {"b": (3, 0)})                                 # a on the host
+    policy.residency.host_budget_bytes = 0                      # the host budget shrinks under them
+    step(policy, {"a": (3, 1)})                                 # b has nowhere to go: dropped
+    assert dropped == [("b", EVICTED_REASON)] and policy.resident == ("a",) and policy.swapped == ()
+    refused = (r"^session b: its state was evicted \(device and host memory for sessions were full\); "
+               r"reset it to start over$")
     with pytest.raises(ModelError, match=refused):
         step(policy, {"b": (3, 1)})
     policy.reset("b")
-    step(policy, {"b": (3, 0)})                    # starts over; evicts a, the oldest now
-    assert dropped[-1] == ("a", EVICTED_REASON) and policy.resident == ("d", "c", "b")
+    policy.drop_session("a")
+    step(policy, {"b": (3, 0)})                                 # starts over
 
 
 def test_a_bad_observation_names_its_field_and_leaves_the_other_session_untouched(policy, folders):

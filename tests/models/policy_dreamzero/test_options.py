@@ -28,6 +28,9 @@ def test_options_parse_with_their_defaults(tmp_path):
     tok = str(tmp_path)
     assert parse_options([("tokenizer", tok)]) == DreamZeroOptions(tok, step_cache=False, sessions=2)
     assert parse_options([("tokenizer", tok), ("step_cache", "1"), ("sessions", "5")]) == DreamZeroOptions(tok, True, 5)
+    assert parse_options([("tokenizer", tok)]).host_budget_bytes == 64 << 30
+    opts = parse_options([("tokenizer", tok), ("kv_gib", "1.5"), ("host_gib", "0")])
+    assert (opts.kv_budget_bytes, opts.host_budget_bytes) == (3 << 29, 0)
 
 
 @pytest.mark.parametrize("query, says", [
@@ -35,7 +38,11 @@ def test_options_parse_with_their_defaults(tmp_path):
     ("tokenizer=TOK&sessions=0", "option sessions=0: must be an integer in 1..64"),
     ("tokenizer=TOK&sessions=two", "option sessions=two: must be an integer in 1..64"),
     ("tokenizer=TOK&step_cache=yes", "option step_cache=yes: must be 0 or 1"),
-    ("tokenizer=TOK&steps=8", "unknown option 'steps' (dreamzero takes tokenizer, step_cache, sessions)"),
+    ("tokenizer=TOK&steps=8", "unknown option 'steps' (dreamzero takes tokenizer, step_cache, sessions, kv_gib, "
+                              "host_gib)"),
+    ("tokenizer=TOK&kv_gib=0", "option kv_gib=0: must be a number of GiB > 0"),
+    ("tokenizer=TOK&host_gib=-1", "option host_gib=-1: must be a number of GiB >= 0"),
+    ("tokenizer=TOK&host_gib=lots", "option host_gib=lots: must be a number of GiB >= 0"),
     ("tokenizer=/no/such/folder", "option tokenizer=/no/such/folder: not a folder"),
 ])
 def test_a_bad_option_stops_the_entry_before_loading(tmp_path, query, says):
