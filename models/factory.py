@@ -41,7 +41,7 @@ FACTORIES: dict[str, tuple[str, str]] = {
     "tiny": ("world", "models.world.tiny:build"),
     "cfg-tiny": ("world", "models.world.cfg.adapter:build"),
     "lingbot": ("world", "models.world.lingbot:build"),
-    "matrix_game": ("world", "models.world.matrix_game:build"),
+    "matrix-game": ("world", "models.world.matrix_game:build"),
     "flow": ("policy", "models.policy.flow:build"),
     "dummy": ("policy", "models.policy.dummy:build"),
     "maze-policy": ("policy", "models.policy.maze:build"),
@@ -52,13 +52,13 @@ FACTORIES: dict[str, tuple[str, str]] = {
 
 # Models whose entries take ``?key=value&...`` options after the path (each factory
 # documents its own; lingbot: models/world/lingbot/options.py). Others refuse any.
-TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot", "maze-sim", "dreamzero", "matrix_game"})
+TAKES_OPTIONS: frozenset[str] = frozenset({"lingbot", "maze-sim", "dreamzero", "matrix-game"})
 # name -> "module.path:function" that checks an entry's options without loading anything
 # (a ValueError names the bad one): ``validate`` runs it before a server starts to load.
 OPTION_CHECKS: dict[str, str] = {"lingbot": "models.world.lingbot.options:parse_options",
                                   "maze-sim": "models.maze.sim_world:parse_options",
                                   "dreamzero": "models.policy.dreamzero.options:parse_options",
-                                  "matrix_game": "models.world.matrix_game.options:parse_options"}
+                                  "matrix-game": "models.world.matrix_game.options:parse_options"}
 
 # The worlds served by default, in order (the first is a session's default world).
 # maze-sim (the simulator the maze world learned) is what the page's robot panel drives.

@@ -1,7 +1,7 @@
 """Matrix-Game 2.0 through a real uvicorn server and real WebSocket clients (world.v1).
 
 One server per module: a tiny random checkpoint root in the exact Skywork/Matrix-Game-2.0
-layout, loaded by the factory table's ``matrix_game`` row at 32x64 on CPU, the base variant
+layout, loaded by the factory table's ``matrix-game`` row at 32x64 on CPU, the base variant
 beside Temple Run (no mouse), driven with keys.v1 and mouse.v1.
 """
 
@@ -48,13 +48,13 @@ def server(tmp_path_factory) -> Iterator[tuple[str, object, object]]:
 
     root = write_tiny_root(tmp_path_factory.mktemp("matrix_game_e2e"), ("universal", "templerun"))
     options = BuildOptions(device="cpu", max_batch=2, height=HEIGHT, width=WIDTH)
-    base = factory.build(ModelEntry("matrix_game", str(root)), options, kind="world")
-    temple = factory.build(ModelEntry("matrix_game", str(root), (("variant", "templerun"),)), options, kind="world")
-    temple.name = "matrix_game-templerun"
+    base = factory.build(ModelEntry("matrix-game", str(root)), options, kind="world")
+    temple = factory.build(ModelEntry("matrix-game", str(root), (("variant", "templerun"),)), options, kind="world")
+    temple.name = "matrix-game-templerun"
     inventory = Inventory()
     inventory.add(base)
     inventory.add(temple)
-    app = build_app(ServerConfig(world=WorldConfig(models=("matrix_game", "matrix_game-templerun"))), inventory)
+    app = build_app(ServerConfig(world=WorldConfig(models=("matrix-game", "matrix-game-templerun"))), inventory)
     with serve(app) as addr:
         yield addr, base, temple
 
@@ -66,7 +66,7 @@ def url(addr: str) -> str:
 def test_models_lists_both_variants_with_their_controls(server):
     addr, _, _ = server
     models = {m["id"]: m for m in httpx.get(f"http://{addr}/v1/models").json()["data"]}
-    mg, tr = models["matrix_game"], models["matrix_game-templerun"]
+    mg, tr = models["matrix-game"], models["matrix-game-templerun"]
     assert (mg["height"], mg["width"], mg["frames_per_chunk"], mg["fps"]) == (HEIGHT, WIDTH, 12, 25.0)
     assert mg["control_schemas"] == ["keys.v1", "mouse.v1"] and mg["takes_image"] is True
     assert (mg["variant"], mg["mouse"], mg["weights_licence"]) == ("universal", True, "MIT")
@@ -78,7 +78,7 @@ def test_keys_and_mouse_drive_the_world_bad_controls_change_nothing_and_reset_re
 
     async def main():
         async with WorldClient.connect(url(addr), session_id="mg") as c:
-            created = await c.create(model="matrix_game", image=_png(80, 40), format="rgb8", credits=0, seed=3)
+            created = await c.create(model="matrix-game", image=_png(80, 40), format="rgb8", credits=0, seed=3)
             assert (created["height"], created["width"], created["frames_per_chunk"]) == (HEIGHT, WIDTH, 12)
             await c.event(event_id=1, controls=[{**KEYS, "data": {"mode": "state", "held": ["w"]}},
                                                 {**MOUSE, "data": {"deltas": [[0.3, -0.1]] * 12}}])
@@ -139,13 +139,13 @@ def test_two_sessions_share_batches_and_temple_run_refuses_the_mouse(server):
         async with WorldClient.connect(url(addr), session_id="t1") as t, \
                 WorldClient.connect(url(addr), session_id="m1") as m, \
                 WorldClient.connect(url(addr), session_id="m2") as m2:
-            await t.create(model="matrix_game-templerun", format="rgb8", credits=0, seed=1)
+            await t.create(model="matrix-game-templerun", format="rgb8", credits=0, seed=1)
             with pytest.raises(ServerError) as info:
                 await t.event(event_id=1, controls=[{**MOUSE, "data": {"deltas": [[0.1, 0.0]]}}])
             assert info.value.code == "bad_request" and "unknown track 'mouse'" in info.value.message
             with pytest.raises(ServerError) as info:
                 await t.event(event_id=2, controls=[{**KEYS, "data": {"mode": "state", "held": ["i"]}}])
-            assert "does nothing in matrix_game templerun" in info.value.message
+            assert "does nothing in matrix-game templerun" in info.value.message
             await t.event(event_id=3, controls=[{**KEYS, "data": {"mode": "script", "frames": [["w"], ["j"]]}}])
             await t.credit(1)
             chunk = await t.next_chunk(credit=False)
@@ -161,7 +161,7 @@ def test_two_sessions_share_batches_and_temple_run_refuses_the_mouse(server):
             base.pipeline.run = counted
             try:
                 for c in (m, m2):
-                    await c.create(model="matrix_game", format="rgb8", credits=0, seed=4)
+                    await c.create(model="matrix-game", format="rgb8", credits=0, seed=4)
                 for c in (m, m2):
                     await c.credit(3)
                 chunks = [[await c.next_chunk(credit=False) for _ in range(3)] for c in (m, m2)]
@@ -180,7 +180,7 @@ def test_a_create_with_a_bad_image_creates_nothing(server):
     async def main():
         async with websockets.connect(url(addr)) as ws:
             garbage = b"\x89PNG not really"
-            await ws.send(json.dumps({"type": "session.create", "session_id": "x", "model": "matrix_game",
+            await ws.send(json.dumps({"type": "session.create", "session_id": "x", "model": "matrix-game",
                                       "image": {"format": "png", "bytes": len(garbage)}}))
             await ws.send(garbage)
             answer = json.loads(await ws.recv())
@@ -192,7 +192,7 @@ def test_a_create_with_a_bad_image_creates_nothing(server):
 
 def test_the_page_captures_the_pointer_for_a_model_that_takes_mouse_v1(server):
     """The demo page in headless Chromium: a click on the canvas locks the pointer for
-    matrix_game (it lists mouse.v1), motion goes out as mouse.v1 deltas the server accepts;
+    matrix-game (it lists mouse.v1), motion goes out as mouse.v1 deltas the server accepts;
     Temple Run (no mouse.v1) gets no pointer lock."""
     import os
 
@@ -210,7 +210,7 @@ def test_the_page_captures_the_pointer_for_a_model_that_takes_mouse_v1(server):
         try:
             page.goto(f"http://{addr}/")
             page.wait_for_function("window.demo && (window.demo.ready || window.demo.bootError)")
-            page.wait_for_function("demo.world.model === 'matrix_game' && demo.world.chunkIndex >= 0",
+            page.wait_for_function("demo.world.model === 'matrix-game' && demo.world.chunkIndex >= 0",
                                    timeout=60_000)
             box = page.locator("#world-canvas").bounding_box()
             cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
@@ -224,8 +224,8 @@ def test_the_page_captures_the_pointer_for_a_model_that_takes_mouse_v1(server):
             page.wait_for_function(f"demo.world.appliedEventIds.includes({sent})", timeout=60_000)
             assert page.evaluate("demo.world.errors.length") == 0
 
-            page.select_option("#world-model", "matrix_game-templerun")
-            page.wait_for_function("demo.world.model === 'matrix_game-templerun' && demo.world.chunkIndex >= 0",
+            page.select_option("#world-model", "matrix-game-templerun")
+            page.wait_for_function("demo.world.model === 'matrix-game-templerun' && demo.world.chunkIndex >= 0",
                                    timeout=60_000)
             assert page.evaluate("demo.world.mouse.locked") is False
             page.mouse.click(cx, cy)

@@ -22,7 +22,7 @@ from typing import Any
 
 
 def build(path: str | None, options: Any) -> Any:
-    """The factory entry: ``realtime serve --models 'matrix_game=DIR[?variant=base|gta|templerun&decoder=...]'``.
+    """The factory entry: ``realtime serve --models 'matrix-game=DIR[?variant=base|gta|templerun&decoder=...]'``.
 
     ``DIR`` is the root of ``Skywork/Matrix-Game-2.0`` (the variant folders beside
     ``Wan2.1_VAE.pth`` and the CLIP file); nothing is downloaded. ``options``
@@ -43,13 +43,13 @@ def build(path: str | None, options: Any) -> Any:
 
     shortcuts = parse_options(getattr(options, "model_options", ()) or ())
     if not path:
-        raise ValueError("matrix_game needs a checkpoint root (--models matrix_game=DIR, the layout "
+        raise ValueError("matrix-game needs a checkpoint root (--models matrix-game=DIR, the layout "
                          "of Skywork/Matrix-Game-2.0)")
     if getattr(options, "steps", None) is not None:
-        raise ValueError(f"matrix_game runs its variant's distilled steps, not --steps {options.steps}")
+        raise ValueError(f"matrix-game runs its variant's distilled steps, not --steps {options.steps}")
     fpc = getattr(options, "frames_per_chunk", None)
     if fpc not in (None, 12):
-        raise ValueError(f"matrix_game makes 12 frames per chunk (one block), got frames_per_chunk={fpc}")
+        raise ValueError(f"matrix-game makes 12 frames per chunk (one block), got frames_per_chunk={fpc}")
     folder = validate_root(path, shortcuts.variant)
     device = torch.device(getattr(options, "device", None) or "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -53,7 +53,7 @@ class MatrixGameWorld(WorldAdapter):
     takes_image = True
     streams_frames = True
 
-    def __init__(self, pipeline: MatrixGamePipeline, *, name: str = "matrix_game", max_batch: int = 1,
+    def __init__(self, pipeline: MatrixGamePipeline, *, name: str = "matrix-game", max_batch: int = 1,
                  checkpoint: str | Path | None = None) -> None:
         self.pipeline = pipeline
         self.name = name

@@ -98,7 +98,7 @@ class VariantKeysReducer(KeysReducer):
             for key in keys:
                 if key.lower() not in self.keys:
                     raise SessionError(ErrorCode.BAD_REQUEST,
-                                       f"keys.v1: key {shown(key)} does nothing in matrix_game "
+                                       f"keys.v1: key {shown(key)} does nothing in matrix-game "
                                        f"{self.variant}; it takes {', '.join(variant_keys(self.variant))}")
 
 

@@ -1,6 +1,6 @@
-"""The options of the ``matrix_game`` entry, parsed and checked before anything loads::
+"""The options of the ``matrix-game`` entry, parsed and checked before anything loads::
 
-    realtime serve --models 'matrix_game=/ckpt/Matrix-Game-2.0?variant=gta'
+    realtime serve --models 'matrix-game=/ckpt/Matrix-Game-2.0?variant=gta'
 
     variant=base       the universal model (base_distilled_model: W/S/A/D and the mouse), default
     variant=gta        GTA driving (gta_distilled_model: W/S and the mouse's yaw steering)
@@ -21,7 +21,7 @@ KEYS = ("variant", "decoder")
 
 
 class OptionError(ValueError):
-    """A ``matrix_game`` entry option this model does not take, naming it."""
+    """A ``matrix-game`` entry option this model does not take, naming it."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def parse_options(pairs: Iterable[tuple[str, str]]) -> MatrixGameOptions:
     kw: dict[str, str | None] = {}
     for key, value in pairs:
         if key not in KEYS:
-            raise OptionError(f"unknown option {key!r} (matrix_game takes {', '.join(KEYS)})")
+            raise OptionError(f"unknown option {key!r} (matrix-game takes {', '.join(KEYS)})")
         if key == "variant":
             if value not in VARIANT_NAMES:
                 raise OptionError(f"option variant={value}: must be one of {', '.join(VARIANT_NAMES)}")

@@ -173,7 +173,7 @@ class MatrixGamePipeline:
             self.residency.close(session_id)
             raise
         self.sessions[session_id] = Session(condition=cond, seed=int64_bits(seed))
-        log.info("matrix_game session=%s opened", session_id)
+        log.info("matrix-game session=%s opened", session_id)
 
     def _condition(self, pixels: torch.Tensor) -> torch.Tensor:
         """``[4 + 16, latents, h, w]``: the mask (1 on latent 0), then the VAE latents of the image
@@ -225,7 +225,7 @@ class MatrixGamePipeline:
         self.residency.close(session_id)
 
     def _dropped(self, session_id: str) -> None:
-        log.warning("matrix_game session=%s dropped by kv residency", session_id)
+        log.warning("matrix-game session=%s dropped by kv residency", session_id)
         self._pending.pop(session_id, None)
         self.sessions.pop(session_id, None)
         if self.on_drop is not None:
@@ -293,7 +293,7 @@ class MatrixGamePipeline:
                 dst.copy_(src)
             self.sessions[session_id] = session
         else:
-            log.info("matrix_game session=%s block dropped after decoding: its world is closed", session_id)
+            log.info("matrix-game session=%s block dropped after decoding: its world is closed", session_id)
             self.cache.abort_chunk(session_id)
             self.close(session_id)
 

@@ -42,7 +42,7 @@ def test_variant_keys_refuse_keys_the_variant_does_not_read():
     for data in ({"mode": "state", "held": ["i"]}, {"mode": "script", "frames": [["w"], ["k"]]}):
         with pytest.raises(SessionError) as info:
             r.validate(deep_freeze(data))
-        assert info.value.code == ErrorCode.BAD_REQUEST and "does nothing in matrix_game templerun" in str(info.value)
+        assert info.value.code == ErrorCode.BAD_REQUEST and "does nothing in matrix-game templerun" in str(info.value)
     with pytest.raises(SessionError, match="unknown key 'q'"):
         r.validate(deep_freeze({"mode": "state", "held": ["q"]}))
 

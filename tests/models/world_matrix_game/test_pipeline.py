@@ -222,11 +222,11 @@ def test_the_factory_checks_options_before_loading(root):
     from models.factory import BuildOptions, FactoryError, ModelEntry
 
     with pytest.raises((FactoryError, ValueError), match="variant=minecraft"):
-        factory.validate(factory.parse_entry(f"matrix_game={root}?variant=minecraft"))
+        factory.validate(factory.parse_entry(f"matrix-game={root}?variant=minecraft"))
     with pytest.raises((FactoryError, ValueError), match="no such file"):
-        factory.build(ModelEntry("matrix_game", str(root), (("decoder", "taehv:/nope.pth"),)),
+        factory.build(ModelEntry("matrix-game", str(root), (("decoder", "taehv:/nope.pth"),)),
                       BuildOptions(height=HEIGHT, width=WIDTH), kind="world")
-    w = factory.build(ModelEntry("matrix_game", str(root), (("variant", "templerun"),)),
+    w = factory.build(ModelEntry("matrix-game", str(root), (("variant", "templerun"),)),
                       BuildOptions(height=HEIGHT, width=WIDTH, max_batch=2), kind="world")
     assert (w.variant, w.control_schemas, w.describe()["decoder"]) == ("templerun", ("keys.v1",), "wan")
 
