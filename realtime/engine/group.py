@@ -172,7 +172,7 @@ class Group:
                         seen[rank] = (beat, now)
                     elif now - since > HANG_S:
                         return self.fail(f"sequence-parallel rank {rank} stopped answering "
-                                         f"(no heartbeat for {HANG_S:.0f} s)")
+                                         f"(no heartbeat for {HANG_S:g} s)")
                 time.sleep(HEARTBEAT_S / 2)
 
         threading.Thread(target=run, name="group-watchdog", daemon=True).start()
