@@ -190,6 +190,51 @@ def test_a_create_with_a_bad_image_creates_nothing(server):
     run(main())
 
 
+def test_a_session_that_cannot_fit_is_refused_busy_at_create_and_nothing_else_changes(tmp_path):
+    """One resident slot and no host swap budget: a second player is refused ``busy`` at
+    ``session.create`` (not at its first tick), the first keeps playing untouched, and once
+    the first closes the same connection creates again."""
+    from models.world.matrix_game.tiny_checkpoint import write_tiny_root
+
+    root = write_tiny_root(tmp_path, ("universal",))
+    one = factory.build(ModelEntry("matrix-game", str(root)),
+                        BuildOptions(device="cpu", max_batch=1, height=HEIGHT, width=WIDTH, host_budget_bytes=0),
+                        kind="world")
+    assert one.pipeline.cache.max_sessions == 1
+    inventory = Inventory()
+    inventory.add(one)
+    app = build_app(ServerConfig(world=WorldConfig(models=("matrix-game",))), inventory)
+
+    async def main(addr: str):
+        async with WorldClient.connect(url(addr), session_id="p1") as a, \
+                WorldClient.connect(url(addr), session_id="p2") as b:
+            await a.create(model="matrix-game", format="rgb8", credits=0, seed=5)
+            await a.event(event_id=1, controls=[{**KEYS, "data": {"mode": "state", "held": ["w"]}}])
+            await a.credit(1)
+            assert (await a.next_chunk(credit=False)).chunk_index == 0
+            p = one.pipeline
+            before = (p.cache.num_free_blocks, dict(p.residency.metrics()), p.sessions["p1"])
+
+            with pytest.raises(ServerError) as info:
+                await b.create(model="matrix-game", format="rgb8", credits=0, seed=6)
+            assert info.value.code == "busy", info.value.raw
+            assert info.value.message.startswith("no room for a new session: it needs ")
+            assert "(1 session held, 1 resident slot)" in info.value.message
+            assert (p.cache.num_free_blocks, dict(p.residency.metrics()), p.sessions["p1"]) == before
+            assert "p2" not in p.sessions and "p2" not in p.cache and not p.residency.is_swapped("p2")
+
+            await a.credit(1)
+            second = await a.next_chunk(credit=False)
+            assert (second.chunk_index, second.applied_event_ids) == (1, [])
+            assert p.sessions["p1"].blocks == 2
+            await a.close()
+            created = await b.create(model="matrix-game", format="rgb8", credits=0, seed=6)
+            assert created["session_id"] == "p2"
+
+    with serve(app) as addr:
+        run(main(addr))
+
+
 def test_the_page_captures_the_pointer_for_a_model_that_takes_mouse_v1(server):
     """The demo page in headless Chromium: a click on the canvas locks the pointer for
     matrix-game (it lists mouse.v1), motion goes out as mouse.v1 deltas the server accepts;

@@ -14,6 +14,11 @@ actions are not read (the model's actions are per video frame it makes). A sessi
 its first chunk-0 tick from its first image (``WorldTick.image``, else the pipeline's
 default); a reset closes it and its next chunk-0 tick opens it again from the same image and
 seed. ``end_tick`` commits or drops the pending block (``pipeline.end``).
+
+Admission: ``admit`` (at ``session.create``) counts the new session against the kv pool and
+the host swap budget at its most, beside every open and admitted session
+(``pipeline.admit``); one that cannot fit is refused there with the reason (world.v1 ``busy``)
+rather than failing its first tick or dropping a session already playing.
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ class MatrixGameWorld(WorldAdapter):
             "max_sessions": p.cache.max_sessions,
             "weights_licence": "MIT",
         }
+
+    def admit(self, session_id: str, options: Mapping[str, Any]) -> str | None:
+        return self.pipeline.admit(session_id)
 
     def reducers(self) -> dict[str, ControlReducer]:
         F = self.geometry.frames_per_chunk

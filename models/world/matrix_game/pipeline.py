@@ -140,6 +140,7 @@ class MatrixGamePipeline:
         self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
         self.sessions: dict[str, Session] = {}
         self._pending: dict[str, tuple[Session, list[torch.Tensor]]] = {}
+        self._admitted: set[str] = set()   # admitted at create, not opened by a block yet
         self.on_drop: Callable[[str], None] | None = None
 
     @property
@@ -147,6 +148,19 @@ class MatrixGamePipeline:
         return len(self.variant.steps) + 1
 
     # -- sessions ------------------------------------------------------------------------------
+
+    def admit(self, session_id: str) -> str | None:
+        """Count a new session against kv before its first block opens it: None when it fits
+        beside every open and admitted session, each counted at its most (``Residency.refusal``:
+        resident slots, then the host budget), else why not. A refusal changes nothing; an
+        admitted session is never dropped to make room for a later one. ``open`` or ``close``
+        ends the admission."""
+        if session_id in self.sessions or session_id in self._admitted:
+            return None
+        refusal = self.residency.refusal(pending=len(self._admitted))
+        if refusal is None:
+            self._admitted.add(session_id)
+        return refusal
 
     @torch.no_grad()
     def open(self, session_id: str, image: np.ndarray | None = None, seed: int = 0) -> None:
@@ -173,6 +187,7 @@ class MatrixGamePipeline:
             self.residency.close(session_id)
             raise
         self.sessions[session_id] = Session(condition=cond, seed=int64_bits(seed))
+        self._admitted.discard(session_id)
         log.info("matrix-game session=%s opened", session_id)
 
     def _condition(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -222,6 +237,7 @@ class MatrixGamePipeline:
         if self._pending.pop(session_id, None) is not None and session_id in self.cache:
             self.cache.abort_chunk(session_id)
         self.sessions.pop(session_id, None)
+        self._admitted.discard(session_id)
         self.residency.close(session_id)
 
     def _dropped(self, session_id: str) -> None:

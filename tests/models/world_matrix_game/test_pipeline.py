@@ -1,5 +1,6 @@
 """The served path on the tiny checkpoint root: sessions batched in one forward on kv/ pages,
-reset, swap to the host and back, close, and the paged attention against the plain caches."""
+reset, swap to the host and back, close, admission, and the paged attention against the plain
+caches."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from kv.capacity import format_bytes, session_bytes
 from models.world.matrix_game.checkpoint import load_clip, load_vae, load_variant, variant_folder
 from models.world.matrix_game.config import FRAMES_PER_BLOCK
 from models.world.matrix_game.denoise import denoise_block
@@ -247,3 +249,35 @@ def test_an_evicted_session_is_dropped_and_replays_from_its_start(parts):
     np.testing.assert_array_equal(first[0], ref[0])
     for x, y in zip(ref, again):
         np.testing.assert_array_equal(x, y)
+
+
+def test_admission_counts_every_session_at_its_most_and_a_refusal_changes_nothing(parts):
+    p = pipeline(parts, sessions=1, host_budget_bytes=0)
+    assert p.admit("a") is None and p.admit("a") is None     # admitting twice is one admission
+    assert p.admit("b") == (
+        f"no room for a new session: it needs {format_bytes(session_bytes(p.geometry))} of KV memory; "
+        f"free: 0 B on the device (1 session held, 1 resident slot) and 0 B of the 0 B host swap budget "
+        "(each session counted at its most)")
+    run_alone(p, "a", 1, 1)
+    before = (p.cache.num_free_blocks, dict(p.residency.metrics()), p.sessions["a"])
+    assert p.admit("b") is not None
+    assert (p.cache.num_free_blocks, dict(p.residency.metrics()), p.sessions["a"]) == before
+    assert "b" not in p.sessions and "b" not in p.cache
+    p.close("a")                                              # a closed: b fits
+    assert p.admit("b") is None
+
+    # One session's room on the host: a resident, b swapped in and out, c refused; none dropped.
+    need = session_bytes(p.geometry)
+    p = pipeline(parts, sessions=1, host_budget_bytes=need)
+    dropped = []
+    p.on_drop = dropped.append
+    assert p.admit("a") is None and p.admit("b") is None
+    assert "(2 sessions held, 1 resident slot)" in p.admit("c")
+    p.open("a", seed=1)
+    p.open("b", seed=2)                                       # a idle: swapped to the host, kept
+    for blk in range(2):
+        for sid in ("a", "b"):
+            p.generate([request(p, sid, blk)])
+    assert dropped == [] and p.residency.is_swapped("a") and p.admit("c") is not None
+    p.close("b")
+    assert p.admit("c") is None
