@@ -55,8 +55,9 @@ HEARTBEAT_S = 0.25
 # A worker whose heartbeat has not moved for this long has stopped (killed, SIGSTOP, wedged).
 HANG_S = 5.0
 # A collective (an all-to-all inside a forward) waiting longer than this fails the forward.
-# The ranks run the same forward, so a wait is their skew, never a whole forward.
-COLLECTIVE_TIMEOUT_S = 60.0
+# The ranks run the same forward, so a wait is their skew, never a whole forward (NCCL's first
+# collective also sets up its communicators: seconds on 8 GPUs).
+COLLECTIVE_TIMEOUT_S = 30.0
 # The status ``realtime serve`` exits with after its group failed.
 EXIT_GROUP_FAILED = 3
 # A worker waits for its next command this long at a time (rank 0 going away ends the wait at

@@ -357,6 +357,10 @@ class Engine:
             self._awaited = None
 
     def _die(self, reason: str, running: Sequence[Job] = ()) -> None:
+        if self._dead is not None:  # a control run after the death failed again: told once already
+            for job in running:
+                reject(job.loop, job.future, EngineDeadError(self._dead))
+            return
         log.error("engine is dead: %s", reason)
         self._held.flush()  # those ticks were committed before the engine died
         self._dead = reason

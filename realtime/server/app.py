@@ -182,6 +182,9 @@ def _group_failed(app: Starlette, reason: str) -> None:
                 raise GroupFailed(reason)
 
         engine.post_control(die)
+        # Told now, not when the engine thread gets to the control: it may be inside a forward
+        # that waits on the lost rank (until the collective's timeout). Telling twice is a no-op.
+        app.state.live_sessions.engine_dead(reason)
     if threading.current_thread() is threading.main_thread():
         asyncio.get_running_loop().call_later(GROUP_FAILED_GRACE_S, signal.raise_signal, signal.SIGTERM)
         exit_at = threading.Timer(GROUP_FAILED_GRACE_S + app.state.config.drain_timeout_s + GROUP_FAILED_EXIT_S,
