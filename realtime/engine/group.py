@@ -217,6 +217,18 @@ class Group:
 _GROUP: Group | None = None
 
 
+def start_rank0(size: int, device: str, argv: list[str] | None) -> Group:
+    """Rank 0: start ranks 1..size-1 with ``argv`` (None: a launcher started them) and join them;
+    ``GroupFailed`` (the ranks it started killed) when they do not all join."""
+    procs = spawn_workers(size, list(argv)) if argv is not None else []
+    try:
+        return init_group(device, procs)
+    except Exception as exc:  # noqa: BLE001 - a rank that never came, a port taken
+        for proc in procs:
+            proc.kill()
+        raise GroupFailed(f"sequence parallel: the {size} ranks did not all join: {exc}") from exc
+
+
 def current_group() -> Group | None:
     """This process's group, or None (no sequence parallel)."""
     return _GROUP

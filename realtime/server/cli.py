@@ -32,8 +32,7 @@ examples:
   REALTIME_PORT=8080 realtime serve --config serve.toml --print-config
                                                   the settings, and where each came from
   realtime serve --models lingbot=/ckpt --sequence-parallel 4
-                                                  one LingBot session over 4 GPUs
-                                                  (docs/sequence_parallel.md)
+                                                  each LingBot session over 4 GPUs
 
 settings: every option is also an environment variable REALTIME_<OPTION>
 (--max-sessions-per-client: REALTIME_MAX_SESSIONS_PER_CLIENT; a flag such as --no-tts
@@ -356,11 +355,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     warn_if_exposed(args.host, config.api_keys)
     group = None
-    if ranks > 1:  # rank 0: start ranks 1..N-1 unless a launcher did, and join them
-        from realtime.engine.group import init_group, spawn_workers
+    if ranks > 1:  # rank 0 (it starts ranks 1..N-1 unless a launcher did)
+        from realtime.engine.group import GroupFailed, start_rank0
 
-        procs = spawn_workers(ranks, list(sys.argv[1:] if argv is None else argv)) if launched is None else []
-        group = init_group(config.engine.device, procs)
+        try:
+            group = start_rank0(ranks, config.engine.device, None if launched else (argv or sys.argv[1:]))
+        except GroupFailed as exc:
+            sock.close()
+            print(f"realtime serve: {exc}", file=sys.stderr)
+            return EXIT_GROUP_FAILED
     try:
         run(app, sock=sock, log_level=args.log_level, access_log=not args.no_access_log)
     finally:
