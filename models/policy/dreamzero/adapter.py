@@ -45,7 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from kv import PagedKVCache, Residency, kv_budget, plan_capacity
+from kv import PagedKVCache, Residency, kv_budget, plan_capacity, session_bytes
 from models.base import ModelError
 from models.policy.base import PolicyAdapter, PolicyWork
 from models.policy.dreamzero.cache import PagedRows, SessionState, cross_rows, kv_geometry
@@ -212,6 +212,13 @@ class DreamZeroPolicy(PolicyAdapter):
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         self._drop_listener = listener
+
+    def describe(self) -> Mapping[str, Any]:
+        p = self.plan
+        return {**super().describe(),
+                "kv": {"resident_sessions": p.capacity, "session_bytes": session_bytes(self.geometry),
+                       "required_bytes": p.required_bytes, "budget_bytes": p.budget_bytes,
+                       "host_budget_bytes": self.residency.host_budget_bytes}}
 
     def kv_usage(self) -> Mapping[str, float]:
         """The pool's and residency's counters (``/metrics``, as a world's ``kv_usage``)."""

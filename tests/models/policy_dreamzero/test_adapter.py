@@ -148,6 +148,8 @@ def test_an_idle_session_swaps_to_the_host_and_back_with_the_same_chunks(folders
 
 def test_close_and_reset_give_every_block_and_byte_back(folders):
     policy = load_policy(*folders, sessions=2)
+    kv = policy.describe()["kv"]
+    assert kv["resident_sessions"] == 2 and kv["session_bytes"] > 0 and kv["host_budget_bytes"] == 64 << 30
     idle = policy.kv_usage()
     for sid, seed in (("a", 1), ("b", 2), ("c", 3)):           # c's arrival swaps a out
         for i in range(2):
