@@ -1,8 +1,8 @@
 """The vectorised batch path and the per-row path are the same state machine.
 
 Two caches, one with ``fast_path=False``, run the same random sequence of
-open / begin / commit / abort / reset / close / evict (residency with swap and
-drops); after every step every observable must be equal: each batch's index,
+open / begin (some restarting their sessions) / commit / abort / reset / close / evict
+(residency with swap and drops); after every step every observable must be equal: each batch's index,
 rows and start frames, the free queue in order, every table row, states and
 cross slots, and the errors raised.
 """
@@ -26,6 +26,8 @@ GEOMETRIES = {
                         frames_per_tick=2),
     "cfg_cross": dict(sink_frames=1, window_frames=2, branches=("pos", "neg"), cross_tokens=2),
     "no_sink_tick3": dict(sink_frames=0, window_frames=4, frames_per_tick=3),
+    # DreamZero-style: two branches, chunks of 1 or 2 frames, some restarting their sessions.
+    "restarts": dict(sink_frames=1, window_frames=4, frames_per_tick=2, branches=("cond", "neg")),
 }
 
 
@@ -48,7 +50,7 @@ def observe(c: PagedKVCache, r: Residency) -> tuple:
         sessions.append((sid, s.state.name, s.cross_slots, rows))
     m = r.metrics()
     return (c.pool.free_ids(), c.num_resident, sessions, r.lru_order(), r.host_bytes,
-            (m["swap_outs"], m["swap_ins"], m["drops"]))
+            sorted(c._restarts.items()), (m["swap_outs"], m["swap_ins"], m["drops"]))
 
 
 def check_invariants(c: PagedKVCache) -> None:
@@ -61,6 +63,8 @@ def check_invariants(c: PagedKVCache) -> None:
             assert not t.pages[row, n:].any()            # null past the row's pages
             if s.state.name != "SWAPPED":
                 owned += t.pages[row, :n].tolist()
+    for saved in c._restarts.values():        # pages a restarting chunk set aside
+        owned += [b for _, blocks, _, _ in saved for b in blocks]
     assert len(owned) == len(set(owned)) and NULL_BLOCK not in owned
     assert not set(owned) & set(c.pool.free_ids())
     reserved = 1 + len(c.worker_blocks)
@@ -72,7 +76,7 @@ def batch_view(batch) -> tuple:
             batch.session_ids, batch.chunk_pages, batch.size)
 
 
-def play(fast: bool, g: KVGeometry, seed: int, steps: int = 400) -> tuple[list, Counter]:
+def play(fast: bool, g: KVGeometry, seed: int, steps: int = 400, restarts: bool = False) -> tuple[list, Counter]:
     rng = random.Random(seed)
     c = PagedKVCache(g, 40, max_sessions=4, fast_path=fast)
     page_bytes = g.num_layers * 2 * g.block_bytes
@@ -115,9 +119,12 @@ def play(fast: bool, g: KVGeometry, seed: int, steps: int = 400) -> tuple[list, 
             ids = rng.sample(pick, rng.randint(1, len(pick)))
             frames = g.frames_per_tick * rng.choice([1, 1, 1, 2])
             pad = rng.choice([None, None, len(ids) + 2])
+            restart = restarts and rng.random() < 0.15
+            if restarts and rng.random() < 0.3:
+                frames = 1
             record(("ensure", tuple(ids)), lambda: r.ensure_resident(ids))
-            b = record(("begin", tuple(ids), frames, pad),
-                       lambda: c.begin_batch(ids, frames=frames, pad_to=pad))
+            b = record(("begin", tuple(ids), frames, pad, restart),
+                       lambda: c.begin_batch(ids, frames=frames, pad_to=pad, restart=restart))
             if b is not None:
                 in_flight.append(b)
         elif op == "commit" and in_flight:
@@ -164,13 +171,15 @@ def play(fast: bool, g: KVGeometry, seed: int, steps: int = 400) -> tuple[list, 
 @pytest.mark.parametrize("seed", range(6))
 def test_fast_and_per_row_paths_agree(name, seed):
     g = geometry(**GEOMETRIES[name])
-    fast, used = play(True, g, seed)
-    slow, unused = play(False, g, seed)
+    fast, used = play(True, g, seed, restarts=name == "restarts")
+    slow, unused = play(False, g, seed, restarts=name == "restarts")
     assert not unused                         # fast_path=False never vectorises
     assert used["begin_rows"] > 20 and used["commit_rows"] > 10
     for i, (a, b) in enumerate(zip(fast, slow)):
         assert a == b, f"step {i}: {a} != {b}"
     assert len(fast) == len(slow)
+    if name == "restarts":                    # restarting chunks were in flight, set-aside pages and all
+        assert sum(1 for step in fast if isinstance(step, tuple) and len(step) == 7 and step[5]) > 5
 
 
 def test_steady_state_batch_has_exact_tables():
