@@ -63,7 +63,6 @@ EXIT_GROUP_FAILED = 3
 # A worker waits for its next command this long at a time (rank 0 going away ends the wait at
 # once; c10d logs a line at each timeout, so an idle worker would log every POLL_S).
 POLL_S = 600.0
-ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class GroupFailed(EngineDeadError):
