@@ -228,6 +228,14 @@ def start_rank0(size: int, device: str, argv: list[str] | None) -> Group:
         raise GroupFailed(f"sequence parallel: the {size} ranks did not all join: {exc}") from exc
 
 
+def rank_device(device: str) -> str:
+    """The device this rank's models load on: ``cuda`` is the rank's own GPU, ``cuda:LOCAL_RANK``
+    (named, not the current device, which is per thread and the models load on another)."""
+    if device.split(":")[0] != "cuda" or launched_rank() is None:
+        return device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', launched_rank()[0]))}"
+
+
 def current_group() -> Group | None:
     """This process's group, or None (no sequence parallel)."""
     return _GROUP
@@ -243,7 +251,7 @@ def init_group(device: str, procs: list[subprocess.Popen] = ()) -> Group:
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     backend = "gloo"
     if device.startswith("cuda"):
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))   # "cuda" is this rank's GPU
+        torch.cuda.set_device(torch.device(rank_device(device)))   # this thread's (the engine's on a worker)
         backend = "nccl"
     store, rank, size = next(dist.rendezvous("env://", timeout=timeout))
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)

@@ -21,7 +21,7 @@ import logging
 from typing import Any, Callable, Mapping
 
 from models.base import ModelAdapter, is_fatal
-from realtime.engine.group import EXIT_GROUP_FAILED, Group, GroupFailed, init_group
+from realtime.engine.group import EXIT_GROUP_FAILED, Group, GroupFailed, init_group, rank_device
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +87,12 @@ def follow(group: Group, adapters: Mapping[str, ModelAdapter]) -> int:
             log.debug("rank %d: %s.%s raised %r (as rank 0's did)", group.rank, model, method, exc)
 
 
-def serve_worker(device: str, build: Callable[[], Mapping[str, ModelAdapter]]) -> int:
-    """A worker rank's whole life: join the group, ``build`` the models (rank 0's worlds, in its
-    order: a collective inside one build meets rank 0's), follow rank 0's calls on the
-    sequence-parallel ones. Returns the process's exit status."""
+def serve_worker(device: str, build: Callable[[str], Mapping[str, ModelAdapter]]) -> int:
+    """A worker rank's whole life: join the group, ``build`` the models on this rank's device
+    (rank 0's worlds, in its order: a collective inside one build meets rank 0's), follow rank
+    0's calls on the sequence-parallel ones. Returns the process's exit status."""
     group = init_group(device)
-    adapters = build()
+    adapters = build(rank_device(device))
     try:
         return follow(group, {name: a for name, a in adapters.items() if parallel(a)})
     except GroupFailed as exc:

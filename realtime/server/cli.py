@@ -154,11 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="host memory per world model for idle sessions' KV swapped out of the pool "
                             "(default: the model's own); when it is full too, new sessions get 'busy'")
     serve.add_argument("--sequence-parallel", type=types.at_least_one, default=1, metavar="N",
-                       help="split each world session over N processes (GPUs) of this host: Ulysses sequence "
-                            "parallel for the models that support it (lingbot; its attention heads must divide by "
-                            "N); the server starts ranks 1..N-1 itself (or run N ranks under torchrun "
-                            "--nproc-per-node N with the same N); a rank that dies or hangs fails every "
-                            f"session and the server exits with status {EXIT_GROUP_FAILED} (docs/sequence_parallel.md)")
+                       help="split each world session over N processes (GPUs) of this host, Ulysses sequence parallel, "
+                            "for the models that support it (lingbot: its attention heads must divide by N); ranks "
+                            "1..N-1 start with the server (or run N under torchrun --nproc-per-node N); a rank that dies or "
+                            f"hangs fails every session and the server exits {EXIT_GROUP_FAILED} (docs/sequence_parallel.md)")
     serve.add_argument("--trajectory-root", type=types.directory, default=None, metavar="DIR",
                        help="trusted folder of named camera trajectories (DIR/NAME/poses.npy and "
                             "intrinsics.npy) for world models that play them")
@@ -389,7 +388,8 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         worlds = dataclasses.replace(config, policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False))
-        return serve_worker(config.engine.device, lambda: on_spent_thread(load, plan(worlds)[0]).adapters)
+        return serve_worker(config.engine.device, lambda device: on_spent_thread(load, plan(dataclasses.replace(
+            worlds, engine=dataclasses.replace(config.engine, device=device)))[0]).adapters)
     except FactoryError as exc:
         print(f"realtime serve: {exc}", file=sys.stderr)
         return 2

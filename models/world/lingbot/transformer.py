@@ -64,8 +64,8 @@ class SelfAttention(nn.Module):
         q = apply_rope(self.norm_q(q).view(shape), cos, sin)
         k = apply_rope(self.norm_k(k).view(shape), cos, sin)
         v = v.reshape(shape)
-        if sp is not None:   # every token of this rank's heads (its kv/ pages hold those)
-            q, k, v = (sp.to_heads(t, tokens) for t in (q, k, v))
+        if sp is not None:   # every token of this rank's heads (its kv/ pages hold those); one exchange
+            q, k, v = sp.to_heads(torch.cat([q, k, v]), tokens).chunk(3)
         o = kv.self_attention(layer, q, k, v, update_cache)
         if sp is not None:
             o = sp.to_tokens(o)

@@ -118,7 +118,8 @@ class Ulysses:
 
     def to_heads(self, x: torch.Tensor, tokens: int) -> torch.Tensor:
         """``[R, share, H, D]`` (this rank's tokens, every head) -> ``[R, tokens, H/N, D]``
-        (every token, this rank's heads)."""
+        (every token, this rank's heads). Rows are independent: q, k and v concatenated
+        along dim 0 go in one exchange."""
         R, share, H, D = x.shape
         h = check_heads(H, self.size)
         shares = token_shares(tokens, self.size)
