@@ -16,26 +16,29 @@ latent frame, 2,640 query tokens per block of 3 latent frames = 12 video frames)
 variant's 3 denoising passes and the committing pass per block. ``--tiny``: the tiny
 checkpoint's sizes (``config.TINY``) at 32 x 64, for a CPU smoke test.
 
-Sections (``--only`` picks some; each rewrites the JSON when it ends and is skipped when it
-would start after ``--budget-s``; ``bare`` and ``served`` also stop between session counts):
+Sections, in the order they run (``--only`` picks some; each rewrites the JSON when it ends
+and is skipped when it would start after ``--budget-s``; ``bare`` and ``served`` also stop
+between session counts):
 
 ``bare``     for N in ``--sessions``: N sessions batched in one forward per tick (the engine's
              call, ``adapter.run_batch`` + ``end_tick``) vs the same N sessions one at a time,
-             round robin (how one-chunk-at-a-time servers share a GPU): per tick the time, the
-             transformer and decode parts, frames/s per session and in all, p99 tick time, the
-             estimated transformer FLOP and the TFLOP/s reached, CUDA kernel launches per round,
-             peak GPU memory. Bare stops at ``--bare-share`` of the budget (a count whose
-             forecast would pass it is not run) so that the served sections keep their time.
-``served``   for N in ``--served-sessions``: a real uvicorn server on loopback and N real
-             websockets clients in a process of their own (world.v1, a PNG first image, keys.v1 ``w`` held, mouse.v1 deltas
-             sent with every chunk, credits kept 2 ahead): per session the chunk period and
-             frames/s, the slowest session, p99 of the server's tick time, served/bare per session.
-``ttff``     one player alone with ``stream_frames``: key press (event + one credit to an idle
-             session) to the first frame of the chunk that applies it, on the wire.
+             round robin (how one-chunk-at-a-time servers share a GPU): per round the time, the
+             transformer and decode parts, frames/s per session and in all, p99 tick and round
+             times, the estimated transformer FLOP and the TFLOP/s reached, CUDA kernel launches
+             per round (up to ``--profile-max-sessions``), peak GPU memory. Bare stops at
+             ``--bare-share`` of the budget (a count whose forecast would pass it is not run)
+             so that the served sections keep their time.
 ``kv``       a steady session's KV bytes (held pages, CLIP cross slot, decoder and action state)
              measured from the tensors vs ``kv.capacity.session_bytes``; the sessions
              ``kv.capacity.plan_capacity`` fits at 0.9 of the device's memory after the weights;
              and the same formula at full size for an 80 GiB and a 141 GiB card (no device needed).
+``served``   for N in ``--served-sessions``: a real uvicorn server on loopback and N real
+             websockets players in a process of their own (world.v1, a PNG first image, keys.v1
+             ``w`` held, mouse.v1 deltas sent with every chunk, credits kept 2 ahead): per
+             session the chunk period and frames/s, the slowest session, p99 of the server's
+             tick time, served/bare per session (the slowest against the bare batched figure).
+``ttff``     one player alone with ``stream_frames``: key press (event + one credit to an idle
+             session) to the first frame of the chunk that applies it, on the wire.
 
 Progress goes to stderr; the JSON (``--out``) holds the command, the machine and versions.
 """
@@ -283,7 +286,7 @@ class Clock:
                 sync(device)
                 total = time.perf_counter() - t0
                 m1 = residency.metrics()
-                swap = (m1["swap_in_seconds"] - m0["swap_in_seconds"]) + (m1["swap_out_seconds"] - m0["swap_out_seconds"])
+                swap = sum(m1[k] - m0[k] for k in ("swap_in_seconds", "swap_out_seconds"))
                 cur.update(total_ms=1e3 * total, decode_ms=1e3 * cur.pop("decode_s"), swap_ms=1e3 * swap)
                 cur["transformer_ms"] = cur["total_ms"] - cur["decode_ms"] - cur["swap_ms"]
                 if device.type == "cuda":
@@ -362,7 +365,8 @@ def bare_one(adapter: Any, clock: Clock, n: int, args: argparse.Namespace, devic
                     rounds.append(ms)
                     per_tick.extend(ticks_ms)
             timed = clock.since(n0)
-            launches = kernel_launches(lambda: one_round(args.warmup_ticks + args.ticks), device)
+            launches = (kernel_launches(lambda: one_round(args.warmup_ticks + args.ticks), device)
+                        if n <= args.profile_max_sessions else None)
         finally:
             for sid in ids:
                 adapter.drop_session(sid)
@@ -386,8 +390,8 @@ def bare_one(adapter: Any, clock: Clock, n: int, args: argparse.Namespace, devic
         out[mode] = row
     b, s = out["batched"], out["one_at_a_time"]
     out["batched_over_one_at_a_time"] = round(b["fps_total"] / s["fps_total"], 4)
-    out["transformer_speedup"] = round(s["transformer_ms_per_session_block"] / b["transformer_ms_per_session_block"], 4) \
-        if b["transformer_ms_per_session_block"] > 0 else None
+    bt, st = b["transformer_ms_per_session_block"], s["transformer_ms_per_session_block"]
+    out["transformer_speedup"] = round(st / bt, 4) if bt > 0 else None
     return out
 
 
@@ -796,8 +800,11 @@ def main() -> None:
     ap.add_argument("--batch-wait-ms", type=float, default=None, help="engine returner wait (default: the server's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (CPU runs)")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="skip a section (or count) that would start after this")
-    ap.add_argument("--bare-share", type=float, default=0.5,
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="skip a section (or count) that would start after this")
+    ap.add_argument("--profile-max-sessions", type=int, default=8,
+                    help="count CUDA kernel launches (one more round, profiled) up to this many sessions")
+    ap.add_argument("--bare-share", type=float, default=0.6,
                     help="bare's share of the budget: a count whose forecast would pass it is not run")
     args = ap.parse_args()
     if args.tiny:
