@@ -8,7 +8,7 @@
     denoise.py          write_frames (t = 0 K/V pass) and denoise_chunk (CFG on video only)
     text_encoder.py     umt5-xxl from Wan's names into transformers' UMT5EncoderModel
     image_encoder.py    Wan's CLIP ViT-H/14 vision tower (penultimate block, 257 tokens)
-    vae.py              the Wan2.1 VAE from its original names into diffusers' AutoencoderKLWan
+    vae.py              the Wan2.1 VAE (builder in models/world/wan_vae_build.py), latents normalised
     checkpoint.py       the folder: shards + index, every tensor consumed, metadata.json exposed
     observation.py      DROID cameras stitched, state/action normalisation, the prompt template
     conditioning.py     the frames a call uses, the first-frame condition (CLIP + y), frames to latents

@@ -126,7 +126,7 @@ def _read_pth(path: Path) -> dict[str, torch.Tensor]:
 
 def load_vae(root: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """``ROOT/Wan2.1_VAE.pth`` as diffusers' ``AutoencoderKLWan`` (every original name required)."""
-    from models.policy.dreamzero.vae import build_vae
+    from models.world.wan_vae_build import build_vae
 
     path = Path(root) / VAE_FILE
     try:
