@@ -69,6 +69,12 @@ class PolicyAdapter(ModelAdapter[PolicyWork, PolicyResult]):
         """Forget what the policy keeps for ``session_id`` (default: same as ``drop_session``)."""
         self.drop_session(session_id)
 
+    def detach(self, session_id: str) -> None:
+        """No connection holds ``session_id`` any more (a stateful policy's explicit id, whose
+        state outlives its connection): the policy keeps its state, and may reclaim it, least
+        recently used first, when a new session needs the room. Its next call attaches it
+        again. Default: nothing (a policy that keeps no room-bound state)."""
+
     def describe(self) -> Mapping[str, Any]:
         return {"kind": self.kind, "name": self.name, "max_batch": self.max_batch, "metadata": self.metadata.to_wire()}
 

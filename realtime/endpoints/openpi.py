@@ -277,6 +277,8 @@ class OpenPIEndpoint(SessionEndpoint):
                 continue
             if self._outlives_connection(sid):
                 self.live.remove(entry)  # free for the robot's next connection
+                assert self.adapter is not None
+                self.engine.post_control(functools.partial(self.adapter.detach, sid))  # reclaimable
                 kept += 1
                 continue
             entry.owner, entry.state = None, SessionState.CLOSING

@@ -5,8 +5,10 @@ sessions, a reconnect that continues its episode, a reset that starts it over.""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Iterator
 
+import httpx
 import numpy as np
 import pytest
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
@@ -148,3 +150,28 @@ def test_a_new_episode_without_room_is_refused_busy_until_one_ends(folders):
         a.reset({"session_id": "ep-A"})                      # ep-A's state goes: room for ep-B
         again = RoboArenaClient(f"ws://{addr}/")
         np.testing.assert_array_equal(chunk(again.infer(droid_obs(60, 0, "ep-B"))), want[0])
+
+
+def test_a_new_episode_reclaims_one_whose_robot_left(folders):
+    # A robot that starts each episode under a new id and never resets: the episode it left
+    # makes room for its next one; the left one, asked for again, is refused until reset.
+    want = reference(folders, 70, 1)
+    with running(load_policy(*folders, sessions=1, host_budget_bytes=0)) as addr:
+        first = RoboArenaClient(f"ws://{addr}/")
+        chunk(first.infer(droid_obs(71, 0, "ep-1")))
+        first.close()                                        # ep-1's robot is gone: its state is reclaimable
+        wait_until_unlisted(addr, "ep-1")
+        robot = RoboArenaClient(f"ws://{addr}/")
+        np.testing.assert_array_equal(chunk(robot.infer(droid_obs(70, 0, "ep-2"))), want[0])
+        with pytest.raises(RuntimeError) as info:
+            RoboArenaClient(f"ws://{addr}/").infer(droid_obs(71, 1, "ep-1"))
+        assert "session ep-1: its state was evicted" in str(info.value)
+
+
+def wait_until_unlisted(addr: str, session_id: str, timeout_s: float = 10.0) -> None:
+    """Until the server's ``/v1/sessions`` no longer lists ``session_id`` (its connection ended)."""
+    deadline = time.monotonic() + timeout_s
+    while any(s["session_id"] == session_id
+              for s in httpx.get(f"http://{addr}/v1/sessions", timeout=5).json()["data"]):
+        assert time.monotonic() < deadline, f"{session_id} still listed"
+        time.sleep(0.02)

@@ -29,10 +29,12 @@ re-run batch aborts it, and a restart's old pages and state come back with it.
 Capacity (``kv.capacity``): the pool is planned from ``cache.kv_geometry`` (two branches,
 sink 1 + window 6 frames, a tick of 2 frames, the state as ``model_state_bytes``) and the
 budget (``kv_budget_bytes``, or a fraction of the device's free memory on CUDA; on CPU
-``sessions``). A new session is admitted only when it fits without dropping anyone
-(``Residency.refusal``): otherwise its call fails with ``busy: ...``, naming what a session
-needs and what is free. Residency drops a swapped session only if admission was bypassed; a
-dropped session is reported and refused until it is reset or released (no silent restart).
+``sessions``). A new session is admitted when it fits beside the others (``Residency.refusal``),
+or once the least recently used episode that no connection holds is reclaimed (``detach``: its
+robot went away; the room goes to robots that are here). Otherwise its call fails with
+``busy: ...``, naming what a session needs and what is free; no held episode is ever dropped for
+it. Residency drops a swapped session only if the host budget shrank under it. A dropped or
+reclaimed session is reported and refused until it is reset or released (no silent restart).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ SEED = 1140
 # and a forgotten one simply starts over.
 EVICTED_MEMORY = 1024
 EVICTED_REASON = "policy state evicted: device and host memory for sessions are full"
+RECLAIMED_REASON = "policy state reclaimed for a new session: no robot held it and memory for sessions was full"
 # The first word of a refusal for want of room (world.v1's error code for the same).
 BUSY = "busy"
 
@@ -149,6 +152,7 @@ class DreamZeroPolicy(PolicyAdapter):
         self._sessions: dict[str, _Session] = {}      # committed state of every open session
         self._pending: dict[str, _Staged] = {}
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._detached: set[str] = set()              # episodes no connection holds: reclaimable
         self._texts: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._negative = encode_prompts(ckpt.text_encoder, tokenizer, [NEGATIVE_PROMPT], cfg.text_len)
         self._drop_listener: Callable[[str, str], None] | None = None
@@ -167,8 +171,11 @@ class DreamZeroPolicy(PolicyAdapter):
         new = [sid for sid in ids if sid not in self.cache]
         for i, sid in enumerate(new):
             refusal = self.residency.refusal(pending=i)
+            while refusal is not None and self._reclaim(keep=ids):
+                refusal = self.residency.refusal(pending=i)
             if refusal is not None:
                 raise ModelError(f"{BUSY}: session {sid}: {refusal}")
+        self._detached.difference_update(ids)
         try:
             for sid in new:
                 self._report(self.residency.open(sid))
@@ -208,7 +215,12 @@ class DreamZeroPolicy(PolicyAdapter):
         self._sessions.pop(session_id, None)
         self._pending.pop(session_id, None)
         self._evicted.pop(session_id, None)
+        self._detached.discard(session_id)
         self.residency.close(session_id)        # its blocks, set-aside pages and state
+
+    def detach(self, session_id: str) -> None:
+        if session_id in self.cache:
+            self._detached.add(session_id)
 
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         self._drop_listener = listener
@@ -272,19 +284,33 @@ class DreamZeroPolicy(PolicyAdapter):
         elif cache.is_resident(session_id) and cache.in_flight(session_id):
             cache.abort_chunk(session_id)
 
+    def _reclaim(self, keep: Sequence[str]) -> bool:
+        """Drop the least recently used episode no connection holds (not one of ``keep``), to make
+        room for a new one; reported and refused until reset, as any drop. False: none to drop."""
+        for sid in self.residency.lru_order():
+            if sid in self._detached and sid not in keep:
+                log.info("session %s: dreamzero state reclaimed for a new session (no robot held it)", sid)
+                self.residency.close(sid)
+                self._detached.discard(sid)
+                self._dropped(sid, RECLAIMED_REASON)
+                return True
+        return False
+
     def _report(self, dropped: list[str]) -> None:
         for sid in dropped:          # Residency already closed each one (``_dropped``)
             log.info("session %s: dreamzero state dropped (device and host memory for sessions are full)", sid)
 
-    def _dropped(self, session_id: str) -> None:
-        """Residency dropped a session (swap budget full): refused until it is reset."""
+    def _dropped(self, session_id: str, reason: str = EVICTED_REASON) -> None:
+        """Residency dropped a session (swap budget full), or ``_reclaim`` did: refused until it
+        is reset."""
         self._sessions.pop(session_id, None)
         self._pending.pop(session_id, None)
+        self._detached.discard(session_id)
         self._evicted[session_id] = None
         if len(self._evicted) > EVICTED_MEMORY:
             self._evicted.popitem(last=False)
         if self._drop_listener is not None:
-            self._drop_listener(session_id, EVICTED_REASON)
+            self._drop_listener(session_id, reason)
 
     # -- one group of sessions at one window position --------------------------------------------
 

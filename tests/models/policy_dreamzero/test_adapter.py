@@ -12,7 +12,7 @@ import pytest
 from models.base import ModelError
 from models.policy.base import PolicyWork
 from models.policy.dreamzero import load_policy
-from models.policy.dreamzero.adapter import EVICTED_REASON
+from models.policy.dreamzero.adapter import EVICTED_REASON, RECLAIMED_REASON
 from models.policy.dreamzero.config import TINY_DROID
 from models.policy.dreamzero.observation import METADATA
 from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write_tiny_tokenizer
@@ -181,6 +181,34 @@ def test_a_new_session_is_refused_busy_when_device_and_host_are_full(folders):
     policy.drop_session("c")
     step(policy, {"b": (4, 0)})                                 # room again
     assert policy.resident == ("a", "b")
+
+
+def test_a_new_session_reclaims_the_oldest_episode_no_robot_holds(folders):
+    # Robots that start each episode under a new id and never reset: the episodes their robots
+    # left are reclaimed, least recently used first; one a robot still holds never is.
+    policy = load_policy(*folders, sessions=1, host_budget_bytes=0)
+    dropped = []
+    policy.set_drop_listener(lambda sid, why: dropped.append((sid, why)))
+    want = episode(load_policy(*folders, sessions=1), "c", seed=5, calls=2)
+    step(policy, {"a": (3, 0)})
+    with pytest.raises(ModelError, match=r"^busy: session b: "):   # a's robot is still here
+        step(policy, {"b": (4, 0)})
+    policy.detach("a")                                          # a's connection ended
+    policy.detach("nobody")                                     # an id the policy does not hold: nothing
+    for i in range(2):                                          # c's chunks: as in a policy with room
+        np.testing.assert_array_equal(step(policy, {"c": (5, i)})["c"], want[i])
+    assert dropped == [("a", RECLAIMED_REASON)] and policy.resident == ("c",)
+    with pytest.raises(ModelError, match=r"^session a: its state was evicted"):
+        step(policy, {"a": (3, 1)})
+    policy.reset("a")
+    policy.detach("c")
+    step(policy, {"a": (3, 0)})                                 # a starts over, c's room reclaimed
+    assert dropped[-1] == ("c", RECLAIMED_REASON) and policy.resident == ("a",)
+    step(policy, {"a": (3, 1)})                                 # a's next call attaches it again
+    policy.detach("a")
+    step(policy, {"a": (3, 2)})                                 # a call re-attaches a detached episode
+    with pytest.raises(ModelError, match=r"^busy: session d: "):
+        step(policy, {"d": (6, 0)})
 
 
 def test_a_session_dropped_from_the_host_is_reported_and_refused_until_reset(folders):
