@@ -30,19 +30,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import numpy as np
 import torch
 
-from models.base import ModelError
-from models.world.base import KEYS_SCHEMA, WorldAdapter, WorldChunk, WorldGeometry, WorldTick
+from models.world.base import KEYS_SCHEMA, WorldGeometry, WorldTick
+from models.world.block_world import BlockWorld
 from models.world.lingbot.config import VAE_TEMPORAL_STRIDE
 from models.world.lingbot.controls import (ACTIONS_SCHEMA, ACTIONS_TRACK, TRAJECTORY_SCHEMA,
                                            TRAJECTORY_TRACK, TrajectoryBlock, lingbot_reducers)
 from models.world.lingbot.fp8 import fp8_summary
 from models.world.lingbot.options import LingBotOptions
-from models.world.lingbot.pipeline import BlockRequest, LingBotPipeline, NoCapacity
+from models.world.lingbot.pipeline import BlockRequest, LingBotPipeline
 from sessions import TickRequest, default_reducers
 from sessions.reducers import ControlReducer
 
@@ -75,13 +74,11 @@ def latent_keys(actions: Sequence[frozenset[str]], frames_per_block: int) -> lis
     return [frozenset().union(*actions[i * s:(i + 1) * s]) for i in range(frames_per_block)]
 
 
-class LingBotWorld(WorldAdapter):
-    """LingBot-World v2 from a local checkpoint: one 12-frame block per tick."""
+class LingBotWorld(BlockWorld):
+    """LingBot-World v2 from a local checkpoint: one 12-frame block per tick (``BlockWorld``)."""
 
     control_schemas = (KEYS_SCHEMA, ACTIONS_SCHEMA, TRAJECTORY_SCHEMA)
     uses_prompts = True
-    takes_image = True
-    streams_frames = True   # each frame goes to the tick's frame_sink as soon as it is decoded
 
     def __init__(self, pipeline: LingBotPipeline, *, name: str = "lingbot", max_batch: int = 1,
                  checkpoint: str | Path | None = None, trajectory_root: str | Path | None = None,
@@ -137,33 +134,8 @@ class LingBotWorld(WorldAdapter):
         return LingBotTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
                            camera_keys=controls.get(ACTIONS_TRACK), trajectory=controls.get(TRAJECTORY_TRACK))
 
-    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
-        if not works:
-            return []
-        if len({w.session_id for w in works}) != len(works):
-            raise ModelError("a session appears twice in one batch")
-        F = self.geometry.frames_per_chunk
-        p = self.pipeline
-        for w in works:
-            if len(w.actions) != F:
-                raise ModelError(f"session {w.session_id}: {len(w.actions)} key sets for {F} frames")
-            if w.chunk_index > 0 and w.session_id not in p.sessions:
-                raise ModelError(f"session {w.session_id}: no world to continue; start at chunk 0")
-        try:
-            for w in works:
-                if w.chunk_index == 0 and not p.at_start(w.session_id):
-                    p.close(w.session_id)
-                    p.open(w.session_id, w.prompt or "", image=w.image, seed=w.seed)
-            frames = p.run([self._request(w) for w in works])
-        except (NoCapacity, ValueError) as e:
-            raise ModelError(str(e)) from e
-        out = []
-        for w, f in zip(works, frames):
-            if len(f) < F:  # a session's first block: hold its first frame
-                f = (np.concatenate([np.repeat(f[:1], F - len(f), 0), f]) if isinstance(f, np.ndarray)
-                     else torch.cat([f[:1].expand(F - len(f), *f.shape[1:]), f]))
-            out.append(WorldChunk.answering(w, f))
-        return out
+    def _open(self, w: WorldTick) -> None:
+        self.pipeline.open(w.session_id, w.prompt or "", image=w.image, seed=w.seed)
 
     def _request(self, w: WorldTick) -> BlockRequest:
         keys = latent_keys(w.actions, self.frames_per_block)
@@ -171,33 +143,8 @@ class LingBotWorld(WorldAdapter):
         if camera_keys:
             keys = [a | b for a, b in zip(keys, camera_keys)]
         _, trajectory = block_controls(None, getattr(w, "trajectory", None))
+        # A first block's frames are short of a chunk by as many as ``generate`` holds.
+        pad = (self.geometry.frames_per_chunk - self.pipeline.decoder.output_frames(0, self.frames_per_block)
+               if w.chunk_index == 0 else 0)
         return BlockRequest(w.session_id, prompt=w.prompt, keys=keys, trajectory=trajectory,
-                            on_frame=self._on_frame(w))
-
-    def _on_frame(self, w: WorldTick) -> Callable[[int, np.ndarray], None] | None:
-        """The tick's frame sink at chunk indexes: a first block's first frame is also the
-        held frames before it (see ``generate``), so the rest move up by as many."""
-        sink = w.frame_sink
-        if sink is None:
-            return None
-        F = self.geometry.frames_per_chunk
-        pad = F - self.pipeline.decoder.output_frames(0, self.frames_per_block) if w.chunk_index == 0 else 0
-
-        def on_frame(i: int, frame: np.ndarray) -> None:
-            if pad and i == 0:
-                sink(0, np.repeat(frame, pad + 1, 0))
-            else:
-                sink(i + pad, frame)
-        return on_frame
-
-    def end_tick(self, session_id: str, committed: bool) -> None:
-        self.pipeline.end(session_id, committed)
-
-    def drop_session(self, session_id: str) -> None:
-        self.pipeline.close(session_id)
-
-    def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
-        # kv residency drops a session only when the host budget for swapped sessions is full;
-        # its next tick (chunk > 0) is then refused until it is reset.
-        self.pipeline.on_drop = lambda sid: listener(
-            sid, "KV and decode state dropped: device and host memory for sessions are full")
+                            on_frame=self._on_frame(w, pad))

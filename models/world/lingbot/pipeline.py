@@ -57,7 +57,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from kv import Residency, ResidencyError
+from models.world.block_world import BlockPipeline, NoCapacity
 from models.world.lingbot.attention import BlockKV, write_text
 from models.world.lingbot.cache import TEXT_TOKENS, kv_geometry, make_cache
 from models.world.lingbot.camera import CameraState, advance
@@ -83,8 +83,8 @@ CONDITION_LATENTS = 30
 HOST_BUDGET_BYTES = 64 << 30
 
 
-class NoCapacity(RuntimeError):
-    """The kv pool has no room for this block now; nothing changed."""
+__all__ = ["CONDITION_LATENTS", "DEFAULT_SIZE", "DMD_TIMESTEPS", "HOST_BUDGET_BYTES", "NOISE_DRAWS", "BlockRequest",
+           "LingBotPipeline", "NoCapacity", "SessionState", "denoising_timesteps", "shifted_sigma"]
 
 
 def denoising_timesteps(steps: int) -> tuple[float, ...]:
@@ -129,8 +129,11 @@ class BlockRequest:
     on_frame: Callable[[int, np.ndarray], None] | None = field(default=None, compare=False)
 
 
-class LingBotPipeline:
-    """The model's parts and a kv pool; sessions keyed by id. One owner thread calls it."""
+class LingBotPipeline(BlockPipeline[SessionState, SessionState]):
+    """The model's parts and a kv pool; sessions keyed by id (``BlockPipeline``). One owner
+    thread calls it."""
+
+    name = "lingbot"
 
     def __init__(self, components: Components, *, height: int = DEFAULT_SIZE[0],
                  width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
@@ -164,12 +167,7 @@ class LingBotPipeline:
         self.model.sequence_parallel = sequence_parallel
         if sequence_parallel is not None:
             self.geometry = per_rank_geometry(self.geometry, sequence_parallel.size)
-        self.cache = make_cache(self.geometry, max_sessions, self.device)
-        self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
-        self.sessions: dict[str, SessionState] = {}
-        self._pending: dict[str, SessionState] = {}   # blocks run but not yet ended
-        # Called with a session id whose state the residency dropped (host budget full).
-        self.on_drop: Callable[[str], None] | None = None
+        super().__init__(make_cache(self.geometry, max_sessions, self.device), host_budget_bytes)
         # run() returns each block's frames as a uint8 tensor on the device instead of numpy:
         # the world base then copies a batch to the host at once, and the server may encode
         # jpeg there first (realtime/media.py, DeviceJpeg). The adapter turns it on for CUDA.
@@ -204,12 +202,7 @@ class LingBotPipeline:
     @torch.no_grad()
     def open(self, session_id: str, prompt: str, image: np.ndarray | None = None, seed: int = 0) -> None:
         """Start a session: encode its prompt (once) and its first image, if any."""
-        if session_id in self.sessions:
-            raise ValueError(f"session {session_id!r} is already open")
-        try:
-            self.residency.open(session_id)   # may swap the least recently ticked idle session out
-        except ResidencyError as e:
-            raise NoCapacity(f"no kv slot for session {session_id!r}: {e}") from None
+        self._open_slot(session_id)
         try:
             self.residency.attach_state(session_id, self.decoder.new_state(1, *self.latent_hw, self.device))
             self._build_text(session_id, prompt)
@@ -222,38 +215,9 @@ class LingBotPipeline:
                                                  text_builds=1)
         log.info("lingbot session=%s opened (%s)", session_id, "image" if image is not None else "text only")
 
-    def at_start(self, session_id: str) -> bool:
-        """Whether the session is open with no block made (just opened or reset)."""
-        s = self.sessions.get(session_id)
-        return s is not None and s.blocks == 0 and session_id not in self._pending
-
-    @torch.no_grad()
-    def reset(self, session_id: str, seed: int | None = None) -> None:
-        """Back to the first frame with the same prompt and image (text K/V kept), and the
-        noise of ``seed`` (None: the session's seed so far)."""
-        if self._pending.pop(session_id, None) is not None:
-            self.cache.abort_chunk(session_id)
-        s = self.sessions[session_id]
-        self.residency.reset(session_id, keep_cross=True)
-        self._decode_state(session_id).reset()
-        self.sessions[session_id] = replace(s, camera=CameraState(), blocks=0,
-                                            seed=s.seed if seed is None else int64_bits(seed))
-
-    @torch.no_grad()
-    def close(self, session_id: str) -> None:
-        """Forget the session and free its kv and decode state. Idempotent."""
-        if self._pending.pop(session_id, None) is not None and session_id in self.cache:
-            self.cache.abort_chunk(session_id)
-        self.sessions.pop(session_id, None)
-        self.residency.close(session_id)
-
-    def _dropped(self, session_id: str) -> None:
-        # Residency closed the session's kv and freed its state (host budget full).
-        log.warning("lingbot session=%s dropped by kv residency", session_id)
-        self._pending.pop(session_id, None)
-        self.sessions.pop(session_id, None)
-        if self.on_drop is not None:
-            self.on_drop(session_id)
+    def _restarted(self, session: SessionState, seed: int) -> SessionState:
+        """Back to the first frame with the same prompt and image (text K/V kept)."""
+        return replace(session, camera=CameraState(), blocks=0, seed=seed)
 
     def _decode_state(self, session_id: str) -> WanDecodeState:
         state = self.residency.state(session_id)
@@ -268,65 +232,17 @@ class LingBotPipeline:
 
     # -- one block ------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def generate(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
-        """One block for each request's session (distinct), committed: uint8 ``[N, H, W, 3]``."""
-        frames = self.run(requests)
+    def _prepare(self, requests: Sequence[BlockRequest]) -> None:
+        """A changed prompt is rebuilt before the block (the block uses the new text)."""
         for r in requests:
-            self.end(r.session_id, committed=True)
-        return frames
-
-    @torch.no_grad()
-    def run(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
-        """Like ``generate`` but each session's block stays pending until ``end``."""
-        if not requests:
-            return []
-        ids = [r.session_id for r in requests]
-        for sid in ids:
-            if sid in self._pending:
-                raise RuntimeError(f"session {sid!r} already has a block pending")
-        states = [self.sessions[i] for i in ids]
-        # A changed prompt is rebuilt before the block (the block uses the new text).
-        for r, s in zip(requests, states):
+            s = self.sessions[r.session_id]
             if r.prompt is not None and r.prompt != s.prompt:
                 self._build_text(r.session_id, r.prompt)
                 self.sessions[r.session_id] = replace(s, prompt=r.prompt, text_builds=s.text_builds + 1)
-        states = [self.sessions[i] for i in ids]
-        try:
-            self.residency.ensure_resident(ids)   # swaps in (and others out) as needed
-        except ResidencyError as e:
-            raise NoCapacity(str(e)) from None
-        batch = self.cache.begin_batch(ids)
-        if batch is None:
-            raise NoCapacity(f"no kv room for a block of {len(ids)} session(s)")
-        decoded: list[str] = []
-        try:
-            frames, new_states = self._block(requests, states, batch, decoded)
-        except BaseException:
-            self.cache.abort_batch(batch)
-            for sid in decoded:  # a decode state that moved on cannot be rewound
-                self.close(sid)
-            raise
-        for sid, st in zip(ids, new_states):
-            self._pending[sid] = st
-        return frames
 
-    def end(self, session_id: str, committed: bool) -> None:
-        """Keep (``committed``) or drop the session's pending block. Idempotent."""
-        state = self._pending.pop(session_id, None)
-        if state is None:
-            return
-        if committed:
-            self.cache.commit_chunk(session_id)
-            self.sessions[session_id] = state
-        else:
-            # The block was decoded: the decode state is past it and cannot go back.
-            log.info("lingbot session=%s block dropped after decoding: its world is closed", session_id)
-            self.cache.abort_chunk(session_id)
-            self.close(session_id)
-
-    def _block(self, requests, states, batch, decoded: list[str]):
+    def _block(self, requests, batch, decoded: list[str]):
         F, (h, w) = self.cfg.num_frames_per_block, self.latent_hw
+        states = [self.sessions[r.session_id] for r in requests]
         kv = BlockKV(self.cache, batch)
         starts = batch.start_frames
         cams, conds, cam_states = [], [], []
@@ -351,7 +267,7 @@ class LingBotPipeline:
             return normal(seeds, first + i, (z, F, h, w))
 
         x0 = self._denoise(noise, cond, camera, kv, len(requests))
-        frames, new_states = [], []
+        frames, pending = [], {}
         for row, (r, s, cs) in enumerate(zip(requests, states, cam_states)):
             z = self.block_decoder.prepare(x0[row:row + 1].float())
             decoded.append(r.session_id)
@@ -369,8 +285,8 @@ class LingBotPipeline:
                     r.on_frame(i, px)
                     pixels.append(px)
                 frames.append(np.concatenate(pixels))
-            new_states.append(replace(s, camera=cs, blocks=s.blocks + 1))
-        return frames, new_states
+            pending[r.session_id] = replace(s, camera=cs, blocks=s.blocks + 1)
+        return frames, pending
 
     def _denoise(self, noise: Callable[[int], torch.Tensor], cond: torch.Tensor, camera: torch.Tensor,
                  kv: BlockKV, rows: int) -> torch.Tensor:

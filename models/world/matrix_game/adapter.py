@@ -26,16 +26,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
-import numpy as np
-
-from models.base import ModelError
-from models.world.base import KEYS_SCHEMA, WorldAdapter, WorldChunk, WorldGeometry, WorldTick
+from models.world.base import KEYS_SCHEMA, WorldGeometry, WorldTick
+from models.world.block_world import BlockWorld
 from models.world.matrix_game.config import FRAMES_PER_BLOCK, VAE_TEMPORAL_STRIDE
 from models.world.matrix_game.controls import (MouseReducer, VariantKeysReducer, keyboard_vectors,
                                                mouse_vectors, variant_keys)
-from models.world.matrix_game.pipeline import BlockRequest, MatrixGamePipeline, NoCapacity
+from models.world.matrix_game.pipeline import BlockRequest, MatrixGamePipeline
 from protocols.mouse_v1 import MOUSE_SCHEMA, MOUSE_TRACK
 from sessions import TickRequest
 from sessions.reducers import ControlReducer
@@ -52,11 +50,8 @@ class MatrixGameTick(WorldTick):
     mouse: tuple[tuple[float, float], ...] | None = None
 
 
-class MatrixGameWorld(WorldAdapter):
-    """Matrix-Game 2.0 from a local checkpoint: one 12-frame block per tick."""
-
-    takes_image = True
-    streams_frames = True
+class MatrixGameWorld(BlockWorld):
+    """Matrix-Game 2.0 from a local checkpoint: one 12-frame block per tick (``BlockWorld``)."""
 
     def __init__(self, pipeline: MatrixGamePipeline, *, name: str = "matrix-game", max_batch: int = 1,
                  checkpoint: str | Path | None = None) -> None:
@@ -104,32 +99,8 @@ class MatrixGameWorld(WorldAdapter):
         return MatrixGameTick(**{f: getattr(base, f) for f in WorldTick.__dataclass_fields__},
                               mouse=request.controls.get(MOUSE_TRACK))
 
-    def generate(self, works: Sequence[WorldTick]) -> list[WorldChunk]:
-        if not works:
-            return []
-        if len({w.session_id for w in works}) != len(works):
-            raise ModelError("a session appears twice in one batch")
-        F = self.geometry.frames_per_chunk
-        p = self.pipeline
-        for w in works:
-            if len(w.actions) != F:
-                raise ModelError(f"session {w.session_id}: {len(w.actions)} key sets for {F} frames")
-            if w.chunk_index > 0 and w.session_id not in p.sessions:
-                raise ModelError(f"session {w.session_id}: no world to continue; start at chunk 0")
-        try:
-            for w in works:
-                if w.chunk_index == 0 and not p.at_start(w.session_id):
-                    p.close(w.session_id)
-                    p.open(w.session_id, image=w.image, seed=w.seed)
-            frames = p.run([self._request(w) for w in works])
-        except (NoCapacity, ValueError) as e:
-            raise ModelError(str(e)) from e
-        out = []
-        for w, f in zip(works, frames):
-            if len(f) < F:   # a session's first block: hold its first frame
-                f = np.concatenate([np.repeat(f[:1], F - len(f), 0), f])
-            out.append(WorldChunk.answering(w, f))
-        return out
+    def _open(self, w: WorldTick) -> None:
+        self.pipeline.open(w.session_id, image=w.image, seed=w.seed)
 
     def _request(self, w: WorldTick) -> BlockRequest:
         """The block's per-video-frame actions: a first block makes 9 frames, shown after 3
@@ -144,27 +115,3 @@ class MatrixGameWorld(WorldAdapter):
             deltas = getattr(w, "mouse", None)
             mouse = mouse_vectors(self.variant, actions, None if deltas is None else deltas[skip:])
         return BlockRequest(w.session_id, keyboard, mouse, on_frame=self._on_frame(w, skip))
-
-    def _on_frame(self, w: WorldTick, pad: int) -> Callable[[int, np.ndarray], None] | None:
-        """The tick's frame sink at chunk indexes: a first block's first frame is also the
-        held frames before it, so the rest move up by as many."""
-        sink = w.frame_sink
-        if sink is None:
-            return None
-
-        def on_frame(i: int, frame: np.ndarray) -> None:
-            if pad and i == 0:
-                sink(0, np.repeat(frame, pad + 1, 0))
-            else:
-                sink(i + pad, frame)
-        return on_frame
-
-    def end_tick(self, session_id: str, committed: bool) -> None:
-        self.pipeline.end(session_id, committed)
-
-    def drop_session(self, session_id: str) -> None:
-        self.pipeline.close(session_id)
-
-    def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
-        self.pipeline.on_drop = lambda sid: listener(
-            sid, "KV and decoder state dropped: device and host memory for sessions are full")

@@ -41,7 +41,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from kv import KVGeometry, Residency, ResidencyError
+from kv import KVGeometry
+from models.world.block_world import BlockPipeline, NoCapacity
 from models.world.matrix_game.attention import PagedBlock
 from models.world.matrix_game.cache import ActionCache, SessionState, kv_geometry, make_cache
 from models.world.matrix_game.config import (FRAMES_PER_BLOCK, MASK_CHANNELS, VAE_SPATIAL_STRIDE,
@@ -62,8 +63,8 @@ HOST_BUDGET_BYTES = 32 << 30
 WINDOW = 12
 
 
-class NoCapacity(RuntimeError):
-    """The kv pool has no room for this block now; nothing changed."""
+__all__ = ["CONDITION_LATENTS", "DEFAULT_SIZE", "HOST_BUDGET_BYTES", "WINDOW", "BlockRequest", "MatrixGamePipeline",
+           "NoCapacity", "Session", "condition_at", "default_image", "session_geometry"]
 
 
 def session_geometry(dit: MatrixGameDiT, vae: Any, clip: Any, height: int, width: int,
@@ -111,8 +112,11 @@ class BlockRequest:
     on_frame: Callable[[int, np.ndarray], None] | None = field(default=None, compare=False)
 
 
-class MatrixGamePipeline:
-    """The model's parts and a kv pool; sessions keyed by id. One owner thread calls it."""
+class MatrixGamePipeline(BlockPipeline[Session, tuple[Session, list[torch.Tensor]]]):
+    """The model's parts and a kv pool; sessions keyed by id (``BlockPipeline``). One owner
+    thread calls it."""
+
+    name = "matrix-game"
 
     def __init__(self, dit: MatrixGameDiT, variant: Variant, vae: Any, clip: Any, *,
                  height: int = DEFAULT_SIZE[0], width: int = DEFAULT_SIZE[1], max_sessions: int = 1,
@@ -136,12 +140,8 @@ class MatrixGamePipeline:
         self.tokens_per_frame = dit.tokens_per_frame(*self.latent_hw)
         self.actions = ActionCache(cfg, self.tokens_per_frame)
         self.geometry = session_geometry(dit, vae, clip, height, width, taehv)
-        self.cache = make_cache(self.geometry, max_sessions, self.device)
-        self.residency = Residency(self.cache, host_budget_bytes=host_budget_bytes, on_drop=self._dropped)
-        self.sessions: dict[str, Session] = {}
-        self._pending: dict[str, tuple[Session, list[torch.Tensor]]] = {}
+        super().__init__(make_cache(self.geometry, max_sessions, self.device), host_budget_bytes)
         self._admitted: set[str] = set()   # admitted at create, not opened by a block yet
-        self.on_drop: Callable[[str], None] | None = None
 
     @property
     def passes_per_block(self) -> int:
@@ -165,16 +165,11 @@ class MatrixGamePipeline:
     @torch.no_grad()
     def open(self, session_id: str, image: np.ndarray | None = None, seed: int = 0) -> None:
         """Start a session from its first image (None: ``default_image`` of its seed)."""
-        if session_id in self.sessions:
-            raise ValueError(f"session {session_id!r} is already open")
         if image is None:
             image = default_image(seed, self.height, self.width)
         if image.shape != (self.height, self.width, 3) or image.dtype != np.uint8:
             raise ValueError(f"image must be uint8 [{self.height}, {self.width}, 3], got {image.dtype} {image.shape}")
-        try:
-            self.residency.open(session_id)
-        except ResidencyError as e:
-            raise NoCapacity(f"no kv slot for session {session_id!r}: {e}") from None
+        self._open_slot(session_id)
         try:
             decode = self.decoder.new_state(1, *self.latent_hw, self.device)
             self.residency.attach_state(session_id, SessionState(decode, self.actions.new(self.device, self.dtype)))
@@ -216,36 +211,13 @@ class MatrixGamePipeline:
         mean, std = self._stats(x)
         return (x * std + mean).to(next(self.vae.parameters()).dtype)
 
-    def at_start(self, session_id: str) -> bool:
-        """Whether the session is open with no block made (just opened or reset)."""
-        s = self.sessions.get(session_id)
-        return s is not None and s.blocks == 0 and session_id not in self._pending
+    def _restarted(self, session: Session, seed: int) -> Session:
+        """Back to the first frame with the same image (CLIP K/V kept)."""
+        return Session(condition=session.condition, seed=seed)
 
-    @torch.no_grad()
-    def reset(self, session_id: str, seed: int | None = None) -> None:
-        """Back to the first frame with the same image (CLIP K/V kept); ``seed`` None keeps it."""
-        if self._pending.pop(session_id, None) is not None:
-            self.cache.abort_chunk(session_id)
-        s = self.sessions[session_id]
-        self.residency.reset(session_id, keep_cross=True)
-        self._state(session_id).reset()
-        self.sessions[session_id] = Session(condition=s.condition, seed=s.seed if seed is None else int64_bits(seed))
-
-    @torch.no_grad()
     def close(self, session_id: str) -> None:
-        """Forget the session and free its kv and state. Idempotent."""
-        if self._pending.pop(session_id, None) is not None and session_id in self.cache:
-            self.cache.abort_chunk(session_id)
-        self.sessions.pop(session_id, None)
+        super().close(session_id)
         self._admitted.discard(session_id)
-        self.residency.close(session_id)
-
-    def _dropped(self, session_id: str) -> None:
-        log.warning("matrix-game session=%s dropped by kv residency", session_id)
-        self._pending.pop(session_id, None)
-        self.sessions.pop(session_id, None)
-        if self.on_drop is not None:
-            self.on_drop(session_id)
 
     def _state(self, session_id: str) -> SessionState:
         state = self.residency.state(session_id)
@@ -258,60 +230,11 @@ class MatrixGamePipeline:
         """Video frames the session's next block makes (and takes actions for): 9, then 12."""
         return self.decoder.output_frames(self.sessions[session_id].blocks * FRAMES_PER_BLOCK, FRAMES_PER_BLOCK)
 
-    @torch.no_grad()
-    def generate(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
-        """One block for each request's session (distinct), committed: uint8 ``[T, H, W, 3]``."""
-        frames = self.run(requests)
-        for r in requests:
-            self.end(r.session_id, committed=True)
-        return frames
-
-    @torch.no_grad()
-    def run(self, requests: Sequence[BlockRequest]) -> list[np.ndarray]:
-        """Like ``generate``, but each session's block stays pending until ``end``."""
-        if not requests:
-            return []
-        ids = [r.session_id for r in requests]
-        if len(set(ids)) != len(ids):
-            raise ValueError("a session appears twice in one batch")
-        for sid in ids:
-            if sid not in self.sessions:
-                raise ValueError(f"session {sid!r} is not open")
-            if sid in self._pending:
-                raise RuntimeError(f"session {sid!r} already has a block pending")
-        try:
-            self.residency.ensure_resident(ids)
-        except ResidencyError as e:
-            raise NoCapacity(str(e)) from None
-        batch = self.cache.begin_batch(ids)
-        if batch is None:
-            raise NoCapacity(f"no kv room for a block of {len(ids)} session(s)")
-        decoded: list[str] = []
-        try:
-            frames, pending = self._block(requests, batch, decoded)
-        except BaseException:
-            self.cache.abort_batch(batch)
-            for sid in decoded:   # a decoder state that moved on cannot be rewound
-                self.close(sid)
-            raise
-        self._pending.update(pending)
-        return frames
-
-    def end(self, session_id: str, committed: bool) -> None:
-        """Keep (``committed``) or drop the session's pending block. Idempotent."""
-        pending = self._pending.pop(session_id, None)
-        if pending is None:
-            return
+    def _commit(self, session_id: str, pending: tuple[Session, list[torch.Tensor]]) -> None:
         session, actions = pending
-        if committed:
-            self.cache.commit_chunk(session_id)
-            for dst, src in zip(self._state(session_id).actions.tensors, actions):
-                dst.copy_(src)
-            self.sessions[session_id] = session
-        else:
-            log.info("matrix-game session=%s block dropped after decoding: its world is closed", session_id)
-            self.cache.abort_chunk(session_id)
-            self.close(session_id)
+        for dst, src in zip(self._state(session_id).actions.tensors, actions):
+            dst.copy_(src)
+        self.sessions[session_id] = session
 
     def _actions(self, s: Session, r: BlockRequest, start: int) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                           torch.Tensor, torch.Tensor | None]:
