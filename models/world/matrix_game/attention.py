@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,13 +61,7 @@ class PagedBlock:
         j = self.layout.layer_index[layer]
         out = torch.empty_like(q)
         R, S, Fr, H, D = q.shape
-        for held, rows in self.groups.items():
-            idx = torch.tensor(rows, device=q.device)
-            kb, vb = k.index_select(0, idx), v.index_select(0, idx)
-            if held:
-                past = torch.stack([self.states[r].mouse[j] for r in rows])          # [g, 2, S, T, H, D]
-                past = past[:, :, :, past.shape[3] - held:].to(kb.dtype)
-                kb, vb = torch.cat([past[:, 0], kb], 2), torch.cat([past[:, 1], vb], 2)
+        for rows, idx, kb, vb in self._after_held("mouse", j, k, v, axis=2):   # past: [g, 2, S, T, H, D]
             g = len(rows)
             o = _attend(q.index_select(0, idx).flatten(0, 1), kb.flatten(0, 1), vb.flatten(0, 1))
             out.index_copy_(0, idx, o.view(g, S, Fr, H, D))
@@ -79,13 +73,7 @@ class PagedBlock:
         j = self.layout.layer_index[layer]
         out = torch.empty_like(q)
         R, S, Fr, H, D = q.shape
-        for held, rows in self.groups.items():
-            idx = torch.tensor(rows, device=q.device)
-            kb, vb = k.index_select(0, idx), v.index_select(0, idx)
-            if held:
-                past = torch.stack([self.states[r].keyboard[j] for r in rows])       # [g, 2, T, H, D]
-                past = past[:, :, past.shape[2] - held:].to(kb.dtype)
-                kb, vb = torch.cat([past[:, 0], kb], 1), torch.cat([past[:, 1], vb], 1)
+        for rows, idx, kb, vb in self._after_held("keyboard", j, k, v, axis=1):   # past: [g, 2, T, H, D]
             g = len(rows)
             # One key per frame, shared by the S x F queries of the row.
             o = _attend(q.index_select(0, idx).reshape(g, S * Fr, H, D), kb, vb)
@@ -93,6 +81,20 @@ class PagedBlock:
             if self.commit:
                 self._keep(rows, j, 1, kb, vb, 1)
         return out
+
+    def _after_held(self, cache: str, j: int, k: torch.Tensor, v: torch.Tensor, axis: int
+                    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per group of rows that hold as many past frames: the rows, their indexes, and their
+        block K/V (frames on ``axis``) after the held frames of action layer ``j``'s ``cache``
+        (``mouse`` or ``keyboard``: ``[2, ...]``, frames on ``axis``)."""
+        for held, rows in self.groups.items():
+            idx = torch.tensor(rows, device=k.device)
+            kb, vb = k.index_select(0, idx), v.index_select(0, idx)
+            if held:
+                past = torch.stack([getattr(self.states[r], cache)[j] for r in rows])   # [g, 2, ...]
+                past = past.narrow(axis + 1, past.shape[axis + 1] - held, held).to(kb.dtype)
+                kb, vb = torch.cat([past[:, 0], kb], axis), torch.cat([past[:, 1], vb], axis)
+            yield rows, idx, kb, vb
 
     def _keep(self, rows: list[int], j: int, which: int, kb: torch.Tensor, vb: torch.Tensor, axis: int) -> None:
         """The last ``action_frames`` frames of held + block, left-padded with zeros while young."""
