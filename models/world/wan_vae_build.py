@@ -41,36 +41,37 @@ def _middle(prefix: str) -> list[str]:
             + _residual(f"{prefix}.middle.2", False))
 
 
+def _stages(prefix: str, dims: list[int], res_blocks: int, temporal: tuple[bool, ...],
+            halved: tuple[int, ...] = ()) -> list[str]:
+    """A stack of stages (``encoder.downsamples``, ``decoder.upsamples``), numbered on through
+    it: stage ``s`` is ``res_blocks`` residual blocks from ``dims[s]`` to ``dims[s + 1]``
+    channels (half the first for a stage in ``halved``), then, but after the last stage, a
+    resample (with a time conv where ``temporal[s]``)."""
+    names: list[str] = []
+    i = 0
+    for stage, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        a = a // 2 if stage in halved else a
+        for r in range(res_blocks):
+            names += _residual(f"{prefix}.{i}", r == 0 and a != b)
+            i += 1
+        if stage != len(DIM_MULT) - 1:
+            names += [f"{prefix}.{i}.resample.1.weight", f"{prefix}.{i}.resample.1.bias"]
+            if temporal[stage]:
+                names += [f"{prefix}.{i}.time_conv.weight", f"{prefix}.{i}.time_conv.bias"]
+            i += 1
+    return names
+
+
 def wan_vae_names() -> list[str]:
     """The original Wan2.1 VAE tensor names (Wan's ``VideoVAE_``: encoder, decoder, conv1, conv2)."""
     names = ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
              "encoder.conv1.weight", "encoder.conv1.bias"]
-    dims = [1, *DIM_MULT]
-    i = 0
-    for stage, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        for r in range(NUM_RES_BLOCKS):
-            names += _residual(f"encoder.downsamples.{i}", r == 0 and a != b)
-            i += 1
-        if stage != len(DIM_MULT) - 1:
-            names += [f"encoder.downsamples.{i}.resample.1.weight", f"encoder.downsamples.{i}.resample.1.bias"]
-            if TEMPORAL_DOWNSAMPLE[stage]:
-                names += [f"encoder.downsamples.{i}.time_conv.weight", f"encoder.downsamples.{i}.time_conv.bias"]
-            i += 1
+    names += _stages("encoder.downsamples", [1, *DIM_MULT], NUM_RES_BLOCKS, TEMPORAL_DOWNSAMPLE)
     names += _middle("encoder") + ["encoder.head.0.gamma", "encoder.head.2.weight", "encoder.head.2.bias"]
     names += ["decoder.conv1.weight", "decoder.conv1.bias"] + _middle("decoder")
-    dims = [DIM_MULT[-1], *DIM_MULT[::-1]]
-    upsample = TEMPORAL_DOWNSAMPLE[::-1]
-    i = 0
-    for stage, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        a = a // 2 if stage in (1, 2, 3) else a     # an upsample halves the channels before
-        for r in range(NUM_RES_BLOCKS + 1):
-            names += _residual(f"decoder.upsamples.{i}", r == 0 and a != b)
-            i += 1
-        if stage != len(DIM_MULT) - 1:
-            names += [f"decoder.upsamples.{i}.resample.1.weight", f"decoder.upsamples.{i}.resample.1.bias"]
-            if upsample[stage]:
-                names += [f"decoder.upsamples.{i}.time_conv.weight", f"decoder.upsamples.{i}.time_conv.bias"]
-            i += 1
+    # An upsample halves the channels before the next stage; the decoder has one more block a stage.
+    names += _stages("decoder.upsamples", [DIM_MULT[-1], *DIM_MULT[::-1]], NUM_RES_BLOCKS + 1,
+                     TEMPORAL_DOWNSAMPLE[::-1], halved=(1, 2, 3))
     names += ["decoder.head.0.gamma", "decoder.head.2.weight", "decoder.head.2.bias"]
     return names
 
