@@ -52,10 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import io
 import json
-import os
-import platform
 import random
 import resource
 import statistics
@@ -70,11 +67,11 @@ import numpy as np
 import torch
 
 from bench.report import emit
+from bench.world.harness import GIB, BenchArguments, Sections, WorldStream, first_image, machine, med, serving, sync
 from bench.world.lingbot_ab import DEFAULT_VARIANTS
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("attention", "bare", "served", "ttff", "sessions", "swap", "kv")
-GIB = 1 << 30
 START = time.perf_counter()
 
 
@@ -82,34 +79,19 @@ def log(msg: str) -> None:
     print(f"[bench_lingbot {time.perf_counter() - START:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def med(xs: list[float]) -> float | None:
-    return round(statistics.median(xs), 3) if xs else None
-
-
 # ------------------------------------------------------------------ environment
 def environment(device: torch.device) -> dict[str, Any]:
     import diffusers
     import transformers
 
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "diffusers": diffusers.__version__, "transformers": transformers.__version__,
-                           "platform": platform.platform(), "cpu_count": os.cpu_count(),
-                           "host_memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)}
+    env = {**machine(device), "torch": torch.__version__, "diffusers": diffusers.__version__,
+           "transformers": transformers.__version__}
     try:
         import triton
 
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / GIB, 1), sm_count=p.multi_processor_count,
-                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
     return env
 
 
@@ -431,39 +413,21 @@ class ChunkArrival:
     frames: list[bytes] = dataclasses.field(default_factory=list, repr=False)
 
 
-class Stream:
+class Stream(WorldStream):
     """One world.v1 session on its own websocket; a reader task timestamps every chunk's
     header and frames as they arrive."""
 
     def __init__(self, ws: Any, sid: str) -> None:
-        self.ws, self.sid = ws, sid
         self.stream_frames = False
         self._partial: dict[str, ChunkArrival] = {}   # streamed frames of chunks not committed yet
-        self.chunks: asyncio.Queue[ChunkArrival] = asyncio.Queue()
-        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.event_id = 0
-        self.granted = 0
         self.received = 0
-        self._reader = asyncio.create_task(self._read())
+        super().__init__(ws, sid)
 
     @classmethod
     async def open(cls, url: str, sid: str, image: bytes | None, credits: int, seed: int,
                    stream_frames: bool = False) -> "Stream":
-        import websockets
-
-        from protocols import world_v1 as wire
-
-        ws = await websockets.connect(url, max_size=None)
-        s = cls(ws, sid)
-        spec = wire.ImageSpec("png", len(image)) if image is not None else None
-        await ws.send(json.dumps(wire.CreateRequest(sid, model="lingbot", prompt="a stone cave", seed=seed,
-                                                    format="rgb8", credits=credits, image=spec,
-                                                    stream_frames=stream_frames).to_wire()))
-        if image is not None:
-            await ws.send(image)
-        created = await s.expect("session.created", timeout=600)
-        s.granted = credits
-        s.created = created
+        s = await cls.create(url, sid, image, model="lingbot", prompt="a stone cave", seed=seed, format="rgb8",
+                             credits=credits, stream_frames=stream_frames)
         s.stream_frames = stream_frames
         return s
 
@@ -503,28 +467,11 @@ class Stream:
         except websockets.ConnectionClosed:
             pass
 
-    async def expect(self, kind: str, timeout: float = 120.0) -> dict[str, Any]:
-        msg = await asyncio.wait_for(self.messages.get(), timeout)
-        if msg.get("type") != kind:
-            raise RuntimeError(f"session {self.sid}: expected {kind}, got {msg}")
-        return msg
-
-    async def credit(self, n: int = 1) -> None:
-        self.granted += n
-        await self.ws.send(json.dumps({"type": "credit", "chunks": n}))
-
     async def press(self, keys: list[str]) -> tuple[int, float]:
         """Send a keys.v1 event; returns its id and when it was sent (not waiting for the answer)."""
         from protocols import world_v1 as wire
 
-        self.event_id += 1
-        msg = wire.Event(self.event_id, controls=(wire.keys_control({"mode": "state", "held": keys}),))
-        t = time.perf_counter()
-        await self.ws.send(json.dumps(msg.to_wire()))
-        return self.event_id, t
-
-    async def next_chunk(self, timeout: float = 600.0) -> ChunkArrival:
-        return await asyncio.wait_for(self.chunks.get(), timeout)
+        return await self.send_event(wire.keys_control({"mode": "state", "held": keys}))
 
     async def drain(self) -> list[ChunkArrival]:
         """Receive every chunk already granted, so the session is idle (no credit left)."""
@@ -532,17 +479,6 @@ class Stream:
         while self.received < self.granted or not self.chunks.empty():
             got.append(await self.next_chunk())
         return got
-
-    async def close(self) -> None:
-        try:
-            await self.ws.send(json.dumps({"type": "session.close"}))
-            while True:
-                msg = await asyncio.wait_for(self.messages.get(), 120)
-                if msg.get("type") == "session.closed":
-                    break
-        finally:
-            await self.ws.close()
-            self._reader.cancel()
 
 
 async def stream_chunks(s: Stream, n: int, lead: int) -> list[ChunkArrival]:
@@ -596,15 +532,6 @@ def ttff_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def periods(arrivals: list[ChunkArrival]) -> list[float]:
     return [1e3 * (b.t_header - a.t_header) for a, b in zip(arrivals, arrivals[1:])]
-
-
-def first_image(height: int, width: int) -> bytes:
-    from PIL import Image
-
-    rgb = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, "PNG")
-    return buf.getvalue()
 
 
 # ------------------------------------------------------------------ served sections
@@ -890,13 +817,7 @@ def main_ab(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="the tiny checkpoint's sizes (CPU smoke test)")
-    ap.add_argument("--height", type=int, default=None, help="default 480 (32 with --tiny)")
-    ap.add_argument("--width", type=int, default=None, help="default 832 (32 with --tiny)")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    ap = BenchArguments(__doc__, SECTIONS, size=(480, 832), tiny=(32, 32))
     ap.add_argument("--warmup-ticks", type=int, default=6,
                     help="ticks before timing: 5 blocks fill the sink and window, the 6th is the first "
                          "at the steady shape (auto attention tunes once per shape)")
@@ -921,12 +842,7 @@ def main() -> None:
     ap.add_argument("--bandwidth-gib", type=int, default=4)
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip a section that would start after this")
     args = ap.parse_args()
-    if args.tiny:
-        args.height, args.width = args.height or 32, args.width or 32
-    else:
-        args.height, args.width = args.height or 480, args.width or 832
     device = torch.device(args.device)
-    want = set(args.only).__contains__
     if args.ab is not None:
         main_ab(args, device)
         return
@@ -942,31 +858,9 @@ def main() -> None:
                     "attention_gather_sdpa_vs_contiguous": "0.93-0.94x"},
         "skipped": {}, "errors": {},
     }
-
-    def save() -> None:
-        result["elapsed_s"] = round(time.perf_counter() - START, 1)
-        emit({k: v for k, v in result.items() if not callable(v)}, args.out, echo=False)
-
-    def budget_ok(name: str) -> bool:
-        if time.perf_counter() - START > args.budget_s:
-            result["skipped"][name] = f"time budget ({args.budget_s:.0f} s) spent"
-            log(f"{name}: skipped (budget)")
-            return False
-        return True
-
-    result["budget_ok"] = budget_ok
-
-    def section(name: str, fn: Callable[[], Any]) -> Any:
-        if not want(name) or not budget_ok(name):
-            return None
-        log(f"{name} ...")
-        try:
-            result[name] = fn()
-        except Exception as e:  # keep the other sections' figures
-            traceback.print_exc()
-            result["errors"][name] = f"{type(e).__name__}: {e}"
-        save()
-        return result.get(name)
+    run = Sections(result, args.out, args.only, args.budget_s, START, log)
+    save, section, want = run.save, run.section, run.want
+    result["budget_ok"] = run.budget_ok
 
     if any(want(s) for s in SECTIONS if s != "attention"):
         log("building the model (random weights on the device) ...")
@@ -984,25 +878,11 @@ def main() -> None:
         # thread's intra-op pool was 5-10x slower than a new thread's for the same tick).
         section("bare", lambda: on_spent_thread(bare, adapter, clock, args, device))
         if any(want(s) for s in ("served", "ttff", "sessions", "swap", "kv")):
-            from realtime.server.app import build_app
-            from realtime.server.config import EngineConfig, ServerConfig, WorldConfig
-            from realtime.server.inventory import Inventory
-            from realtime.server.server import serve_in_thread
-
-            inventory = Inventory()
-            inventory.add(adapter)
-            engine = EngineConfig(device=str(device)) if args.batch_wait_ms is None else \
-                EngineConfig(device=str(device), batch_wait_ms=args.batch_wait_ms)
-            app = build_app(ServerConfig(engine=engine, world=WorldConfig(models=("lingbot",), max_batch=args.max_batch)),
-                            inventory)
-            with serve_in_thread(app) as addr:
+            with serving(adapter, device, args.batch_wait_ms, max_batch=args.max_batch) as (addr, app):
                 log(f"serving on {addr}")
-                try:
-                    asyncio.run(served_sections(f"ws://{addr}/v1/realtime/world", app.state.engine, adapter, clock, args, device,
-                                                result, want, save))
-                except Exception as e:
-                    traceback.print_exc()
-                    result["errors"]["served_sections"] = f"{type(e).__name__}: {e}"
+                run.attempt("served_sections", lambda: asyncio.run(served_sections(
+                    f"ws://{addr}/v1/realtime/world", app.state.engine, adapter, clock, args, device, result, want,
+                    save)))
         result["memory_end"] = memory(device)
         result["memory"] = memory_summary(result, adapter, clock.since(0))
         result["residency_end"] = adapter.pipeline.residency.metrics()

@@ -47,29 +47,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import math
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from bench.machine import cpu_name, package_version
-from bench.report import emit
+from bench.world.harness import GIB, BenchArguments, Sections, WorldStream, first_image, machine, med, serving, sync
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("bare", "served", "ttff", "kv")
-GIB = 1 << 30
 START = time.perf_counter()
 MODEL = "matrix-game"
 GPU_SESSIONS = (1, 2, 4, 8, 16, 32)
@@ -78,15 +72,6 @@ GPU_SERVED_SESSIONS = (1, 2, 4, 8, 16)
 
 def log(msg: str) -> None:
     print(f"[bench_matrix_game {time.perf_counter() - START:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def med(xs: list[float]) -> float | None:
-    return round(statistics.median(xs), 3) if xs else None
 
 
 def p99(xs: list[float]) -> float | None:
@@ -99,17 +84,9 @@ def p99(xs: list[float]) -> float | None:
 
 # ------------------------------------------------------------------ environment
 def environment(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "host_memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
-        "versions": {name: package_version(name) for name in
-                     ("torch", "diffusers", "numpy", "uvicorn", "starlette", "websockets", "triton")}}
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / GIB, 1), sm_count=p.multi_processor_count,
-                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
-    return env
+    return {**machine(device), "cpu": cpu_name(),
+            "versions": {name: package_version(name) for name in
+                         ("torch", "diffusers", "numpy", "uvicorn", "starlette", "websockets", "triton")}}
 
 
 def device_memory(device: torch.device) -> dict[str, int]:
@@ -409,6 +386,19 @@ def kernel_launches(fn: Callable[[], Any], device: torch.device) -> int | None:
     return sum(e.count for e in prof.key_averages() if "LaunchKernel" in e.key)
 
 
+def counts(sessions: list[int], pool: int, out: dict[str, Any], budget_ok: Callable[[str], bool],
+           section: str) -> Iterator[int]:
+    """The session counts a section runs, in order: one the pool cannot hold is noted in
+    ``out["not_run"]`` and passed over; the first that would start past the budget ends them."""
+    for n in sessions:
+        if n > pool:
+            out.setdefault("not_run", {})[str(n)] = f"the pool holds {pool} sessions"
+            continue
+        if not budget_ok(f"{section}[{n}]"):
+            return
+        yield n
+
+
 def bare(adapter: Any, clock: Clock, args: argparse.Namespace, device: torch.device,
          result: dict[str, Any], budget_ok: Callable[[str], bool], save: Callable[[], None]) -> dict[str, Any]:
     flops = transformer_flops(adapter)
@@ -422,12 +412,7 @@ def bare(adapter: Any, clock: Clock, args: argparse.Namespace, device: torch.dev
     until = args.bare_share * args.budget_s
     per_session_round = 0.0
     rounds = 2 * (args.warmup_ticks + args.ticks + 1)
-    for n in args.sessions:
-        if n > pool:
-            out.setdefault("not_run", {})[str(n)] = f"the pool holds {pool} sessions"
-            continue
-        if not budget_ok(f"bare[{n}]"):
-            break
+    for n in counts(args.sessions, pool, out, budget_ok, "bare"):
         forecast = per_session_round * n * rounds
         if time.perf_counter() - START + forecast > until:
             out.setdefault("not_run", {})[str(n)] = (f"forecast {forecast:.0f} s would pass bare's share of the "
@@ -453,35 +438,21 @@ class Arrival:
     frames: int = 0
 
 
-@dataclass
-class Player:
+class Player(WorldStream):
     """One world.v1 session on its own websocket; a reader task timestamps every chunk's
     header and first frame (streamed frames too) as they arrive."""
 
-    ws: Any
-    sid: str
-    chunks: asyncio.Queue = field(default_factory=asyncio.Queue)
-    messages: asyncio.Queue = field(default_factory=asyncio.Queue)
-    event_id: int = 0
-    reader: Any = None
-    _partial: dict[str, Arrival] = field(default_factory=dict)
+    expect_timeout_s = 300.0
+
+    def __init__(self, ws: Any, sid: str) -> None:
+        self._partial: dict[str, Arrival] = {}
+        super().__init__(ws, sid)
 
     @classmethod
     async def open(cls, url: str, sid: str, image: bytes, seed: int, stream_frames: bool = False,
                    fmt: str = "rgb8") -> "Player":
-        import websockets
-
-        from protocols import world_v1 as wire
-
-        ws = await websockets.connect(url, max_size=None)
-        p = cls(ws, sid)
-        p.reader = asyncio.create_task(p._read())
-        await ws.send(json.dumps(wire.CreateRequest(sid, model=MODEL, seed=seed, format=fmt, credits=0,
-                                                    image=wire.ImageSpec("png", len(image)),
-                                                    stream_frames=stream_frames).to_wire()))
-        await ws.send(image)
-        await p.expect("session.created", timeout=600)
-        return p
+        return await cls.create(url, sid, image, model=MODEL, seed=seed, format=fmt, credits=0,
+                                stream_frames=stream_frames)
 
     async def _read(self) -> None:
         import websockets
@@ -511,49 +482,14 @@ class Player:
         except websockets.ConnectionClosed:
             pass
 
-    async def expect(self, kind: str, timeout: float = 300.0) -> dict[str, Any]:
-        msg = await asyncio.wait_for(self.messages.get(), timeout)
-        if msg.get("type") != kind:
-            raise RuntimeError(f"session {self.sid}: expected {kind}, got {msg}")
-        return msg
-
-    async def credit(self, n: int = 1) -> None:
-        await self.ws.send(json.dumps({"type": "credit", "chunks": n}))
-
     async def move(self, keys: list[str], k: int) -> tuple[int, float]:
         """keys.v1 ``keys`` held and a mouse.v1 motion for the next chunk; returns the event's
         id and when it went out (its ``event.accepted`` is read by ``expect``)."""
         from protocols import world_v1 as wire
         from protocols.mouse_v1 import mouse_control
 
-        self.event_id += 1
         deltas = [(0.05 * math.sin(0.3 * (12 * k + i)), 0.02) for i in range(12)]
-        msg = wire.Event(self.event_id, controls=(wire.keys_control({"mode": "state", "held": keys}),
-                                                  mouse_control(deltas)))
-        t = time.perf_counter()
-        await self.ws.send(json.dumps(msg.to_wire()))
-        return self.event_id, t
-
-    async def next_chunk(self, timeout: float = 600.0) -> Arrival:
-        return await asyncio.wait_for(self.chunks.get(), timeout)
-
-    async def close(self) -> None:
-        try:
-            await self.ws.send(json.dumps({"type": "session.close"}))
-            while (await asyncio.wait_for(self.messages.get(), 120)).get("type") != "session.closed":
-                pass
-        finally:
-            await self.ws.close()
-            self.reader.cancel()
-
-
-def first_image(height: int, width: int) -> bytes:
-    from PIL import Image
-
-    rgb = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, "PNG")
-    return buf.getvalue()
+        return await self.send_event(wire.keys_control({"mode": "state", "held": keys}), mouse_control(deltas))
 
 
 async def play(p: Player, warmup: int, n: int, lead: int = 2) -> list[Arrival]:
@@ -635,12 +571,7 @@ def served_sections(url: str, adapter: Any, args: argparse.Namespace, device: to
                                    "goals": {"players_at_25_fps": ">= 6 (TAEHV), >= 3 (Wan VAE)",
                                              "served_over_bare": ">= 0.95 at each count"}}
             result["served"] = out
-            for n in args.served_sessions:
-                if n > pool:
-                    out.setdefault("not_run", {})[str(n)] = f"the pool holds {pool} sessions"
-                    continue
-                if not budget_ok(f"served[{n}]"):
-                    break
+            for n in counts(args.served_sessions, pool, out, budget_ok, "served"):
                 if device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(device)
                 got = clients.apply(players, (url, n, image, args.warmup_ticks, args.ticks + 1, args.format))
@@ -781,14 +712,8 @@ def sessions_list(text: str) -> list[int]:
 def main() -> None:
     global START
     START = time.perf_counter()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="the tiny checkpoint's sizes (CPU smoke test)")
-    ap.add_argument("--height", type=int, default=None, help="default 352 (32 with --tiny)")
-    ap.add_argument("--width", type=int, default=None, help="default 640 (64 with --tiny)")
+    ap = BenchArguments(__doc__, SECTIONS, size=(352, 640), tiny=(32, 64))
     ap.add_argument("--decoder", choices=("wan", "taehv"), default="wan")
-    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     ap.add_argument("--sessions", type=sessions_list, default=None,
                     help="bare session counts, e.g. 1,2,4 (default 1,2,4,8,16,32; 1,2 with --tiny)")
     ap.add_argument("--served-sessions", type=sessions_list, default=None,
@@ -807,16 +732,11 @@ def main() -> None:
     ap.add_argument("--bare-share", type=float, default=0.6,
                     help="bare's share of the budget: a count whose forecast would pass it is not run")
     args = ap.parse_args()
-    if args.tiny:
-        args.height, args.width = args.height or 32, args.width or 64
-    else:
-        args.height, args.width = args.height or 352, args.width or 640
     args.sessions = args.sessions or ([1, 2] if args.tiny else list(GPU_SESSIONS))
     args.served_sessions = args.served_sessions or ([1, 2] if args.tiny else list(GPU_SERVED_SESSIONS))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    want = set(args.only).__contains__
     result: dict[str, Any] = {
         "benchmark": "Matrix-Game 2.0 at full size: N sessions batched vs one at a time, served world.v1 players, "
                      "key press to first frame, KV bytes and capacity (issue 49)",
@@ -824,28 +744,8 @@ def main() -> None:
         "env": environment(device), "device": str(device), "tiny": args.tiny, "decoder": args.decoder,
         "budget_s": args.budget_s, "skipped": {}, "errors": {},
     }
-
-    def save() -> None:
-        result["elapsed_s"] = round(time.perf_counter() - START, 1)
-        emit(result, args.out, echo=False)
-
-    def budget_ok(name: str) -> bool:
-        if time.perf_counter() - START > args.budget_s:
-            result["skipped"][name] = f"time budget ({args.budget_s:.0f} s) spent"
-            log(f"{name}: skipped (budget)")
-            return False
-        return True
-
-    def section(name: str, fn: Callable[[], Any]) -> None:
-        if not want(name) or not budget_ok(name):
-            return
-        log(f"{name} ...")
-        try:
-            result[name] = fn()
-        except Exception as e:  # keep the other sections' figures
-            traceback.print_exc()
-            result["errors"][name] = f"{type(e).__name__}: {e}"
-        save()
+    run = Sections(result, args.out, args.only, args.budget_s, START, log)
+    save, budget_ok, section, want = run.save, run.budget_ok, run.section, run.want
 
     log("building the model (random weights on the device) ...")
     adapter, info = build(args, device)
@@ -862,26 +762,11 @@ def main() -> None:
         for name in served[1:]:
             budget_ok(name)
     elif served:
-        from realtime.server.app import build_app
-        from realtime.server.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
-        from realtime.server.inventory import Inventory
-        from realtime.server.server import serve_in_thread
-
-        inventory = Inventory()
-        inventory.add(adapter)
-        engine = EngineConfig(device=str(device)) if args.batch_wait_ms is None else \
-            EngineConfig(device=str(device), batch_wait_ms=args.batch_wait_ms)
         pool = adapter.pipeline.cache.max_sessions
-        config = ServerConfig(engine=engine, world=WorldConfig(models=(MODEL,), max_batch=pool),
-                              limits=LimitsConfig(max_sessions_per_client=pool + 2))
-        app = build_app(config, inventory)
-        with serve_in_thread(app) as addr:
+        with serving(adapter, device, args.batch_wait_ms, max_batch=pool, max_sessions_per_client=pool + 2) as (addr, _):
             log(f"serving on {addr}")
-            try:
-                served_sections(f"ws://{addr}/v1/realtime/world", adapter, args, device, result, want, budget_ok, save)
-            except Exception as e:
-                traceback.print_exc()
-                result["errors"]["served_sections"] = f"{type(e).__name__}: {e}"
+            run.attempt("served_sections", lambda: served_sections(
+                f"ws://{addr}/v1/realtime/world", adapter, args, device, result, want, budget_ok, save))
     result["residency_end"] = adapter.pipeline.residency.metrics()
     result["memory_end"] = device_memory(device)
     result["summary"] = summary(result)

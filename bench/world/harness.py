@@ -1,0 +1,220 @@
+"""What the block-world benches (``bench_lingbot``, ``bench_matrix_game``) share: device timing,
+a run of sections under a time budget, the model served on loopback, and a world.v1 session
+whose reader timestamps what arrives.
+
+A run's JSON is rewritten when each section ends, so a run cut short (the machine's lease, a
+crash in a later section) still leaves the figures it made; a section that fails records its
+error and the run goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import asyncio
+import io
+import json
+import os
+import platform
+import statistics
+import time
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from bench.report import emit
+
+
+GIB = 1 << 30
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """The host (Python, platform, CPUs, memory) and, on CUDA, the device the run measured."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "host_memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / GIB, 1), sm_count=p.multi_processor_count,
+                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    return env
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def med(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def first_image(height: int, width: int) -> bytes:
+    """A PNG of random colours (seed 0): the first image every bench session sends."""
+    from PIL import Image
+
+    rgb = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, "PNG")
+    return buf.getvalue()
+
+
+class BenchArguments(argparse.ArgumentParser):
+    """The arguments every block-world bench takes (``--out``, ``--device``, ``--tiny``,
+    ``--height``, ``--width``, ``--only``); ``parse_args`` fills in the frame size left out:
+    ``size``, or ``tiny`` with ``--tiny``."""
+
+    def __init__(self, doc: str, sections: Sequence[str], size: tuple[int, int], tiny: tuple[int, int]) -> None:
+        super().__init__(description=doc.splitlines()[0])
+        self.size, self.tiny = size, tiny
+        self.add_argument("--out", required=True)
+        self.add_argument("--device", default="cuda")
+        self.add_argument("--tiny", action="store_true", help="the tiny checkpoint's sizes (CPU smoke test)")
+        self.add_argument("--height", type=int, default=None, help=f"default {size[0]} ({tiny[0]} with --tiny)")
+        self.add_argument("--width", type=int, default=None, help=f"default {size[1]} ({tiny[1]} with --tiny)")
+        self.add_argument("--only", nargs="+", choices=sections, default=list(sections))
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> argparse.Namespace:  # type: ignore[override]
+        out = super().parse_args(*args, **kwargs)
+        height, width = self.tiny if out.tiny else self.size
+        out.height, out.width = out.height or height, out.width or width
+        return out
+
+
+class Sections:
+    """The sections of one run: ``section(name, fn)`` runs ``fn`` when ``name`` is wanted (in
+    ``only``) and the run is within ``budget_s`` of ``start``, puts what it returns (or its
+    error) in ``result`` and rewrites ``out``."""
+
+    def __init__(self, result: dict[str, Any], out: str, only: Sequence[str], budget_s: float, start: float,
+                 log: Callable[[str], None]) -> None:
+        self.result, self.out, self.budget_s, self.start, self.log = result, out, budget_s, start, log
+        self.want = set(only).__contains__
+        result.setdefault("skipped", {})
+        result.setdefault("errors", {})
+
+    def save(self) -> None:
+        self.result["elapsed_s"] = round(time.perf_counter() - self.start, 1)
+        emit({k: v for k, v in self.result.items() if not callable(v)}, self.out, echo=False)
+
+    def budget_ok(self, name: str) -> bool:
+        """Whether ``name`` may start: False (and ``name`` recorded as skipped) once the budget is spent."""
+        if time.perf_counter() - self.start > self.budget_s:
+            self.result["skipped"][name] = f"time budget ({self.budget_s:.0f} s) spent"
+            self.log(f"{name}: skipped (budget)")
+            return False
+        return True
+
+    def section(self, name: str, fn: Callable[[], Any]) -> Any:
+        if not self.want(name) or not self.budget_ok(name):
+            return None
+        self.log(f"{name} ...")
+        self.attempt(name, lambda: self.result.__setitem__(name, fn()))
+        self.save()
+        return self.result.get(name)
+
+    def attempt(self, name: str, fn: Callable[[], Any]) -> None:
+        """``fn()``; an exception is printed and recorded as ``name``'s error (the other
+        sections' figures are kept)."""
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - recorded in the JSON, the run goes on
+            traceback.print_exc()
+            self.result["errors"][name] = f"{type(e).__name__}: {e}"
+
+
+@contextmanager
+def serving(adapter: Any, device: torch.device, batch_wait_ms: float | None, max_batch: int,
+            max_sessions_per_client: int | None = None) -> Iterator[tuple[str, Any]]:
+    """``adapter`` served by the real server (``realtime.server.server.serve_in_thread``) on a
+    loopback port, with the engine on ``device``: the address and the app."""
+    from realtime.server.app import build_app
+    from realtime.server.config import EngineConfig, LimitsConfig, ServerConfig, WorldConfig
+    from realtime.server.inventory import Inventory
+    from realtime.server.server import serve_in_thread
+
+    inventory = Inventory()
+    inventory.add(adapter)
+    engine = EngineConfig(device=str(device)) if batch_wait_ms is None else \
+        EngineConfig(device=str(device), batch_wait_ms=batch_wait_ms)
+    limits = LimitsConfig() if max_sessions_per_client is None else \
+        LimitsConfig(max_sessions_per_client=max_sessions_per_client)
+    config = ServerConfig(engine=engine, world=WorldConfig(models=(adapter.name,), max_batch=max_batch), limits=limits)
+    app = build_app(config, inventory)
+    with serve_in_thread(app) as addr:
+        yield addr, app
+
+
+class WorldStream(abc.ABC):
+    """One world.v1 session on its own websocket. A reader task (the subclass's ``_read``)
+    timestamps every chunk as it arrives and puts it on ``chunks``; other messages go to
+    ``messages``."""
+
+    expect_timeout_s = 120.0
+
+    def __init__(self, ws: Any, sid: str) -> None:
+        self.ws, self.sid = ws, sid
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue()
+        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.event_id = 0
+        self.granted = 0
+        self.created: dict[str, Any] = {}
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def create(cls, url: str, sid: str, image: bytes | None, **request: Any) -> Any:
+        """Connect and create the session (``request``: ``protocols.world_v1.CreateRequest``'s
+        fields); returns once ``session.created`` is in."""
+        import websockets
+
+        from protocols import world_v1 as wire
+
+        ws = await websockets.connect(url, max_size=None)
+        s = cls(ws, sid)
+        spec = wire.ImageSpec("png", len(image)) if image is not None else None
+        await ws.send(json.dumps(wire.CreateRequest(sid, image=spec, **request).to_wire()))
+        if image is not None:
+            await ws.send(image)
+        s.created = await s.expect("session.created", timeout=600)
+        s.granted = request.get("credits", 0)
+        return s
+
+    @abc.abstractmethod
+    async def _read(self) -> None:
+        """Every message of the session until the socket closes."""
+
+    async def expect(self, kind: str, timeout: float | None = None) -> dict[str, Any]:
+        msg = await asyncio.wait_for(self.messages.get(), timeout or self.expect_timeout_s)
+        if msg.get("type") != kind:
+            raise RuntimeError(f"session {self.sid}: expected {kind}, got {msg}")
+        return msg
+
+    async def credit(self, n: int = 1) -> None:
+        self.granted += n
+        await self.ws.send(json.dumps({"type": "credit", "chunks": n}))
+
+    async def send_event(self, *controls: dict[str, Any]) -> tuple[int, float]:
+        """An event of ``controls``; returns its id and when it went out (its ``event.accepted``
+        is read by ``expect``)."""
+        from protocols import world_v1 as wire
+
+        self.event_id += 1
+        msg = wire.Event(self.event_id, controls=controls)
+        t = time.perf_counter()
+        await self.ws.send(json.dumps(msg.to_wire()))
+        return self.event_id, t
+
+    async def next_chunk(self, timeout: float = 600.0) -> Any:
+        return await asyncio.wait_for(self.chunks.get(), timeout)
+
+    async def close(self) -> None:
+        try:
+            await self.ws.send(json.dumps({"type": "session.close"}))
+            while (await asyncio.wait_for(self.messages.get(), 120)).get("type") != "session.closed":
+                pass
+        finally:
+            await self.ws.close()
+            self._reader.cancel()
