@@ -7,8 +7,6 @@ world (a model that takes no image), and a trusted trajectory root.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 from typing import Iterator
 
@@ -16,33 +14,18 @@ import httpx
 import numpy as np
 import pytest
 import websockets
-from PIL import Image
 
 from clients.world import ServerError, WorldClient
 from models import factory
 from models.factory import BuildOptions, ModelEntry
 from models.world.tiny import TinyWorld
-from realtime.server.app import build_app
-from realtime.server.config import ServerConfig, WorldConfig
-from realtime.server.inventory import Inventory
-from tests.e2e.conftest import serve
+from tests.support.served_world import png, run, serving, url
 
 SIZE = 16
 ACTIONS = {"track": "camera_actions", "schema": "lingbot.camera_actions.v1"}
 TRAJECTORY = {"track": "camera_trajectory", "schema": "lingbot.camera_trajectory.v1"}
 KEYS = {"track": "keys", "schema": "keys.v1"}
 INTRINSICS = [500.0, 500.0, 416.0, 240.0]
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
-def _png(w: int, h: int) -> bytes:
-    rgb = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def _slide(frames: int, step: float) -> tuple[np.ndarray, np.ndarray]:
@@ -74,16 +57,8 @@ def server(tmp_path_factory) -> Iterator[tuple[str, object]]:
     np.save(root / "flat" / "intrinsics.npy", intr)
     options = BuildOptions(device="cpu", max_batch=2, height=SIZE, width=SIZE, trajectory_root=str(root))
     lingbot = factory.build(ModelEntry("lingbot", str(ckpt)), options, kind="world")
-    inventory = Inventory()
-    inventory.add(lingbot)
-    inventory.add(TinyWorld())
-    app = build_app(ServerConfig(world=WorldConfig(models=("lingbot", "tiny"))), inventory)
-    with serve(app) as addr:
+    with serving(lingbot, TinyWorld()) as addr:
         yield addr, lingbot, str(ckpt)
-
-
-def url(addr: str) -> str:
-    return f"ws://{addr}/v1/realtime/world"
 
 
 def test_models_lists_lingbot_with_its_checkpoint_geometry_and_controls(server):
@@ -112,11 +87,11 @@ def test_bad_images_answer_bad_request_and_create_nothing(server):
             garbage = b"\x89PNG not really"
             answers = [
                 await create("a", "lingbot", {"format": "png", "bytes": len(garbage)}, garbage),
-                await create("a", "lingbot", {"format": "jpeg", "bytes": len(_png(8, 8))}, _png(8, 8)),
+                await create("a", "lingbot", {"format": "jpeg", "bytes": len(png(8, 8))}, png(8, 8)),
                 await create("a", "lingbot", {"format": "png", "bytes": 100}, b"x" * 50),
                 await create("a", "lingbot", {"format": "gif", "bytes": 10}, None),
                 await create("a", "lingbot", {"format": "png", "bytes": (8 << 20) + 1}, None),
-                await create("a", "tiny", {"format": "png", "bytes": len(_png(8, 8))}, _png(8, 8)),
+                await create("a", "tiny", {"format": "png", "bytes": len(png(8, 8))}, png(8, 8)),
             ]
             assert [a["code"] for a in answers] == ["bad_request"] * 6
             messages = [a["message"] for a in answers]
@@ -134,7 +109,7 @@ def test_bad_images_answer_bad_request_and_create_nothing(server):
 
 def test_prompt_image_keys_trajectories_reset_and_close(server):
     addr, lingbot, _ = server
-    image = _png(40, 24)
+    image = png(40, 24)
 
     async def main():
         async with WorldClient.connect(url(addr), session_id="lb") as c:
@@ -205,7 +180,7 @@ def _as(pose: np.ndarray):
 
 def test_streamed_frames_come_one_by_one_as_decoded_and_equal_the_plain_chunks(server):
     addr, lingbot, _ = server
-    image = _png(24, 24)
+    image = png(24, 24)
 
     async def transcript(sid: str, stream: bool) -> list:
         async with websockets.connect(url(addr), max_size=None) as ws:
@@ -250,7 +225,7 @@ def test_a_first_pose_that_cannot_be_inverted_is_refused_and_the_session_goes_on
 
     async def main():
         async with WorldClient.connect(url(addr), session_id="lb-flat") as c:
-            await c.create(model="lingbot", prompt="a cave", image=_png(16, 16), format="rgb8", credits=0)
+            await c.create(model="lingbot", prompt="a cave", image=png(16, 16), format="rgb8", credits=0)
             poses, intr = _slide(3, 0.1)
             inline = {"mode": "inline", "poses": _flat(poses).tolist(), "intrinsics": intr.tolist()}
             for i, data in enumerate([inline, {"mode": "named", "name": "flat"}]):

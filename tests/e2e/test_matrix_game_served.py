@@ -7,39 +7,21 @@ beside Temple Run (no mouse), driven with keys.v1 and mouse.v1.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 from typing import Iterator
 
 import httpx
-import numpy as np
 import pytest
 import websockets
-from PIL import Image
 
 from clients.world import ServerError, WorldClient
 from models import factory
 from models.factory import BuildOptions, ModelEntry
-from realtime.server.app import build_app
-from realtime.server.config import ServerConfig, WorldConfig
-from realtime.server.inventory import Inventory
-from tests.e2e.conftest import serve
+from tests.support.served_world import png, run, serving, url
 
 HEIGHT, WIDTH = 32, 64
 KEYS = {"track": "keys", "schema": "keys.v1"}
 MOUSE = {"track": "mouse", "schema": "mouse.v1"}
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
-def _png(w: int, h: int) -> bytes:
-    rgb = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, "PNG")
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +33,8 @@ def server(tmp_path_factory) -> Iterator[tuple[str, object, object]]:
     base = factory.build(ModelEntry("matrix-game", str(root)), options, kind="world")
     temple = factory.build(ModelEntry("matrix-game", str(root), (("variant", "templerun"),)), options, kind="world")
     temple.name = "matrix-game-templerun"
-    inventory = Inventory()
-    inventory.add(base)
-    inventory.add(temple)
-    app = build_app(ServerConfig(world=WorldConfig(models=("matrix-game", "matrix-game-templerun"))), inventory)
-    with serve(app) as addr:
+    with serving(base, temple) as addr:
         yield addr, base, temple
-
-
-def url(addr: str) -> str:
-    return f"ws://{addr}/v1/realtime/world"
 
 
 def test_models_lists_both_variants_with_their_controls(server):
@@ -78,7 +52,7 @@ def test_keys_and_mouse_drive_the_world_bad_controls_change_nothing_and_reset_re
 
     async def main():
         async with WorldClient.connect(url(addr), session_id="mg") as c:
-            created = await c.create(model="matrix-game", image=_png(80, 40), format="rgb8", credits=0, seed=3)
+            created = await c.create(model="matrix-game", image=png(80, 40), format="rgb8", credits=0, seed=3)
             assert (created["height"], created["width"], created["frames_per_chunk"]) == (HEIGHT, WIDTH, 12)
             await c.event(event_id=1, controls=[{**KEYS, "data": {"mode": "state", "held": ["w"]}},
                                                 {**MOUSE, "data": {"deltas": [[0.3, -0.1]] * 12}}])
@@ -201,9 +175,6 @@ def test_a_session_that_cannot_fit_is_refused_busy_at_create_and_nothing_else_ch
                         BuildOptions(device="cpu", max_batch=1, height=HEIGHT, width=WIDTH, host_budget_bytes=0),
                         kind="world")
     assert one.pipeline.cache.max_sessions == 1
-    inventory = Inventory()
-    inventory.add(one)
-    app = build_app(ServerConfig(world=WorldConfig(models=("matrix-game",))), inventory)
 
     async def main(addr: str):
         async with WorldClient.connect(url(addr), session_id="p1") as a, \
@@ -231,7 +202,7 @@ def test_a_session_that_cannot_fit_is_refused_busy_at_create_and_nothing_else_ch
             created = await b.create(model="matrix-game", format="rgb8", credits=0, seed=6)
             assert created["session_id"] == "p2"
 
-    with serve(app) as addr:
+    with serving(one) as addr:
         run(main(addr))
 
 
