@@ -29,6 +29,14 @@ def tick(c, sid, frames, restart=False, commit=True):
     return batch
 
 
+def three_frames(c):
+    """``c`` with session "s" open and holding 3 frames: a chunk of one, then one of two."""
+    c.open("s")
+    tick(c, "s", 1)
+    tick(c, "s", 2)
+    return c
+
+
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_one_frame_then_two_frames_a_chunk(fast_path):
     c = make(fast_path)
@@ -47,10 +55,7 @@ def test_one_frame_then_two_frames_a_chunk(fast_path):
 
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_a_restart_attends_its_chunk_alone_and_frees_the_old_pages_at_commit(fast_path):
-    c = make(fast_path)
-    c.open("s")
-    tick(c, "s", 1)
-    tick(c, "s", 2)
+    c = three_frames(make(fast_path))
     free_before = c.num_free_blocks
     b = c.begin_batch(["s"], frames=1, restart=True)
     # The old 3 pages a branch stay allocated while the restart is in flight.
@@ -66,10 +71,7 @@ def test_a_restart_attends_its_chunk_alone_and_frees_the_old_pages_at_commit(fas
 
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_an_aborted_restart_leaves_the_session_as_it_was(fast_path):
-    c = make(fast_path)
-    c.open("s")
-    tick(c, "s", 1)
-    tick(c, "s", 2)
+    c = three_frames(make(fast_path))
     held = {b: c.table("s", b).held for b in BRANCHES}
     free_before = c.num_free_blocks
     tick(c, "s", 1, restart=True, commit=False)
@@ -84,9 +86,7 @@ def test_close_and_reset_during_a_restart_free_every_page():
     c = make()
     total_free = c.num_free_blocks
     for end in ("close", "reset"):
-        c.open("s")
-        tick(c, "s", 1)
-        tick(c, "s", 2)
+        three_frames(c)
         c.begin_batch(["s"], frames=1, restart=True)
         if end == "close":
             c.close("s")
