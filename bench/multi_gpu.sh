@@ -25,7 +25,9 @@
 # With CPU=1 every driver runs with --cpu: CPU replicas (the maze, 8 sessions, one torch thread
 # each), the tiny LingBot checkpoint at 32x32 on gloo ranks, the tiny DreamZero checkpoint; the
 # ratios on shared cores mean nothing. The rehearsal's JSON is multi_gpu_cpu_rehearsal.json in
-# bench/results/. Server packages missing on a GPU machine come from wheels in .whl/.
+# bench/results/. Server packages missing on a GPU machine come from wheels in .whl/, and nginx,
+# where the machine has none, from Debian's package in .nginx/ (fetched on a Debian machine with
+# `mkdir -p .nginx && (cd .nginx && apt-get download nginx)`), unpacked under /tmp/nginx-root.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 STEPS=("$@")
@@ -33,6 +35,10 @@ STEPS=("$@")
 TAIL=${TAIL:-30}
 . bench/gpu_env.sh
 PY=${PY:-python3}
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && ls .nginx/*.deb >/dev/null 2>&1; then
+    for f in .nginx/*.deb; do dpkg -x "$f" /tmp/nginx-root; done
+    export PATH=/tmp/nginx-root/usr/sbin:$PATH
+fi
 CPU=${CPU:-}
 LINGBOT_RANDOM=${LINGBOT_RANDOM:-/tmp/lingbot-random-14b}
 if [ -n "$CPU" ]; then
