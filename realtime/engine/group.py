@@ -1,11 +1,12 @@
 """The sequence-parallel process group: N processes, one engine.
 
-``realtime serve --sequence-parallel N`` runs one world session over N ranks (devices) of
-one host (models/world/parallel says what each rank computes). Rank 0 is the server: the
-app, the sessions and the engine loop. Ranks 1..N-1 are workers: each builds the same world
-models and runs, in the same order, every call rank 0's engine makes on a sequence-parallel
-model (``mirror.py``): the forwards, whose all-to-alls need every rank, and the per-session
-commands (end_tick, reset, drop) that keep each rank's share of the K/V in step.
+``realtime serve --sequence-parallel N`` runs one world (or DreamZero robot) session over N
+ranks (devices) of one host (models/world/parallel says what each rank computes). Rank 0 is
+the server: the app, the sessions and the engine loop. Ranks 1..N-1 are workers: each builds
+the same world models and policy and runs, in the same order, every call rank 0's engine
+makes on a sequence-parallel model (``mirror.py``): the forwards, whose collectives need every
+rank, and the per-session commands (end_tick, reset, drop, detach) that keep each rank's share
+of the K/V in step.
 
 Processes. ``realtime serve --sequence-parallel N`` starts the N-1 workers itself
 (``spawn_workers``: the same command line with torchrun's variables ``RANK``, ``WORLD_SIZE``,
@@ -33,8 +34,10 @@ exits (``PR_SET_PDEATHSIG``), and every worker exits when rank 0's store goes aw
 
 from __future__ import annotations
 
+import copyreg
 import ctypes
 import datetime
+import io
 import logging
 import os
 import pickle
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -100,6 +104,25 @@ def spawn_workers(size: int, argv: list[str]) -> list[subprocess.Popen]:
     return procs
 
 
+def read_only(mapping: dict) -> types.MappingProxyType:
+    """``mapping`` behind a read-only view (how ``dumps``'s read-only mappings unpickle)."""
+    return types.MappingProxyType(mapping)
+
+
+def _mapping_proxy(proxy: types.MappingProxyType) -> tuple[Any, tuple[dict]]:
+    return read_only, (dict(proxy),)
+
+
+def dumps(command: Any) -> bytes:
+    """``command`` pickled, read-only mappings included (a policy work's observation holds its
+    images and extras as ``MappingProxyType``, which pickle refuses; they arrive read-only)."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table, types.MappingProxyType: _mapping_proxy}
+    pickler.dump(command)
+    return buf.getvalue()
+
+
 @dataclass
 class Group:
     """This process's rank of the group and its channels (``init_group`` builds it)."""
@@ -121,7 +144,7 @@ class Group:
         if self.failure is not None:
             raise GroupFailed(self.failure)
         self._sent += 1
-        self.store.set(f"cmd/{self._sent}", pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL))
+        self.store.set(f"cmd/{self._sent}", dumps(command))
 
     def receive(self) -> Any:
         """A worker: the next command, waiting as long as rank 0 is there (``GroupFailed`` once

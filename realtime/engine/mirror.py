@@ -1,17 +1,18 @@
 """Rank 0's calls on a sequence-parallel model, run again on every worker rank (group.py).
 
-On rank 0 a sequence-parallel adapter is served as ``Mirrored(adapter, group)``: every call
-that changes the model's state (``MIRRORED``: a forward, the end of a tick, a reset, a drop,
-an admission) is first sent to the workers, then run here. Each worker's ``follow`` loop runs
-the same call on its own copy of the model, so every rank holds the same sessions in the
-same state, each with its heads' share of their K/V, and meets the others in the same
-forward's all-to-alls. The ranks compute the same thing from the same inputs (a session's
+On rank 0 a sequence-parallel adapter (a world, or a policy such as DreamZero) is served as
+``Mirrored(adapter, group)``: every call that changes the model's state (``MIRRORED``: a
+forward, the end of a tick, a reset, a drop, an admission, a policy session's ``detach``) is
+first sent to the workers, then run here. Each worker's ``follow`` loop runs the same call on
+its own copy of the model, so every rank holds the same sessions in the same state, each with
+its share of their K/V, and meets the others in the same forward's collectives. The ranks compute the same thing from the same inputs (a session's
 noise is a function of its seed and position), so a worker's call fails exactly when rank
 0's does; only rank 0's result is used.
 
 What crosses: the call's arguments, pickled (a world's ticks, with their first image, less
-their frame sinks: frames leave from rank 0 only). Everything else about the model
-(``describe``, ``tick``, ``geometry``, listeners) is rank 0's own, reached through the wrapper.
+their frame sinks: frames leave from rank 0 only; a policy's works, observations and all).
+Everything else about the model (``describe``, ``tick``, ``geometry``, listeners) is rank 0's
+own, reached through the wrapper.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from realtime.engine.group import EXIT_GROUP_FAILED, Group, GroupFailed, init_gr
 
 log = logging.getLogger(__name__)
 
-MIRRORED = ("run_batch", "end_tick", "drop_session", "reset", "admit")
+MIRRORED = ("run_batch", "end_tick", "drop_session", "reset", "admit", "detach")
 
 
 def parallel(adapter: ModelAdapter) -> bool:

@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    """A worker rank: the world models rank 0 builds, in its order, then rank 0's calls on them."""
+    """A worker rank: the worlds and the policy rank 0 builds, in its order, then rank 0's calls on them."""
     import dataclasses
 
     from realtime.engine import serve_worker
@@ -387,9 +387,9 @@ def _worker(args: argparse.Namespace) -> int:
 
     try:
         config = config_from_args(args)
-        worlds = dataclasses.replace(config, policy=PolicyConfig(policy=""), tts=TTSConfig(enabled=False))
+        models = dataclasses.replace(config, tts=TTSConfig(enabled=False))   # a policy may run split too
         return serve_worker(config.engine.device, lambda device: on_spent_thread(load, plan(dataclasses.replace(
-            worlds, engine=dataclasses.replace(config.engine, device=device)))[0]).adapters)
+            models, engine=dataclasses.replace(config.engine, device=device)))[0]).adapters)
     except FactoryError as exc:
         print(f"realtime serve: {exc}", file=sys.stderr)
         return 2

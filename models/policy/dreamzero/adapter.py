@@ -35,6 +35,15 @@ robot went away; the room goes to robots that are here). Otherwise its call fail
 ``busy: ...``, naming what a session needs and what is free; no held episode is ever dropped for
 it. Residency drops a swapped session only if the host budget shrank under it. A dropped or
 reclaimed session is reported and refused until it is reset or released (no silent restart).
+
+Over two or more ranks (``split``; ``realtime serve --sequence-parallel N``, every rank builds
+this policy and runs rank 0's calls, realtime/engine/mirror.py): Ulysses splits each forward's
+tokens and attention heads over the ranks (``models/world/parallel/ulysses.py``; each rank's
+pool and state hold its heads), or, on two ranks, a CFG split runs the conditional branch on
+rank 0 and the negative one on rank 1 (``models/world/parallel/cfg.py``; each rank's pool and
+state hold its branch). Either way every rank computes the same actions from the same calls,
+the pool is planned for one rank's bytes, and the ranks keep the smallest session count any
+of them planned.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ import torch
 from kv import PagedKVCache, Residency, kv_budget, plan_capacity, session_bytes
 from models.base import ModelError
 from models.policy.base import PolicyAdapter, PolicyWork
-from models.policy.dreamzero.cache import PagedRows, SessionState, cross_rows, kv_geometry
+from models.policy.dreamzero.cache import BRANCHES, PagedRows, SessionState, cross_rows, kv_geometry
 from models.policy.dreamzero.checkpoint import Checkpoint, CheckpointError
 from models.policy.dreamzero.conditioning import HISTORY, first_frame_condition, frame_size, frames_for_call, observed_latents
 from models.policy.dreamzero.config import VAE_SPATIAL_STRIDE
@@ -62,6 +71,8 @@ from models.policy.dreamzero.options import DEFAULT_HOST_GIB, DEFAULT_SESSIONS
 from models.policy.dreamzero.scheduler import DIT_STEPS_8
 from models.policy.dreamzero.text_encoder import NEGATIVE_PROMPT, clean_prompt, encode_prompts
 from models.policy.dreamzero.window import CallPlan, plan_call
+from models.world.parallel.cfg import CfgSplit
+from models.world.parallel.ulysses import Ulysses
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +124,8 @@ class DreamZeroPolicy(PolicyAdapter):
     def __init__(self, ckpt: Checkpoint, tokenizer: Any, *, sessions: int = DEFAULT_SESSIONS,
                  step_cache: bool = False, max_batch: int | None = None, name: str = "dreamzero",
                  kv_budget_bytes: int | None = None, gpu_memory_fraction: float = 0.9,
-                 host_budget_bytes: int = int(DEFAULT_HOST_GIB * (1 << 30))) -> None:
+                 host_budget_bytes: int = int(DEFAULT_HOST_GIB * (1 << 30)),
+                 split: Ulysses | CfgSplit | None = None) -> None:
         cfg = ckpt.config
         if cfg.action_horizon != ACTION_HORIZON or cfg.action_dim < ACTION_DIM or cfg.max_state_dim != MAX_STATE_DIM:
             raise CheckpointError(f"{ckpt.root}: DROID serving needs action_horizon {ACTION_HORIZON}, action_dim >= "
@@ -132,13 +144,25 @@ class DreamZeroPolicy(PolicyAdapter):
         self.frame_hw = frame_size(cfg)
         lh, lw = (s // VAE_SPATIAL_STRIDE for s in self.frame_hw)
         image_tokens = ckpt.image_encoder.get_parameter("model.visual.pos_embedding").shape[1]
-        self.geometry = kv_geometry(cfg, (lh, lw), image_tokens=image_tokens, dtype=param.dtype)
+        # This rank's share: the heads (Ulysses) or one CFG branch (``branches``: the ones it runs).
+        self.split = split
+        ckpt.dit.sequence_parallel = split if isinstance(split, Ulysses) else None
+        self.branches = (split.branch,) if isinstance(split, CfgSplit) else tuple(range(len(BRANCHES)))
+        self.geometry = kv_geometry(cfg, (lh, lw), image_tokens=image_tokens, dtype=param.dtype,
+                                    branches=tuple(BRANCHES[b] for b in self.branches),
+                                    heads_split=split.size if isinstance(split, Ulysses) else 1)
         # The pool: as many sessions as the budget holds, ``sessions`` at most, each forward's
         # sessions in flight at once.
         in_flight = max(1, min(max_batch or sessions, sessions))
         available, fraction = kv_budget(self.device, fraction=gpu_memory_fraction, budget_bytes=kv_budget_bytes)
         self.plan = plan_capacity(self.geometry, available, fraction=fraction, requested_sessions=sessions,
                                   ticks_in_flight=in_flight)
+        if split is not None:   # every rank holds the same sessions: the fewest any rank has room for
+            fewest = split.smallest(self.plan.capacity, self.device)
+            if fewest < self.plan.capacity:
+                in_flight = min(in_flight, fewest)
+                self.plan = plan_capacity(self.geometry, available, fraction=fraction, requested_sessions=fewest,
+                                          ticks_in_flight=in_flight)
         self.capacity = self.plan.capacity
         # A batch never holds more sessions than may be resident, so it always fits.
         self.max_batch = min(in_flight, self.capacity)
@@ -225,9 +249,16 @@ class DreamZeroPolicy(PolicyAdapter):
     def set_drop_listener(self, listener: Callable[[str, str], None]) -> None:
         self._drop_listener = listener
 
+    @property
+    def sequence_parallel(self) -> int:
+        """Ranks this policy's forwards are split over (1: one process); the server mirrors the
+        calls of a policy split over several (realtime/engine/mirror.py)."""
+        return 1 if self.split is None else self.split.size
+
     def describe(self) -> Mapping[str, Any]:
         p = self.plan
-        return {**super().describe(),
+        split = {Ulysses: "heads", CfgSplit: "cfg"}.get(type(self.split))
+        return {**super().describe(), "sequence_parallel": self.sequence_parallel, "split": split,
                 "kv": {"resident_sessions": p.capacity, "session_bytes": session_bytes(self.geometry),
                        "required_bytes": p.required_bytes, "budget_bytes": p.budget_bytes,
                        "host_budget_bytes": self.residency.host_budget_bytes}}
@@ -326,22 +357,27 @@ class DreamZeroPolicy(PolicyAdapter):
             firsts = [first_frame_condition(ck.image_encoder, ck.vae, c.frames[-1], self.cfg, self.device)
                       for c in group]
             states = []
+            sp = self.split if isinstance(self.split, Ulysses) else None
             for c, f in zip(group, firsts):
-                text = self._encode_text(c.prompt)
-                states.append(SessionState.build([ck.dit.encode_context(text, f.clip),
-                                                  ck.dit.encode_context(self._negative, f.clip)], f.y))
+                contexts = []
+                for b in self.branches:   # 0: the task prompt, 1: the negative prompt
+                    text = self._encode_text(c.prompt) if b == 0 else self._negative
+                    layers = ck.dit.encode_context(text, f.clip)
+                    contexts.append(layers if sp is None else [kv.own_heads(sp) for kv in layers])
+                states.append(SessionState.build(contexts, f.y))
             latents = torch.cat([f.latent for f in firsts])
         else:
             states = [self.residency.state(sid) for sid in ids]
             latents = torch.cat([observed_latents(ck.vae, c.frames, self.cfg, self.device) for c in group])
-        branches = [Branch(None, cross_rows(states, b)) for b in (0, 1)]
+        branches = [Branch(None, cross_rows(states, i)) for i in range(len(self.branches))]
         y = torch.cat([s.y for s in states])
         write_frames(ck.dit, branches, latents, y[:, :, plan.write_condition], plan.write.start,
                      paged=PagedRows(self.cache, batch, R, write=True))
         _, actions = denoise_chunk(ck.dit, branches, self.noise_video.expand(R, -1, -1, -1, -1),
                                    self.noise_actions.expand(R, -1, -1), torch.cat([c.state for c in group]),
                                    y[:, :, plan.denoise_condition], plan.denoise.start, dit_steps=self.dit_steps,
-                                   paged=PagedRows(self.cache, batch, R, write=False))
+                                   paged=PagedRows(self.cache, batch, R, write=False),
+                                   split=self.split if isinstance(self.split, CfgSplit) else None)
         actions = actions[:, :, :ACTION_DIM].float().cpu().numpy()
         out = []
         for i, c in enumerate(group):

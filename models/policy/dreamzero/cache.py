@@ -32,6 +32,11 @@ bytes, what ``kv.session_bytes`` counts and what a swap moves (``tests/kv/test_c
 Cross-attention K/V (per branch: text_len text + 257 CLIP tokens, every layer) and the
 window's I2V condition ``y`` are constant between restarts: ``SessionState``, model-owned
 state (``kv.model_state``) that Residency swaps with the session's blocks.
+
+Over two or more ranks (``models/world/parallel``) a rank's pool and state hold its share:
+under Ulysses (``heads_split`` = N) its ``heads / N`` heads of both branches' pages and cross
+K/V; under a CFG split (``branches`` of one) its branch's pages and cross K/V, every head. ``y``
+is whole on every rank. The geometry says so, so capacity and admission count one rank's bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 from kv import KVBatch, KVGeometry, PagedKVCache, TensorState
 from models.policy.dreamzero.config import DreamZeroConfig
 from models.policy.dreamzero.model import CrossKV
+from models.world.parallel.ulysses import check_heads
 
 BRANCHES = ("conditional", "negative")
 
@@ -53,32 +59,39 @@ def window_frames(cfg: DreamZeroConfig) -> int:
     return cfg.local_attn_size - 1 - cfg.num_frame_per_block
 
 
-def state_shapes(cfg: DreamZeroConfig, image_tokens: int, latent_hw: tuple[int, int]
-                 ) -> list[tuple[tuple[int, ...], bool]]:
+def state_shapes(cfg: DreamZeroConfig, image_tokens: int, latent_hw: tuple[int, int], *,
+                 branches: int = len(BRANCHES), heads_split: int = 1) -> list[tuple[tuple[int, ...], bool]]:
     """``SessionState``'s tensors as ``(shape, in the DiT's dtype)`` (else float32): cross K, V
-    of the text and of the image, ``[branches, layers, tokens, heads, head_dim]``, then ``y``."""
-    B, L, H, D = len(BRANCHES), cfg.num_layers, cfg.num_heads, cfg.head_dim
+    of the text and of the image, ``[branches, layers, tokens, heads, head_dim]``, then ``y``
+    (``heads_split``: ranks sharing the heads, each holding ``heads / heads_split``)."""
+    B, L, H, D = branches, cfg.num_layers, check_heads(cfg.num_heads, heads_split), cfg.head_dim
     text, image = (B, L, cfg.text_len, H, D), (B, L, image_tokens, H, D)
     y = (1, cfg.in_dim - cfg.out_dim, cfg.condition_latents, *latent_hw)   # mask + first-frame latents
     return [(text, True), (text, True), (image, True), (image, True), (y, False)]
 
 
-def state_bytes(cfg: DreamZeroConfig, image_tokens: int, latent_hw: tuple[int, int], dtype: torch.dtype) -> int:
+def state_bytes(cfg: DreamZeroConfig, image_tokens: int, latent_hw: tuple[int, int], dtype: torch.dtype, *,
+                branches: int = len(BRANCHES), heads_split: int = 1) -> int:
     """Bytes of one session's ``SessionState`` (capacity's ``model_state_bytes``)."""
     item = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(shape) * (item if dit else 4) for shape, dit in state_shapes(cfg, image_tokens, latent_hw))
+    shapes = state_shapes(cfg, image_tokens, latent_hw, branches=branches, heads_split=heads_split)
+    return sum(math.prod(shape) * (item if dit else 4) for shape, dit in shapes)
 
 
 def kv_geometry(cfg: DreamZeroConfig, latent_hw: tuple[int, int], *, image_tokens: int,
-                dtype: torch.dtype = torch.bfloat16, block_size: int | None = None) -> KVGeometry:
-    """What kv/ plans and stores for DreamZero at one latent size (module docstring)."""
+                dtype: torch.dtype = torch.bfloat16, block_size: int | None = None,
+                branches: tuple[str, ...] = BRANCHES, heads_split: int = 1) -> KVGeometry:
+    """What kv/ plans and stores for DreamZero at one latent size (module docstring): one
+    process's, or one rank's (``heads_split`` ranks sharing the heads, or ``branches`` the
+    rank's CFG branch)."""
     ph, pw = cfg.patch_size[1:]
     tokens = (latent_hw[0] // ph) * (latent_hw[1] // pw)
-    return KVGeometry(num_layers=cfg.num_layers, kv_heads=cfg.num_heads, head_dim=cfg.head_dim,
-                      tokens_per_frame=tokens, block_size=block_size or tokens, sink_frames=1,
-                      window_frames=window_frames(cfg), frames_per_tick=cfg.num_frame_per_block,
-                      span_frames=1, dtype=dtype, branches=BRANCHES, worker_slot=False,
-                      model_state_bytes=state_bytes(cfg, image_tokens, latent_hw, dtype))
+    return KVGeometry(num_layers=cfg.num_layers, kv_heads=check_heads(cfg.num_heads, heads_split),
+                      head_dim=cfg.head_dim, tokens_per_frame=tokens, block_size=block_size or tokens,
+                      sink_frames=1, window_frames=window_frames(cfg), frames_per_tick=cfg.num_frame_per_block,
+                      span_frames=1, dtype=dtype, branches=branches, worker_slot=False,
+                      model_state_bytes=state_bytes(cfg, image_tokens, latent_hw, dtype, branches=len(branches),
+                                                    heads_split=heads_split))
 
 
 class SessionState(TensorState):
@@ -118,13 +131,14 @@ class PagedRows:
     negative one: ``denoise``'s CFG split); a ``KVBatch`` is session-major (each session's
     branches in turn). With several sessions the rows are reordered into the batch's order
     and back. ``write=True`` is the ``t = 0`` pass: its video K/V go into the chunk's blocks.
+    The branches are the pool's (one on a rank of a CFG split).
     """
 
     def __init__(self, cache: PagedKVCache, batch: KVBatch, sessions: int, *, write: bool) -> None:
-        B = len(BRANCHES)
+        B = cache.geometry.num_branches
         self.cache, self.batch, self.write = cache, batch, write
         self._to_batch = self._to_model = None
-        if sessions > 1:
+        if sessions > 1 and B > 1:
             # batch row r = s * B + b holds model row b * S + s
             order = [(r % B) * sessions + r // B for r in range(sessions * B)]
             device = cache.device

@@ -16,6 +16,10 @@ cache the same frames, so their K/V have equal lengths and run as rows of one fo
 
 With one branch there is no guidance (both flows are that branch's). Nothing here
 writes K/V: the caller's ``t = 0`` pass (``write_frames``) does, before the chunk.
+
+A CFG split over two ranks (``split``, a ``models.world.parallel.CfgSplit``): each rank's
+forward runs its one branch's rows, and one all-gather a pass hands every rank both
+branches' flows, so both take the same guided step (and hold the same ``x`` and actions).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 from models.policy.dreamzero.model import KV, CrossKV, DreamZeroDiT, PagedSelfKV
 from models.policy.dreamzero.scheduler import (FLOW_SHIFT, GUIDANCE_SCALE, NUM_STEPS, dit_step_mask,
                                                make_scheduler)
+from models.world.parallel.cfg import CfgSplit
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,17 @@ def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: 
                   noise_actions: torch.Tensor, state: torch.Tensor, y: torch.Tensor, start_frame: int, *,
                   steps: int = NUM_STEPS, guidance: float = GUIDANCE_SCALE, shift: float = FLOW_SHIFT,
                   dit_steps: tuple[int, ...] | None = None,
-                  paged: PagedSelfKV | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  paged: PagedSelfKV | None = None,
+                  split: CfgSplit | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Denoise ``noise_video [R, out_dim, frames, h, w]`` and ``noise_actions [R, horizon, action_dim]``
     at ``start_frame`` given ``state [R, S, max_state_dim]`` and ``y`` (the I2V condition of those
     frames); returns (video latents, normalised actions), float32. ``paged``: the cache is kv/'s
-    pool (the branches then carry cross K/V only)."""
+    pool (the branches then carry cross K/V only). ``split``: ``branches`` is this rank's one
+    branch, the other rank runs the other."""
     if len(branches) not in (1, 2):
         raise ValueError(f"one or two branches (conditional, negative), got {len(branches)}")
+    if split is not None and len(branches) != 1:
+        raise ValueError(f"a CFG split runs one branch a rank, got {len(branches)}")
     device = noise_video.device
     video_sched = make_scheduler(steps, shift, device)
     action_sched = make_scheduler(steps, shift, device)
@@ -76,8 +85,11 @@ def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: 
             tt = t.to(device=device, dtype=torch.float32).expand(R)
             out = _forward(model, stacked, x, y, tt, start_frame, keep_kv=False, actions=a, action_timestep=tt,
                            state=state, paged=paged)
-            v, act = out.video.chunk(len(branches)), out.actions.chunk(len(branches))
-            video_flow = v[1] + guidance * (v[0] - v[1]) if len(branches) == 2 else v[0]
+            if split is not None:
+                v, act = zip(*split.both(out.video, out.actions))   # (cond, neg) each
+            else:
+                v, act = out.video.chunk(len(branches)), out.actions.chunk(len(branches))
+            video_flow = v[1] + guidance * (v[0] - v[1]) if len(v) == 2 else v[0]
             action_flow = act[0]
         x = video_sched.step(video_flow, t, x, return_dict=False)[0]
         a = action_sched.step(action_flow, t, a, return_dict=False)[0]

@@ -28,6 +28,14 @@ attended under that mask (``mask.block_causal_mask``; with actions, one block, w
 ``[first frame | block | actions | state]`` order is a chunk's); the tests build the same
 K/V and flows both ways.
 
+Sequence parallel (``sequence_parallel``, a ``models.world.parallel.Ulysses``; paged forwards
+only): every rank runs the forward on its share of the chunk's ``[video | actions | state]``
+tokens (embeddings, modulation, RoPE angles); around each attention q/k/v go to every token of
+the rank's heads and back (self-attention over the rank's kv/ pages, which hold those heads
+only, plus the chunk's own tokens; cross-attention over the rank's heads of the text and image
+K/V), and after the last block the tokens are gathered so every rank has the whole chunk for
+the head and the action decoder.
+
 From the Wan blocks every Wan DiT here shares (``models/world/wan_blocks.py``): RMS norm, the
 affine-free LayerNorm, 3-D RoPE angles, the attention projections (``Attention``, which the
 self- and the I2V cross-attention extend) and the output head, whose names and wiring are
@@ -45,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.policy.dreamzero.config import DreamZeroConfig
+from models.world.parallel.ulysses import Ulysses
 from models.world.wan_blocks import Attention, Head, MLPProj, RMSNorm, layer_norm, rope_angles, timestep_embedding
 
 KV = tuple[torch.Tensor, torch.Tensor]   # K (roped), V: [rows, tokens, heads, head_dim]
@@ -61,6 +70,10 @@ class CrossKV:
 
     def repeat_rows(self, n: int) -> "CrossKV":
         return CrossKV(*(t.expand(n, *t.shape[1:]) for t in (self.k, self.v, self.k_img, self.v_img)))
+
+    def own_heads(self, sp: Ulysses) -> "CrossKV":
+        """This rank's heads of every tensor (sequence parallel)."""
+        return CrossKV(*(sp.own_heads(t) for t in (self.k, self.v, self.k_img, self.v_img)))
 
 
 class PagedSelfKV(Protocol):
@@ -144,10 +157,15 @@ class SelfAttention(Attention):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, video_tokens: int,
                 past: KV | None, window_tokens: int | None,
                 mask: torch.Tensor | None, paged: PagedSelfKV | None = None,
-                layer: int = 0) -> tuple[torch.Tensor, KV | None]:
+                layer: int = 0, sp: Ulysses | None = None, tokens: int = 0) -> tuple[torch.Tensor, KV | None]:
         q, k, v = self.roped(x, cos, sin)
         if paged is not None:
-            return self.o(paged.attend(layer, q, k, v, video_tokens).flatten(2)), None
+            if sp is not None:   # every token of this rank's heads (its pages hold those); one exchange
+                q, k, v = sp.to_heads(torch.cat([q, k, v]), tokens).chunk(3)
+            o = paged.attend(layer, q, k, v, video_tokens)
+            if sp is not None:
+                o = sp.to_tokens(o)
+            return self.o(o.flatten(2)), None
         kv_video, kv_reg = k[:, :video_tokens], k[:, video_tokens:]
         vv_video, vv_reg = v[:, :video_tokens], v[:, video_tokens:]
         if past is not None:
@@ -175,9 +193,15 @@ class CrossAttention(Attention):
         return CrossKV(self.norm_k(self.k(text)).view(ts), self.v(text).view(ts),
                        self.norm_k_img(self.k_img(image)).view(ims), self.v_img(image).view(ims))
 
-    def forward(self, x: torch.Tensor, kv: CrossKV) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv: CrossKV, sp: Ulysses | None = None, tokens: int = 0) -> torch.Tensor:
+        """``x [R, L, dim]``; sequence parallel (``sp``): ``x`` is this rank's share of ``tokens``
+        and ``kv`` holds this rank's heads."""
         q = self.norm_q(self.q(x)).view(*x.shape[:2], self.heads, -1)
+        if sp is not None:
+            q = sp.to_heads(q, tokens)
         o = _sdpa(q, kv.k, kv.v) + _sdpa(q, kv.k_img, kv.v_img)
+        if sp is not None:
+            o = sp.to_tokens(o)
         return self.o(o.flatten(2))
 
 
@@ -195,13 +219,14 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, e: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 video_tokens: int, past: KV | None, window_tokens: int | None, cross: CrossKV,
                 mask: torch.Tensor | None, paged: PagedSelfKV | None = None,
-                layer: int = 0) -> tuple[torch.Tensor, KV | None]:
+                layer: int = 0, sp: Ulysses | None = None, tokens: int = 0) -> tuple[torch.Tensor, KV | None]:
         # e: [R, L, 6, dim] float32, one row of modulation per token.
         mod = (self.modulation.float()[None] + e).unbind(2)
         y = layer_norm(x, self.eps).float() * (1 + mod[1]) + mod[0]
-        y, kv = self.self_attn(y.type_as(x), cos, sin, video_tokens, past, window_tokens, mask, paged, layer)
+        y, kv = self.self_attn(y.type_as(x), cos, sin, video_tokens, past, window_tokens, mask, paged, layer,
+                               sp, tokens)
         x = (x.float() + y.float() * mod[2]).type_as(x)
-        x = x + self.cross_attn(self.norm3(x), cross)
+        x = x + self.cross_attn(self.norm3(x), cross, sp, tokens)
         y = layer_norm(x, self.eps).float() * (1 + mod[4]) + mod[3]
         y = self.ffn(y.type_as(x))
         return (x.float() + y.float() * mod[5]).type_as(x), kv
@@ -232,6 +257,8 @@ class DreamZeroDiT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.head = Head(dim, math.prod(cfg.patch_size) * cfg.out_dim, cfg.eps)
         self.img_emb = MLPProj(cfg.image_dim, dim)
+        # This rank's view of a sequence-parallel group, or None (one process).
+        self.sequence_parallel: Ulysses | None = None
 
     # -- conditioning, once per prompt / first frame ---------------------------------------
 
@@ -274,7 +301,8 @@ class DreamZeroDiT(nn.Module):
         add the action register (all three or none). ``keep_kv=False`` (a denoising pass) drops
         each layer's cache + chunk K/V as soon as the layer is done (at 14B, 7 cached frames and
         2 rows, about 6 GB held to the end otherwise). ``paged`` replaces ``past``: every layer's
-        self-attention goes through it (kv/'s pool, which keeps the K/V; ``kv`` is then empty)."""
+        self-attention goes through it (kv/'s pool, which keeps the K/V; ``kv`` is then empty).
+        Under sequence parallel every forward is paged, and ``cross`` holds this rank's heads."""
         cfg = self.config
         if latents.ndim != 5 or latents.shape[1] != cfg.out_dim:
             raise ValueError(f"latents must be [rows, {cfg.out_dim}, frames, h, w], got {tuple(latents.shape)}")
@@ -290,6 +318,9 @@ class DreamZeroDiT(nn.Module):
             raise ValueError("a masked forward is a whole sequence: no cache")
         if paged is not None and (past is not None or mask is not None):
             raise ValueError("a paged forward takes neither past K/V nor a mask")
+        sp = self.sequence_parallel
+        if sp is not None and paged is None:
+            raise ValueError("a sequence-parallel forward attends through kv/'s pool (paged)")
         ph, pw = cfg.patch_size[1:]
         hp, wp = H // ph, W // pw
         tpf = hp * wp
@@ -322,13 +353,18 @@ class DreamZeroDiT(nn.Module):
         e0 = self.time_projection(e.to(dtype)).float().unflatten(2, (6, cfg.dim))
 
         window = None if mask is not None else cfg.local_attn_size * tpf
+        L = x.shape[1]
+        if sp is not None:   # this rank's tokens from here to the last block
+            x, e0, cos, sin = (sp.shard(t) for t in (x, e0, cos, sin))
         kv_out: list[KV] = []
         for i, blk in enumerate(self.blocks):
             x, kv = blk(x, e0, cos, sin, video_tokens, None if past is None else past[i], window,
-                        cross[i], mask, paged, i)
+                        cross[i], mask, paged, i, sp, L)
             if keep_kv and kv is not None:
                 kv_out.append(kv)
             del kv
+        if sp is not None:   # the whole chunk on every rank: the head reads video, the decoder actions
+            x = sp.gather(x, L)
         video = self.head(x[:, :video_tokens], e[:, :video_tokens]).float()
         C = cfg.out_dim
         video = torch.einsum("bfhwpqrc->bcfphqwr", video.view(R, Fr, hp, wp, 1, ph, pw, C))

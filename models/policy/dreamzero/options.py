@@ -17,6 +17,10 @@ They come after the checkpoint folder as ``key=value`` pairs (``models.factory.p
                      after loading; on CPU no limit)
     host_gib=X       host memory in GiB for sessions swapped out of the device (default 64;
                      0: none); a new robot that fits neither is refused ``busy``
+    cfg_parallel=1   under ``realtime serve --sequence-parallel 2``: the two CFG branches on the
+                     two ranks (one branch's rows a rank, the flows all-gathered each pass)
+                     instead of Ulysses (every rank half of each forward's heads); default 0.
+                     Without a group of 2 ranks the server stops at start saying so
 
 This module imports nothing heavy: ``models.factory.validate`` runs ``parse_options`` before a
 server starts to load. A bad option is a ``ValueError`` naming it, printed as one line.
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-KEYS = ("tokenizer", "step_cache", "sessions", "kv_gib", "host_gib")
+KEYS = ("tokenizer", "step_cache", "sessions", "kv_gib", "host_gib", "cfg_parallel")
 MAX_SESSIONS = 64
 DEFAULT_SESSIONS = 2
 DEFAULT_HOST_GIB = 64.0
@@ -45,6 +49,7 @@ class DreamZeroOptions:
     sessions: int = DEFAULT_SESSIONS
     kv_budget_bytes: int | None = None
     host_budget_bytes: int = int(DEFAULT_HOST_GIB * (1 << 30))
+    cfg_parallel: bool = False
 
 
 def parse_options(pairs: Iterable[tuple[str, str]]) -> DreamZeroOptions:
@@ -68,8 +73,11 @@ def parse_options(pairs: Iterable[tuple[str, str]]) -> DreamZeroOptions:
         raise OptionError(f"option sessions={sessions}: must be an integer in 1..{MAX_SESSIONS}")
     kv = _gib(got, "kv_gib", positive=True)
     host = _gib(got, "host_gib", positive=False)
+    cfg_parallel = got.get("cfg_parallel", "0")
+    if cfg_parallel not in ("0", "1"):
+        raise OptionError(f"option cfg_parallel={cfg_parallel}: must be 0 or 1")
     return DreamZeroOptions(tokenizer, step_cache == "1", int(sessions), kv,
-                            int(DEFAULT_HOST_GIB * (1 << 30)) if host is None else host)
+                            int(DEFAULT_HOST_GIB * (1 << 30)) if host is None else host, cfg_parallel == "1")
 
 
 def _gib(got: dict[str, str], key: str, *, positive: bool) -> int | None:

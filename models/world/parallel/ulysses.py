@@ -28,14 +28,14 @@ from kv import KVGeometry
 from models.base import EngineDeadError
 
 
-def _collective(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)``; a failure is the group's, not the batch's: a rank that died or a
+def _collective(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; a failure is the group's, not the batch's: a rank that died or a
     wait past the group's timeout leaves the ranks out of step, so nothing can run on it again
     (``EngineDeadError``: the server fails every session and exits, realtime/engine/group.py)."""
     try:
-        return op(*args, **kwargs)
+        return fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - gloo raises RuntimeError, NCCL DistBackendError
-        raise EngineDeadError(f"sequence-parallel {op.__name__} failed: {_first_line(exc)}") from exc
+        raise EngineDeadError(f"sequence-parallel {fn.__name__} failed: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -67,6 +67,14 @@ def per_rank_geometry(geometry: KVGeometry, ranks: int) -> KVGeometry:
     return dataclasses.replace(geometry, kv_heads=check_heads(geometry.kv_heads, ranks))
 
 
+def smallest(value: int, device: torch.device | str = "cpu", group: dist.ProcessGroup | None = None) -> int:
+    """The smallest of every rank's ``value`` in ``group`` (a capacity the ranks must agree on);
+    ``device``: where the group's backend reduces (CUDA for NCCL)."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    _collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
 class Ulysses:
     """One rank's view of the sequence-parallel group (the default process group, or ``group``)."""
 
@@ -86,9 +94,7 @@ class Ulysses:
     def smallest(self, value: int, device: torch.device | str = "cpu") -> int:
         """The smallest of every rank's ``value`` (a capacity the ranks must agree on); ``device``:
         where the group's backend reduces (CUDA for NCCL)."""
-        t = torch.tensor([value], dtype=torch.int64, device=device)
-        _collective(dist.all_reduce, t, op=dist.ReduceOp.MIN, group=self.group)
-        return int(t.item())
+        return smallest(value, device, self.group)
 
     # -- tokens ----------------------------------------------------------------------------
 

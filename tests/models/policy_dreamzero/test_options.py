@@ -39,7 +39,8 @@ def test_options_parse_with_their_defaults(tmp_path):
     ("tokenizer=TOK&sessions=two", "option sessions=two: must be an integer in 1..64"),
     ("tokenizer=TOK&step_cache=yes", "option step_cache=yes: must be 0 or 1"),
     ("tokenizer=TOK&steps=8", "unknown option 'steps' (dreamzero takes tokenizer, step_cache, sessions, kv_gib, "
-                              "host_gib)"),
+                              "host_gib, cfg_parallel)"),
+    ("tokenizer=TOK&cfg_parallel=2", "option cfg_parallel=2: must be 0 or 1"),
     ("tokenizer=TOK&kv_gib=0", "option kv_gib=0: must be a number of GiB > 0"),
     ("tokenizer=TOK&host_gib=-1", "option host_gib=-1: must be a number of GiB >= 0"),
     ("tokenizer=TOK&host_gib=lots", "option host_gib=lots: must be a number of GiB >= 0"),
