@@ -5,7 +5,7 @@
 # and fits one 10-minute command; with no step named, all run in order.
 #
 #   OUT=/tmp/out bash bench/multi_gpu.sh STEP...     # e.g. bash bench/multi_gpu.sh replicas
-#   CPU=1 OUT=/tmp/out bash bench/multi_gpu.sh       # the CPU rehearsal (a few minutes on 2 cores)
+#   PATH=.venv/bin:$PATH CPU=1 OUT=/tmp/out bash bench/multi_gpu.sh   # the CPU rehearsal (~4 min on 2 cores)
 #
 # Steps:
 #   replicas      2 replicas of `realtime serve --models maze` behind nginx, one per GPU (0, 1),
