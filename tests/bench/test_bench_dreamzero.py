@@ -51,6 +51,10 @@ def test_every_section_runs_on_the_tiny_checkpoint_and_writes_real_numbers(run_b
     assert full["tokens_per_chunk_row"] == 1785 and full["counts_per_token"]["blocks"] == 40 * (
         6 * 5120 * 5120 + 2 * 5120 * 13824)
     assert 90 <= full["roofline"]["denoise_step_tflop"] <= 115       # the 90-115 TFLOP a step
+    # The figures models/policy/dreamzero/MODEL_CARD.md quotes ("Speed").
+    assert full["linear_params_per_token"] == 12_138_577_920
+    assert (full["roofline"]["denoise_step_tflop"], full["roofline"]["exact"]["chunk_tflop"],
+            full["roofline"]["step_cache"]["chunk_tflop"]) == (104.4, 1759.0, 923.8)
     for g in (full, ar["served_geometry"]):
         assert g["exact"]["per_chunk_mean"] > g["step_cache"]["per_chunk_mean"] > 0
         assert [c["restart"] for c in g["exact"]["calls"]][0] is True
