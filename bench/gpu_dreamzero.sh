@@ -23,6 +23,12 @@ STEPS=("$@")
 [ $# -gt 0 ] || STEPS=(bare served)
 TAIL=${TAIL:-40}
 . bench/gpu_env.sh
+# The robots are the real openpi-client: from .whl/ when the machine lacks it (gpu_env.sh checks the server's).
+if [ -d .whl ] && ! python3 -c "import openpi_client" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_openpi \
+        .whl/openpi_client-*.whl .whl/dm_tree-*.whl || exit 1
+    export PYTHONPATH=/tmp/site_openpi:$PYTHONPATH
+fi
 BENCH=(python3 -m bench.policy.bench_dreamzero --device cuda --budget-s 420)
 for step in "${STEPS[@]}"; do
     case $step in
