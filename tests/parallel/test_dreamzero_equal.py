@@ -16,8 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.policy.dreamzero.config import TINY_DROID
-from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write_tiny_tokenizer
 from tests.parallel.dreamzero_ranks import SPLITS, policy_of, scenario
 from tests.parallel.ranks import run_ranks
 
@@ -26,9 +24,8 @@ PAGES_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dreamzero_ranks")
-    return str(write_tiny_checkpoint(root / "ckpt", cfg=TINY_DROID)), str(write_tiny_tokenizer(root / "tok"))
+def folders(dreamzero_folders):
+    return dreamzero_folders
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """``realtime serve --sequence-parallel 2`` as a process: it starts its worker rank itself,
-serves LingBot sessions over both ranks, and fails fast and whole when the worker dies.
+serves LingBot sessions and a DreamZero robot over both ranks, and fails fast and whole when
+the worker dies.
 
 One server for the whole module (a start costs ~10 s on the 2-core CI machine): sessions
 first, then the worker is killed (SIGKILL) with a session open.
@@ -16,13 +17,16 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from clients.world import WorldClient
 from realtime.engine import EXIT_GROUP_FAILED
 from realtime.server.server import free_port
+from tests.e2e.test_dreamzero_served import droid_obs, reference
 from tests.parallel.ranks import ROOT
 from tests.support.process import wait_until_ready
+from tests.support.roboarena_client import RoboArenaClient
 
 # What a session hears, and /healthz says, once a rank has died (docs/sequence_parallel.md).
 FAILED = "sequence-parallel"
@@ -43,13 +47,14 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(four_head_checkpoint):
+def server(four_head_checkpoint, dreamzero_folders):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("REALTIME_") and k not in ("RANK", "WORLD_SIZE")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), REALTIME_SEQUENCE_PARALLEL="2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "realtime.server.cli", "serve", "--port", str(port), "--device", "cpu",
-         "--models", f"lingbot={four_head_checkpoint}?size=32x48&steps=1", "--policy", "", "--no-tts",
+         "--models", f"lingbot={four_head_checkpoint}?size=32x48&steps=1", "--no-tts",
+         "--policy", "dreamzero={}?tokenizer={}".format(*dreamzero_folders),
          "--max-batch", "1", "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -92,6 +97,26 @@ def test_sessions_run_over_both_ranks_with_swap_reset_and_close(server):
             await b.close()
 
     run(go())
+    assert proc.poll() is None and alive(worker)
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "OK"
+
+
+def test_a_robot_runs_over_both_ranks(server, dreamzero_folders):
+    proc, port = server
+    [worker] = children(proc.pid)
+    models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+    assert [(m["sequence_parallel"], m["split"]) for m in models if m["id"] == "dreamzero"] == [(2, "heads")]
+    want = reference(dreamzero_folders, 4, 3)
+    robot = RoboArenaClient(f"ws://127.0.0.1:{port}/")
+    got = [robot.infer(droid_obs(4, call, "robot"))["actions"] for call in range(2)]
+    robot.close()   # the episode is detached on both ranks (mirrored) and kept for a reconnect
+    again = RoboArenaClient(f"ws://127.0.0.1:{port}/")
+    got.append(again.infer(droid_obs(4, 2, "robot"))["actions"])
+    for a, b in zip(got, want):   # tests/parallel/test_dreamzero_equal.py's tolerance
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+    assert isinstance(again.reset({"session_id": "robot"}), bytes)   # reset on both ranks
+    np.testing.assert_allclose(again.infer(droid_obs(4, 0, "robot"))["actions"], want[0], rtol=0, atol=1e-4)
+    again.close()
     assert proc.poll() is None and alive(worker)
     assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "OK"
 
