@@ -130,7 +130,7 @@ def random_dit(cfg: Any, device: torch.device | str, dtype: torch.dtype, seed: i
 def parts(tiny: bool, device: torch.device | str, dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any, Any]:
     """The DiT (base variant), the Wan VAE and the CLIP vision tower, random, on ``device``
     (the ``meta`` device builds them at full size without memory: geometry only)."""
-    from models.policy.dreamzero.vae import make_vae
+    from models.world.wan_vae_build import make_vae
     from models.world.matrix_game.config import CLIP_DIM, FULL, TINY
     from models.world.wan_clip import WanImageEncoder
 

@@ -54,7 +54,7 @@ def write_tiny_variant(root: str | Path, variant: str, *, seed: int = 0,
 
 def write_tiny_root(root: str | Path, variants: tuple[str, ...] = tuple(VARIANTS), *, seed: int = 0) -> Path:
     """Write a tiny checkpoint root (the variants, the VAE, the CLIP file); returns ``root``."""
-    from models.policy.dreamzero.vae import diffusers_names, make_vae, wan_vae_names
+    from models.world.wan_vae_build import diffusers_names, make_vae, wan_vae_names
     from models.world.matrix_game.config import CLIP_DIM
     from models.world.wan_clip import WanImageEncoder
 
