@@ -4,19 +4,33 @@ Each robot's session (the id the OpenPI endpoint passes: the robot's ``session_i
 connection's) keeps what upstream's server keeps for its one robot: the window position
 (``window.plan_call``), both CFG branches' self-attention K/V in kv/'s paged pool, the
 window's cross K/V and I2V condition as model-owned state (``cache.SessionState``), and the
-last frames sent. One call::
+last frames sent. One engine call (a batch of robots' calls)::
 
-    check the observation (observation.validate_observation)   a bad one names its field; nothing changes
-    admit a new session (busy when neither the device nor the host swap budget holds one more)
+    check each observation (observation.validate_observation)   a bad one names its field; nothing changes
+    admit new sessions (busy when neither the device nor the host swap budget holds one more)
     make the call's sessions resident (kv Residency: idle ones swap to the host, LRU)
     stitch the cameras, normalise the state
-    restart (first call, new prompt, window full):
-        CLIP + y of the newest frame, text K/V of the prompt and of the negative prompt
-        t = 0 pass writes the first latent frame (a restarting kv chunk)
-    else:
-        VAE-encode the last 4 frames, t = 0 pass writes their 2 latent frames
-    denoise the next 2 latent frames and 24 actions (16 UniPC steps, CFG on video only)
-    unnormalise the conditional branch's actions -> float32 [24, 8]
+    restarting sessions (first call, new prompt, window full), one kv batch (restart, 1 frame):
+        CLIP + y of each one's newest frame, text K/V of its prompt and of the negative prompt
+        one t = 0 pass writes each one's first latent frame
+    continuing sessions, one kv batch (2 frames), whatever their window positions:
+        VAE-encode each one's last 4 frames; one t = 0 pass writes their 2 latent frames
+    denoise every session's next 2 latent frames and 24 actions in one forward a step
+        (16 UniPC steps, or the DiT on 8 with step_cache; CFG on video only)
+    unnormalise each conditional branch's actions -> float32 [24, 8]
+
+Robots start episodes at different times, so their window positions differ. The denoising
+forward does not need them equal: its rows are sessions x 2 branches, each row with its own
+RoPE frame offset (``DreamZeroDiT.forward``'s ``start_frame`` a row), its own slice of its
+``y``, its own cross K/V, and its own pages (kv/'s attention takes a different page count a
+row; ``cache.PagedRows`` attends the restarting and the continuing batch's rows apart). So N
+robots cost 16 forwards of 2N rows a call (8 with the step cache), not 16N of 2, plus one or
+two t = 0 passes. The t = 0 pass stays one per kv batch, since merging does not pay: a
+restart writes 1 frame and a chunk 2, so one pass would pad each restarting row with a
+frame of tokens (FLOPs for nothing), and kv/ keeps one chunk length a batch. Split, the two
+passes do the FLOPs one would; a call holding both kinds pays one more read of the weights
+(about 7 ms at 14B) beside its 16 (or 8) shared forwards. A session's chunks in any batch
+equal its chunks alone up to float32 rounding (the matrix kernels of other row counts).
 
 Noise is upstream's: the same seeded draw (seed 1140) every chunk, here one draw made at
 start on the CPU generator and shared by every session (upstream draws on the GPU's, whose
@@ -51,7 +65,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -61,7 +75,8 @@ from models.base import ModelError
 from models.policy.base import PolicyAdapter, PolicyWork
 from models.policy.dreamzero.cache import BRANCHES, PagedRows, SessionState, cross_rows, kv_geometry
 from models.policy.dreamzero.checkpoint import Checkpoint, CheckpointError
-from models.policy.dreamzero.conditioning import HISTORY, first_frame_condition, frame_size, frames_for_call, observed_latents
+from models.policy.dreamzero.conditioning import (HISTORY, FirstFrame, first_frame_condition, frame_size,
+                                                  frames_for_call, observed_latents)
 from models.policy.dreamzero.config import VAE_SPATIAL_STRIDE
 from models.policy.dreamzero.denoise import Branch, denoise_chunk, write_frames
 from models.policy.dreamzero.observation import (ACTION_DIM, ACTION_HORIZON, MAX_STATE_DIM, METADATA,
@@ -204,16 +219,7 @@ class DreamZeroPolicy(PolicyAdapter):
             for sid in new:
                 self._report(self.residency.open(sid))
             self._report(self.residency.ensure_resident(ids))
-            # Sessions at the same window position run as rows of one forward (rows = sessions x 2
-            # branches): their caches hold as many frames and they write and denoise the same
-            # frames. Sessions at different positions run one group after another.
-            groups: dict[tuple[bool, int], list[_Call]] = {}
-            for c in calls:
-                groups.setdefault((c.plan.restart, c.plan.denoise.start), []).append(c)
-            out: dict[str, Mapping[str, Any]] = {}
-            for group in groups.values():
-                for c, actions in zip(group, self._run_group(group)):
-                    out[c.work.session_id] = {"actions": actions}
+            out = dict(zip(ids, self._run_calls(calls)))
         except BaseException:
             for sid in ids:
                 self._abandon(sid)
@@ -343,48 +349,68 @@ class DreamZeroPolicy(PolicyAdapter):
         if self._drop_listener is not None:
             self._drop_listener(session_id, reason)
 
-    # -- one group of sessions at one window position --------------------------------------------
+    # -- one call: every session's rows in one denoising forward -----------------------------
 
     @torch.no_grad()
-    def _run_group(self, group: list[_Call]) -> list[np.ndarray]:
-        ck, plan = self.ckpt, group[0].plan
-        ids = [c.work.session_id for c in group]
-        R = len(group)
-        batch = self.cache.begin_batch(ids, frames=len(plan.write), restart=plan.restart)
-        if batch is None:   # ensure_resident made room for every chunk of the call
-            raise ModelError(f"no KV blocks for the chunks of {', '.join(ids)}")
-        if plan.restart:
-            firsts = [first_frame_condition(ck.image_encoder, ck.vae, c.frames[-1], self.cfg, self.device)
-                      for c in group]
-            states = []
-            sp = self.split if isinstance(self.split, Ulysses) else None
-            for c, f in zip(group, firsts):
-                contexts = []
-                for b in self.branches:   # 0: the task prompt, 1: the negative prompt
-                    text = self._encode_text(c.prompt) if b == 0 else self._negative
-                    layers = ck.dit.encode_context(text, f.clip)
-                    contexts.append(layers if sp is None else [kv.own_heads(sp) for kv in layers])
-                states.append(SessionState.build(contexts, f.y))
-            latents = torch.cat([f.latent for f in firsts])
-        else:
-            states = [self.residency.state(sid) for sid in ids]
-            latents = torch.cat([observed_latents(ck.vae, c.frames, self.cfg, self.device) for c in group])
-        branches = [Branch(None, cross_rows(states, i)) for i in range(len(self.branches))]
-        y = torch.cat([s.y for s in states])
-        write_frames(ck.dit, branches, latents, y[:, :, plan.write_condition], plan.write.start,
-                     paged=PagedRows(self.cache, batch, R, write=True))
-        _, actions = denoise_chunk(ck.dit, branches, self.noise_video.expand(R, -1, -1, -1, -1),
-                                   self.noise_actions.expand(R, -1, -1), torch.cat([c.state for c in group]),
-                                   y[:, :, plan.denoise_condition], plan.denoise.start, dit_steps=self.dit_steps,
-                                   paged=PagedRows(self.cache, batch, R, write=False),
+    def _run_calls(self, calls: list[_Call]) -> list[Mapping[str, Any]]:
+        """Every call of a batch; results in ``calls`` order (module docstring: one call)."""
+        ck = self.ckpt
+        # The t = 0 passes, one a kv batch: the restarting sessions' (1 frame each) and the
+        # continuing ones' (2 frames each, at each session's own window position).
+        groups = [g for g in ([c for c in calls if c.plan.restart], [c for c in calls if not c.plan.restart]) if g]
+        batches, states = [], []
+        for group in groups:
+            ids = [c.work.session_id for c in group]
+            restart = group[0].plan.restart
+            batch = self.cache.begin_batch(ids, frames=len(group[0].plan.write), restart=restart)
+            if batch is None:   # ensure_resident made room for every chunk of the call
+                raise ModelError(f"no KV blocks for the chunks of {', '.join(ids)}")
+            batches.append(batch)
+            if restart:
+                firsts = [first_frame_condition(ck.image_encoder, ck.vae, c.frames[-1], self.cfg, self.device)
+                          for c in group]
+                group_states = [self._new_state(c, f) for c, f in zip(group, firsts)]
+                latents = torch.cat([f.latent for f in firsts])
+            else:
+                group_states = [self.residency.state(sid) for sid in ids]
+                latents = torch.cat([observed_latents(ck.vae, c.frames, self.cfg, self.device) for c in group])
+            y = torch.cat([s.y[:, :, c.plan.write_condition] for c, s in zip(group, group_states)])
+            write_frames(ck.dit, self._branches(group_states), latents, y, self._starts(c.plan.write for c in group),
+                         paged=PagedRows(self.cache, batch, write=True))
+            states += group_states
+        # The denoising passes: one forward over every session of the call, whatever its position.
+        order = [c for g in groups for c in g]
+        R = len(order)
+        y = torch.cat([s.y[:, :, c.plan.denoise_condition] for c, s in zip(order, states)])
+        _, actions = denoise_chunk(ck.dit, self._branches(states), self.noise_video.expand(R, -1, -1, -1, -1),
+                                   self.noise_actions.expand(R, -1, -1), torch.cat([c.state for c in order]),
+                                   y, self._starts(c.plan.denoise for c in order), dit_steps=self.dit_steps,
+                                   paged=PagedRows(self.cache, batches, write=False),
                                    split=self.split if isinstance(self.split, CfgSplit) else None)
         actions = actions[:, :, :ACTION_DIM].float().cpu().numpy()
-        out = []
-        for i, c in enumerate(group):
-            session = _Session(c.prompt, plan.next_start, c.history)
-            self._pending[c.work.session_id] = _Staged(session, states[i] if plan.restart else None)
-            out.append(self.normalizer.actions(actions[i], c.obs.joint_position))
-        return out
+        out: dict[str, Mapping[str, Any]] = {}
+        for i, c in enumerate(order):
+            session = _Session(c.prompt, c.plan.next_start, c.history)
+            self._pending[c.work.session_id] = _Staged(session, states[i] if c.plan.restart else None)
+            out[c.work.session_id] = {"actions": self.normalizer.actions(actions[i], c.obs.joint_position)}
+        return [out[c.work.session_id] for c in calls]
+
+    def _new_state(self, call: _Call, first: FirstFrame) -> SessionState:
+        """A restart's ``SessionState``: each branch's cross K/V of the prompt and the new first frame."""
+        sp = self.split if isinstance(self.split, Ulysses) else None
+        contexts = []
+        for b in self.branches:   # 0: the task prompt, 1: the negative prompt
+            text = self._encode_text(call.prompt) if b == 0 else self._negative
+            layers = self.ckpt.dit.encode_context(text, first.clip)
+            contexts.append(layers if sp is None else [kv.own_heads(sp) for kv in layers])
+        return SessionState.build(contexts, first.y)
+
+    def _branches(self, states: Sequence[SessionState]) -> list[Branch]:
+        return [Branch(None, cross_rows(states, i)) for i in range(len(self.branches))]
+
+    def _starts(self, frames: Iterable[range]) -> torch.Tensor:
+        """Each row's first latent frame ``[R]``: its RoPE offset."""
+        return torch.tensor([f.start for f in frames], device=self.device)
 
     def _encode_text(self, text: str) -> torch.Tensor:
         """The umt5 states of ``text`` ``[1, text_len, text_dim]``, kept for the prompts in use."""

@@ -17,10 +17,12 @@ denoised chunk fills the attention window's last 2 frames and is never kept), no
 leaves the window between restarts, and ``frames_per_tick`` = 2 (a restart writes 1).
 A restart is ``begin_batch(restart=True)``: the old pages stay until the tick commits.
 
-Each call's passes all attend the pool through one ``KVBatch`` (``PagedRows``): the ``t = 0``
-pass writes its frames' K/V into the chunk's blocks and attends held + chunk; each denoising
-pass attends held + chunk plus its own noisy frames and 24 action + 1 state tokens as
-transient K/V (``PagedKVCache.attend_with``), which the pool never holds.
+A call's passes attend the pool through ``KVBatch``es (``PagedRows``): one for its restarting
+sessions and one for its continuing ones (a kv batch's chunks write one number of frames).
+The ``t = 0`` pass of each writes its frames' K/V into the chunk's blocks and attends held +
+chunk; each denoising pass, one forward over every session of the call, attends held + chunk
+plus its own noisy frames and 24 action + 1 state tokens as transient K/V
+(``PagedKVCache.attend_with``), which the pool never holds.
 
 No worker slot: the denoising passes' own K/V are activations (one layer at a time), so
 capacity counts none (``KVGeometry.worker_slot``). At DROID's size (40 layers, 40 heads of
@@ -129,31 +131,63 @@ class PagedRows:
 
     The DiT stacks its rows branch-major (every session's conditional row, then every
     negative one: ``denoise``'s CFG split); a ``KVBatch`` is session-major (each session's
-    branches in turn). With several sessions the rows are reordered into the batch's order
-    and back. ``write=True`` is the ``t = 0`` pass: its video K/V go into the chunk's blocks.
-    The branches are the pool's (one on a rank of a CFG split).
+    branches in turn). The forward's sessions are ``batches``' sessions in order: a call's
+    restarting sessions and its continuing ones are two kv batches (their chunks write 1 and
+    2 frames), and a denoising pass attends each batch's rows through it::
+
+        model rows   [ cond: s0 s1 s2 | neg: s0 s1 s2 ]      batches (s0), (s1 s2)
+        batch 0      s0c s0n                 <- model rows 0, 3
+        batch 1      s1c s1n s2c s2n         <- model rows 1, 4, 2, 5
+
+    Rows are reordered into each batch's order and back. Within a batch, rows may hold
+    different numbers of pages (sessions at different window positions); kv/'s attention
+    groups them. ``write=True`` is the ``t = 0`` pass (one batch): its video K/V go into the
+    chunk's blocks. The branches are the pool's (one on a rank of a CFG split).
     """
 
-    def __init__(self, cache: PagedKVCache, batch: KVBatch, sessions: int, *, write: bool) -> None:
+    def __init__(self, cache: PagedKVCache, batches: KVBatch | Sequence[KVBatch], *, write: bool) -> None:
+        batches = [batches] if isinstance(batches, KVBatch) else list(batches)
+        if not batches or (write and len(batches) != 1):
+            raise ValueError(f"a t = 0 pass writes one kv batch, a denoising pass attends one or more; "
+                             f"got {len(batches)}")
+        self.cache, self.write = cache, write
         B = cache.geometry.num_branches
-        self.cache, self.batch, self.write = cache, batch, write
-        self._to_batch = self._to_model = None
-        if sessions > 1 and B > 1:
-            # batch row r = s * B + b holds model row b * S + s
-            order = [(r % B) * sessions + r // B for r in range(sessions * B)]
-            device = cache.device
-            self._to_batch = torch.tensor(order, device=device)
-            self._to_model = torch.argsort(self._to_batch)
+        S = sum(len(b.session_ids) for b in batches)
+        self._parts: list[tuple[KVBatch, torch.Tensor | None]] = []
+        offset = 0
+        for batch in batches:
+            n = len(batch.session_ids)
+            # batch row r = s * B + b holds model row b * S + offset + s
+            order = [(r % B) * S + offset + r // B for r in range(n * B)]
+            identity = order == list(range(S * B))
+            self._parts.append((batch, None if identity else torch.tensor(order, device=cache.device)))
+            offset += n
+        self._to_model = None
+        if len(self._parts) == 1 and self._parts[0][1] is not None:
+            self._to_model = torch.argsort(self._parts[0][1])
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                video_tokens: int) -> torch.Tensor:
-        if self._to_batch is not None:
-            q, k, v = (t.index_select(0, self._to_batch) for t in (q, k, v))
         if self.write:
+            batch, to_batch = self._parts[0]
+            if to_batch is not None:
+                q, k, v = (t.index_select(0, to_batch) for t in (q, k, v))
             if k.shape[1] != video_tokens:
                 raise ValueError("a t = 0 pass writes video tokens only")
-            self.cache.write(layer, self.batch, k, v)
-            o = self.cache.attend(q, layer, self.batch)
-        else:
-            o = self.cache.attend_with(q, layer, self.batch, k, v)
-        return o if self._to_model is None else o.index_select(0, self._to_model)
+            self.cache.write(layer, batch, k, v)
+            o = self.cache.attend(q, layer, batch)
+            return o if self._to_model is None else o.index_select(0, self._to_model)
+        if len(self._parts) == 1:
+            batch, to_batch = self._parts[0]
+            if to_batch is not None:
+                q, k, v = (t.index_select(0, to_batch) for t in (q, k, v))
+            o = self.cache.attend_with(q, layer, batch, k, v)
+            return o if self._to_model is None else o.index_select(0, self._to_model)
+        out = None
+        for batch, to_batch in self._parts:
+            qb, kb, vb = (t.index_select(0, to_batch) for t in (q, k, v))
+            o = self.cache.attend_with(qb, layer, batch, kb, vb)
+            if out is None:
+                out = o.new_empty(q.shape[0], *o.shape[1:])
+            out.index_copy_(0, to_batch, o)
+        return out

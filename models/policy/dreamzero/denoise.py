@@ -17,6 +17,10 @@ cache the same frames, so their K/V have equal lengths and run as rows of one fo
 With one branch there is no guidance (both flows are that branch's). Nothing here
 writes K/V: the caller's ``t = 0`` pass (``write_frames``) does, before the chunk.
 
+``start_frame`` is one int for every row or ``[R]``, each row's own: rows of sessions at
+different window positions (their own RoPE offsets, ``y`` slices and cached frames) share
+every pass; the scheduler's step is elementwise, so a row's chunk is its chunk alone.
+
 A CFG split over two ranks (``split``, a ``models.world.parallel.CfgSplit``): each rank's
 forward runs its one branch's rows, and one all-gather a pass hands every rank both
 branches' flows, so both take the same guided step (and hold the same ``x`` and actions).
@@ -45,7 +49,7 @@ class Branch:
 
 @torch.no_grad()
 def write_frames(model: DreamZeroDiT, branches: Sequence[Branch], latents: torch.Tensor, y: torch.Tensor,
-                 start_frame: int, *, paged: PagedSelfKV | None = None) -> list[Branch]:
+                 start_frame: int | torch.Tensor, *, paged: PagedSelfKV | None = None) -> list[Branch]:
     """The ``t = 0`` pass: real frames' latents ``[R, C, F, h, w]`` (the first frame, or a chunk's
     observation) attend the cache and come back as each branch's new cache. With ``paged`` the
     cache is kv/'s pool, which the pass writes (the branches come back as they were)."""
@@ -58,7 +62,8 @@ def write_frames(model: DreamZeroDiT, branches: Sequence[Branch], latents: torch
 
 @torch.no_grad()
 def denoise_chunk(model: DreamZeroDiT, branches: Sequence[Branch], noise_video: torch.Tensor,
-                  noise_actions: torch.Tensor, state: torch.Tensor, y: torch.Tensor, start_frame: int, *,
+                  noise_actions: torch.Tensor, state: torch.Tensor, y: torch.Tensor,
+                  start_frame: int | torch.Tensor, *,
                   steps: int = NUM_STEPS, guidance: float = GUIDANCE_SCALE, shift: float = FLOW_SHIFT,
                   dit_steps: tuple[int, ...] | None = None,
                   paged: PagedSelfKV | None = None,
@@ -129,10 +134,13 @@ def _stack(branches: Sequence[Branch]) -> _Stacked:
 
 
 def _forward(model: DreamZeroDiT, branches, latents: torch.Tensor, y: torch.Tensor, t: torch.Tensor,
-             start_frame: int, keep_kv: bool = True, paged: PagedSelfKV | None = None, **register) -> _Out:
+             start_frame: int | torch.Tensor, keep_kv: bool = True, paged: PagedSelfKV | None = None,
+             **register) -> _Out:
     s = _stack(branches)
     n = s.branches
     rep = {k: torch.cat([v] * n) for k, v in register.items()}
+    if isinstance(start_frame, torch.Tensor):   # rows are branch-major: each branch's rows in turn
+        start_frame = torch.cat([start_frame] * n)
     out = model(torch.cat([latents] * n), torch.cat([y] * n), torch.cat([t] * n), start_frame, s.cross, s.kv,
                 keep_kv=keep_kv and paged is None, paged=paged, **rep)
     per = [[(k.chunk(n)[b], v.chunk(n)[b]) for k, v in out.kv] for b in range(n)]

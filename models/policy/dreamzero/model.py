@@ -16,7 +16,9 @@ state dict loads name for name. One forward runs one chunk of every row::
 RoPE: video tokens 3-D (frame, row, column; the frame at its absolute latent index),
 action and state tokens 1-D at positions ``k * 24 + j`` and ``k`` for the index ``k`` of
 the block the call's last frame is in: ``(start_frame - 1) // num_frame_per_block`` for a
-chunk (upstream ``causal_rope_action_apply``), 0 for a one-block training sequence.
+chunk (upstream ``causal_rope_action_apply``), 0 for a one-block training sequence. Each row
+has its own ``start_frame`` (rows of sessions at different window positions share a forward);
+a row's angles are those it has alone.
 
 Self-attention (inference, upstream ``CausalWanSelfAttention`` with a kv cache): every
 query of the chunk (video, actions and the state) attends to the cached video K/V, the
@@ -232,6 +234,15 @@ class Block(nn.Module):
         return (x.float() + y.float() * mod[5]).type_as(x), kv
 
 
+def row_starts(start_frame: int | torch.Tensor, rows: int, device: torch.device) -> torch.Tensor:
+    """Each row's first latent frame ``[rows]`` (int64): one for all, or one a row."""
+    if isinstance(start_frame, torch.Tensor):
+        if tuple(start_frame.shape) != (rows,):
+            raise ValueError(f"start_frame must be one int or [{rows}], got {tuple(start_frame.shape)}")
+        return start_frame.to(device=device, dtype=torch.int64)
+    return torch.full((rows,), start_frame, dtype=torch.int64, device=device)
+
+
 def action_rope_angles(head_dim: int, positions: torch.Tensor) -> torch.Tensor:
     """1-D RoPE angles ``[len(positions), head_dim / 2]`` over every rotated pair (upstream
     ``rope_params(max_len, head_dim)``): ``pos / 10000^(2i / head_dim)``."""
@@ -288,15 +299,16 @@ class DreamZeroDiT(nn.Module):
         conv = self.patch_embedding
         return F.linear(x, conv.weight.flatten(1), conv.bias)
 
-    def forward(self, latents: torch.Tensor, y: torch.Tensor, timestep: torch.Tensor, start_frame: int,
+    def forward(self, latents: torch.Tensor, y: torch.Tensor, timestep: torch.Tensor, start_frame: int | torch.Tensor,
                 cross: list[CrossKV], past: list[KV] | None = None, *, actions: torch.Tensor | None = None,
                 action_timestep: torch.Tensor | None = None, state: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, keep_kv: bool = True,
                 paged: PagedSelfKV | None = None) -> ChunkOutput:
         """One chunk. ``latents [R, out_dim, F, h, w]``, ``y [R, in_dim - out_dim, F, h, w]`` (mask
         channels + first-frame latents), ``timestep [R]`` or ``[R, F]`` (0 for a K/V pass),
-        ``start_frame``: the absolute latent index of the chunk's first frame, ``cross``: every
-        layer's cross K/V (rows as ``latents``), ``past``: every layer's cached video K/V or None.
+        ``start_frame``: the absolute latent index of the chunk's first frame (one int for every
+        row, or ``[R]``: each row's own), ``cross``: every layer's cross K/V (rows as
+        ``latents``), ``past``: every layer's cached video K/V or None.
         ``actions [R, T, action_dim]`` with ``action_timestep [R]`` and ``state [R, S, max_state_dim]``
         add the action register (all three or none). ``keep_kv=False`` (a denoising pass) drops
         each layer's cache + chunk K/V as soon as the layer is done (at 14B, 7 cached frames and
@@ -333,7 +345,8 @@ class DreamZeroDiT(nn.Module):
         if tuple(timestep.shape) != (R, Fr):
             raise ValueError(f"timestep must be [rows] or [rows, {Fr}], got {tuple(timestep.shape)}")
         t = timestep.repeat_interleave(tpf, 1)                                           # [R, F*tpf]
-        angles = rope_angles(cfg.head_dim, torch.full((R,), start_frame, device=x.device), Fr, hp, wp)
+        starts = row_starts(start_frame, R, x.device)
+        angles = rope_angles(cfg.head_dim, starts, Fr, hp, wp)
         if register:
             if actions.shape[0] != R or actions.shape[2] != cfg.action_dim:
                 raise ValueError(f"actions must be [{R}, steps, {cfg.action_dim}], got {tuple(actions.shape)}")
@@ -344,10 +357,11 @@ class DreamZeroDiT(nn.Module):
             enc = self.action_encoder(actions.to(dtype), ta)
             x = torch.cat([x, enc, self.state_encoder(state.to(dtype))], 1)
             t = torch.cat([t, ta.to(t.dtype), action_timestep[:, None].expand(R, S).to(t.dtype)], 1)
-            k = (start_frame + Fr - 2) // cfg.num_frame_per_block     # the last frame's block
+            # Each row's last frame's block.
+            k = torch.div(starts + Fr - 2, cfg.num_frame_per_block, rounding_mode="floor")[:, None]
             pos = torch.cat([k * cfg.num_action_per_block + torch.arange(T, device=x.device),
-                             k * cfg.num_state_per_block + torch.arange(S, device=x.device)])
-            angles = torch.cat([angles, action_rope_angles(cfg.head_dim, pos)[None].expand(R, -1, -1)], 1)
+                             k * cfg.num_state_per_block + torch.arange(S, device=x.device)], 1)   # [R, T + S]
+            angles = torch.cat([angles, action_rope_angles(cfg.head_dim, pos.flatten()).view(R, T + S, -1)], 1)
         cos, sin = angles.cos().float(), angles.sin().float()
         e = self.time_embedding(timestep_embedding(cfg.freq_dim, t).to(dtype)).float()    # [R, L, dim]
         e0 = self.time_projection(e.to(dtype)).float().unflatten(2, (6, cfg.dim))

@@ -1,5 +1,6 @@
 """DreamZeroPolicy on the tiny checkpoint (DROID's action register): per-session windows, batching
-that does not change a session's chunks, reset, K/V in kv/'s pool swapped to the host and back,
+that does not change a session's chunks (sessions at different window positions share every
+denoising forward), reset, K/V in kv/'s pool swapped to the host and back,
 admission, drops, bad observations, uncommitted ticks."""
 
 from __future__ import annotations
@@ -65,27 +66,110 @@ def test_chunks_are_droid_actions_and_the_window_walks(policy):
     assert [len(policy._sessions["a"].history)] == [4]
 
 
-def test_a_session_alone_and_beside_another_gives_the_same_chunks(policy):
+def dit_rows(policy) -> tuple[list[int], object]:
+    """The rows of every DiT forward from now on (a hook on the DiT) and the hook's handle."""
+    rows: list[int] = []
+    return rows, policy.ckpt.dit.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+
+
+def test_a_session_beside_another_one_call_behind_shares_its_denoising_forwards(policy):
     alone = episode(policy, "solo", seed=7, calls=4)
     policy.reset("solo")
-    # z one call behind: the two are never at the same window position, so each engine call
-    # runs them one group after the other, and x's chunks are exactly its chunks alone.
-    rows = []
-    hook = policy.ckpt.dit.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    # z one call behind: at TINY's 2-call window one of the two restarts and the other goes on
+    # in every call, so they write in two t = 0 passes (a restart writes 1 frame, a chunk 2),
+    # then denoise in one forward of 2 sessions x 2 branches.
+    rows, hook = dit_rows(policy)
     try:
         beside = [step(policy, {"x": (7, i), **({"z": (9, i - 1)} if i else {})})["x"] for i in range(4)]
     finally:
         hook.remove()
-    assert rows == [2] * 17 * 7                     # each session's own passes, its 2 branches as rows
+    assert rows == [2] * 17 + ([2, 2] + [4] * 16) * 3
+    # Rows of one forward: x's chunks are its chunks alone to float32 rounding (a batch of 2 rows
+    # takes other CPU matrix kernels than one, last bits apart).
     for a, b in zip(alone, beside):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=2e-6)
+
+
+@pytest.fixture(scope="module")
+def droid_window_folders(tmp_path_factory):
+    """TINY_DROID with DROID's window: 9 latent frames (4 calls a window), 9 condition latents."""
+    root = tmp_path_factory.mktemp("dreamzero_window")
+    cfg = dataclasses.replace(TINY_DROID, max_chunk_size=4, num_frames=33)
+    return str(write_tiny_checkpoint(root / "ckpt", cfg=cfg)), str(write_tiny_tokenizer(root / "tok"))
+
+
+@pytest.mark.parametrize("step_cache", [False, True])
+def test_sessions_started_one_call_apart_share_every_denoising_forward(droid_window_folders, step_cache):
+    policy = load_policy(*droid_window_folders, sessions=3, step_cache=step_cache)
+    seeds, calls = {"x": 7, "y": 8, "z": 9}, 6
+    alone = {}
+    for k, (sid, seed) in enumerate(seeds.items()):
+        alone[sid] = episode(policy, sid, seed, calls - k)
+        policy.reset(sid)
+    rows, hook = dit_rows(policy)
+    starts, got = [], {sid: [] for sid in seeds}
+    try:
+        for i in range(calls):
+            # x at its call i, y one call behind, z two: from the third engine call on, three
+            # different window positions (DROID's walk: 0 restart, 3, 5, 7, then restart).
+            starts.append({sid: policy._sessions[sid].start if sid in policy._sessions else 0
+                           for k, sid in enumerate(seeds) if i - k >= 0})
+            out = step(policy, {sid: (seed, i - k) for k, (sid, seed) in enumerate(seeds.items()) if i - k >= 0})
+            for sid, actions in out.items():
+                got[sid].append(actions)
+    finally:
+        hook.remove()
+    assert starts == [{"x": 0}, {"x": 3, "y": 0}, {"x": 5, "y": 3, "z": 0}, {"x": 7, "y": 5, "z": 3},
+                      {"x": 9, "y": 7, "z": 5}, {"x": 3, "y": 9, "z": 7}]
+    # Per engine call: the restarting sessions' t = 0 pass, the continuing ones', then the
+    # denoising passes (16, or 8 with the step cache), each over every session x 2 branches.
+    steps = 8 if step_cache else 16
+    writes = [[2], [2, 2], [2, 4], [6], [2, 4], [2, 4]]
+    assert rows == [n for w in writes for n in w + [sum(w)] * steps]
+    for sid in seeds:
+        assert len(got[sid]) == len(alone[sid])
+        for a, b in zip(alone[sid], got[sid]):
+            np.testing.assert_allclose(b, a, rtol=0, atol=2e-6)
+    assert np.abs(got["x"][2] - got["y"][2]).max() > 1e-2
+
+
+def test_a_failed_mixed_call_leaves_every_session_as_it_was(folders):
+    policy = load_policy(*folders, sessions=3)
+    want = {sid: episode(load_policy(*folders, sessions=1), sid, seed, 3) for sid, seed in (("a", 1), ("b", 2))}
+    step(policy, {"a": (1, 0)})
+    step(policy, {"a": (1, 1), "b": (2, 0)})
+    before = {sid: policy._sessions[sid] for sid in "ab"}
+    states = {sid: policy.residency.state(sid) for sid in "ab"}
+    free = policy.cache.num_free_blocks
+    # a restarts (TINY: its call 2) and b goes on (its call 1); the forward fails in a denoising pass.
+    rows, hook = dit_rows(policy)
+
+    def second_denoising_pass(module, args, out):
+        if len(rows) == 4:
+            raise RuntimeError("boom")
+    fail = policy.ckpt.dit.register_forward_hook(second_denoising_pass)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            policy.run_batch([PolicyWork("a", "a:2", observation(1, 2)), PolicyWork("b", "b:1", observation(2, 1))])
+    finally:
+        fail.remove()
+        hook.remove()
+    assert rows[:3] == [2, 2, 4]                     # both t = 0 passes ran, then the shared forward
+    for sid in "ab":
+        policy.end_tick(sid, False)
+        assert policy._sessions[sid] is before[sid] and policy.residency.state(sid) is states[sid]
+        assert not policy.cache.in_flight(sid)
+    assert policy.cache.num_free_blocks == free
+    assert (policy.cache.committed_frames("a"), policy.cache.committed_frames("b")) == (3, 1)
+    got = step(policy, {"a": (1, 2), "b": (2, 1)})
+    np.testing.assert_allclose(got["a"], want["a"][2], rtol=0, atol=2e-6)
+    np.testing.assert_allclose(got["b"], want["b"][1], rtol=0, atol=2e-6)
 
 
 def test_sessions_at_one_window_position_share_a_forward(policy):
     alone = episode(policy, "solo", seed=7, calls=4)
     policy.reset("solo")
-    rows = []
-    hook = policy.ckpt.dit.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    rows, hook = dit_rows(policy)
     try:
         both = [step(policy, {"x": (7, i), "y": (8, i)}) for i in range(4)]
     finally:
