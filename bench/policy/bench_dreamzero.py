@@ -51,8 +51,8 @@ and is skipped when it would start after ``--budget-s``):
                 an 80 GB card holds 2): each alone (bare, one at a time: the reference), all in
                 one batched call (bare; these two run before the server starts), and all through
                 the server at once; aggregate chunks/s against what the roofline allows, p50/p99
-                per robot, robots per DiT forward (robots at different window positions share an
-                engine batch, not a forward), and each robot's actions against its chunks alone
+                per robot, robots per DiT forward (the robots of an engine batch share every
+                denoising forward, whatever their window positions), and each robot's actions against its chunks alone
                 (the noise is fixed: seed 1140).
 
 Progress goes to stderr; the JSON (``--out``) holds the command, the machine and versions.
@@ -798,8 +798,8 @@ def robots_served(policy: Any, clock: Clock, url: str, bare_part: dict[str, Any]
         "bare": bare_part,
         "how": "aggregate: the robots' steady chunks over the time from the first reply to the last; alone: each "
                "robot's chunks from its own session run one at a time (bare); the noise is the same draw for all; "
-               "robots at different window positions are one engine batch but separate DiT forwards "
-               "(robots_per_dit_forward_mean)"}
+               "the robots of one engine batch share each denoising forward at their own window positions; the t = 0 "
+               "write passes are one for restarting robots and one for continuing ones (robots_per_dit_forward_mean)"}
     if rate:
         flops = per_call_flops(policy, args.served_schedule, args.robot_calls)[1:]
         per_chunk = statistics.fmean(f["total"] for f in flops)
