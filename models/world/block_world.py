@@ -7,8 +7,10 @@ block pending (its K/V in the chunk's scratch pages, its next state aside) and `
 or drops it; only a kept block becomes the session's state (``_commit``). Decoding streams
 through a per-session decoder state that moves on in place and cannot be rewound, so a block
 dropped after it was decoded, or one whose batch failed after its decode, closes that
-session's world: its next tick must start again at chunk 0. The model's subclass says how a
-session opens and what one block is (``_block``).
+session's world: its next tick must start again at chunk 0. A block's rows are decoded in one
+call (``_decode``: the decoder's ``frames_batch`` / ``decode_batch``), frame by frame to each
+request's ``on_frame`` when one streams. The model's subclass says how a session opens and what
+one block is (``_block``).
 
 A block world (``BlockWorld``) serves such a pipeline behind the world seam: a session opens
 (again) at its chunk-0 tick, one block per tick, and the Wan VAE's first block, 3 frames short
@@ -48,6 +50,11 @@ class BlockPipeline(abc.ABC, Generic[S, P]):
     """Sessions keyed by id on a kv pool, one block per ``run``. One owner thread calls it."""
 
     name: str   # the model, in log lines
+    # The streaming decoder (``StreamingWanDecoder`` or ``TAEHVDecoder``): one state per session.
+    decoder: Any
+    # ``_decode`` returns a block's frames as a uint8 tensor on the device instead of numpy
+    # when no row streams (the world base copies a batch to the host at once).
+    device_frames = False
 
     def __init__(self, cache: PagedKVCache, host_budget_bytes: int) -> None:
         self.cache = cache
@@ -63,6 +70,10 @@ class BlockPipeline(abc.ABC, Generic[S, P]):
     def _block(self, requests: Sequence[Any], batch: Any, decoded: list[str]) -> tuple[list[Any], dict[str, P]]:
         """One block for ``requests`` in the kv ``batch``: each one's frames and what its ``end``
         commits. Appends each session id to ``decoded`` before its decoder state moves on."""
+
+    @abc.abstractmethod
+    def _decode_state(self, session_id: str) -> Any:
+        """The session's streaming decoder state (``decoder``'s)."""
 
     def _commit(self, session_id: str, pending: P) -> None:
         """Make a kept block's pending state the session's (its kv chunk is committed)."""
@@ -157,6 +168,33 @@ class BlockPipeline(abc.ABC, Generic[S, P]):
         self._pending.update(pending)
         return frames
 
+    def _decode(self, requests: Sequence[Any], z: torch.Tensor, decoded: list[str]) -> list[Any]:
+        """Every row of ``z`` (the decoder's input, row ``r`` of ``requests[r]``'s session) decoded
+        after its session's decoder state in one batched call: each block's frames, uint8
+        ``[T, H, W, 3]`` (9 for a session's first block, 12 after).
+
+        When a request has an ``on_frame`` the block is decoded one latent frame at a time for all
+        rows, and each frame goes to its row's ``on_frame(index, uint8 [1, H, W, 3])`` as soon as
+        its latent frame is decoded: the rows' earlier frames before any row's later ones, and
+        within a latent frame frame ``j`` of every row before frame ``j + 1``. Otherwise the block
+        is decoded whole (one pass for TAEHV). One row is the decoder's ``frames`` / ``decode``."""
+        states = [self._decode_state(r.session_id) for r in requests]
+        decoded.extend(r.session_id for r in requests)   # the states move from here on
+        if not any(r.on_frame is not None for r in requests):
+            blocks = [_uint8(v).permute(1, 2, 3, 0) for v in self.decoder.decode_batch(states, z)]
+            return blocks if self.device_frames else [b.cpu().numpy() for b in blocks]
+        sinks = [r.on_frame for r in requests]
+        frames: list[list[np.ndarray]] = [[] for _ in requests]
+        for rows, video in self.decoder.frames_batch(states, z):       # [n, 3, t, H, W]
+            host = _uint8(video).permute(0, 2, 3, 4, 1).cpu().numpy()  # [n, t, H, W, 3], one copy
+            for j in range(host.shape[1]):
+                for k, row in enumerate(rows):
+                    px = host[k, j:j + 1]
+                    if sinks[row] is not None:
+                        sinks[row](len(frames[row]), px)
+                    frames[row].append(px)
+        return [np.concatenate(f) for f in frames]
+
     def _prepare(self, requests: Sequence[Any]) -> None:
         """What a block's requests change before the batch starts (default: nothing)."""
 
@@ -173,6 +211,11 @@ class BlockPipeline(abc.ABC, Generic[S, P]):
             log.info("%s session=%s block dropped after decoding: its world is closed", self.name, session_id)
             self.cache.abort_chunk(session_id)
             self.close(session_id)
+
+
+def _uint8(video: torch.Tensor) -> torch.Tensor:
+    """Decoder pixels in [-1, 1] as uint8."""
+    return ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 def held_first(frames: Any, count: int) -> Any:

@@ -1,4 +1,4 @@
-"""TAEHV's decoder for Wan 2.1 latents, streaming one session's state at a time.
+"""TAEHV's decoder for Wan 2.1 latents: one streaming state per session, sessions batched.
 
 TAEHV (madebyollin/taehv, MIT) is a tiny all-2D-conv video autoencoder; its
 ``taew2_1.pth`` decodes the latents of the Wan 2.1 VAE (16 channels, also the VAE
@@ -50,25 +50,30 @@ the container the Wan decoder uses, so residency and the pipeline treat both ali
     for frame in dec.frames(state, z_block):      # z_block [1, 16, T, 60, 104], normalised
         send(frame)                               # [1, 3, 480, 832] in [-1, 1]
     video = dec.decode(state, z_next)             # [1, 3, T_out, 480, 832], one pass
+    for rows, video in dec.frames_batch(states, z_rows):   # many sessions' rows, one pass a latent frame
+        send(rows, video)                         # [len(rows), 3, t, 480, 832]
+    videos = dec.decode_batch(states, z_rows)     # one pass for all rows: row r [3, T_out, 480, 832]
     state.reset(); state.free()
 
 ``frames`` runs one latent frame at a time (the first frame is out after one
 latent frame's work); ``decode`` runs the block's latent frames in one pass,
 batched over time. Both give what one decode of the session's whole latent video
-gives (to float rounding: the convolutions see other batch sizes).
+gives (to float rounding: the convolutions see other batch sizes). The batched
+calls read and write each session's own state tensors in place (no stacked copy),
+and mix a session's first block with later ones in one pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.world.wan_vae import WanDecodeState
+from models.world.wan_vae import WanDecodeState, by_row, check_rows, rows_apart
 
 LATENT_CHANNELS = 16
 #: Decoder widths: stage s runs at WIDTHS[s] and ends in a conv to WIDTHS[s + 1].
@@ -160,6 +165,8 @@ class TAEHVDecoder(nn.Module):
     """The taew2_1 decoder; its ``state_dict`` keys are the file's ``decoder.*`` keys."""
 
     latent_channels = LATENT_CHANNELS
+    #: How a batch of sessions' rows runs its convolutions (``wan_vae.rows_apart``; None: apart on CPU).
+    batch_invariant: bool | None = None
     #: Output frames per latent frame after a session's first.
     temporal_upsample = math.prod(TIME_STRIDES)
     #: Pixels per latent pixel along height and width.
@@ -229,6 +236,57 @@ class TAEHVDecoder(nn.Module):
         self._check(state, z)
         return self._advance(state, z)
 
+    def frames_batch(self, states: Sequence[WanDecodeState],
+                     z: torch.Tensor) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Decode row ``r`` of ``z`` [R, 16, T, h, w] after ``states[r]``'s past (each a one-row
+        state of its own session), all rows in one pass per latent frame; yield ``(rows, video
+        [len(rows), 3, t, H, W])`` as each latent frame is done.
+
+        Rows at a session's first latent frame and later rows run in the same pass (the
+        decoder does the same work for both; a first latent frame's first 3 frames are then
+        dropped), yielded as two groups, first rows first. Each row equals its session decoded
+        alone: bit for bit where its convolutions run apart (``rows_apart``: CPU), to float
+        rounding where all rows share them (CUDA; tests/models/world/test_batched_decode.py).
+        One row is ``frames`` itself, one frame per yield, bit for bit. Refuses (``ValueError``)
+        before any state moves."""
+        check_rows(states, z, LATENT_CHANNELS)
+        if len(states) == 1:
+            return (([0], f.unsqueeze(2)) for f in self.frames(states[0], z))
+        return self._frames_batch(states, z)
+
+    @torch.no_grad()
+    def decode_batch(self, states: Sequence[WanDecodeState], z: torch.Tensor) -> list[torch.Tensor]:
+        """Decode a whole block of every row in one pass: row ``r``'s ``[3, T_out, H, W]``.
+        One row is ``decode`` itself."""
+        check_rows(states, z, LATENT_CHANNELS)
+        if len(states) == 1:
+            return [self.decode(states[0], z)[0]]
+        videos: dict[int, torch.Tensor] = {}
+        for rows, video in self._advance_rows(states, z):
+            videos.update(zip(rows, video))
+        return [videos[r] for r in range(len(states))]
+
+    @torch.no_grad()
+    def _frames_batch(self, states: Sequence[WanDecodeState],
+                      z: torch.Tensor) -> Iterator[tuple[list[int], torch.Tensor]]:
+        for i in range(z.shape[2]):
+            yield from self._advance_rows(states, z[:, :, i:i + 1])
+
+    def _advance_rows(self, states: Sequence[WanDecodeState],
+                      z: torch.Tensor) -> list[tuple[list[int], torch.Tensor]]:
+        first = [r for r, s in enumerate(states) if s.latent_frames == 0]
+        later = [r for r, s in enumerate(states) if s.latent_frames > 0]
+        memory = list(zip(*(s.caches for s in states)))   # per MemBlock, the rows' own tensors
+        x = self._run(memory, z.to(self.dtype).transpose(1, 2))
+        x = x.clamp(0, 1).mul(2).sub(1).transpose(1, 2)
+        for s in states:
+            s.latent_frames += z.shape[2]
+        if not first:
+            return [(later, x)]
+        if not later:
+            return [(first, x[:, :, TRIM_FRAMES:])]
+        return [(first, x[first][:, :, TRIM_FRAMES:]), (later, x[later])]
+
     def _check(self, state: WanDecodeState, z: torch.Tensor) -> None:
         if (z.dim() != 5 or z.shape[0] != state.batch or z.shape[1] != LATENT_CHANNELS or z.shape[2] < 1
                 or tuple(z.shape[3:]) != state.latent_hw):
@@ -242,22 +300,36 @@ class TAEHVDecoder(nn.Module):
         state.latent_frames += z.shape[2]
         return x[:, :, TRIM_FRAMES:] if first else x
 
-    def _run(self, memory: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def _run(self, memory: list[torch.Tensor] | list[tuple[torch.Tensor, ...]], x: torch.Tensor) -> torch.Tensor:
         """The decoder over ``x`` [B, T, C, h, w], parallel in time (frames flattened b-major
         into the conv batch), each MemBlock's past being its input one frame back: the
-        memory for this call's first frame, then the frames before. Advances ``memory``."""
+        memory for this call's first frame, then the frames before. Advances ``memory``:
+        per MemBlock one ``[B, C, h, w]`` tensor, or a tuple of B ``[1, C, h, w]`` tensors,
+        one per row (sessions' own states, read and written in place)."""
         b, t = x.shape[:2]
         h = x.flatten(0, 1)
         mem = iter(memory)
+        rows = not isinstance(memory[0], torch.Tensor)
+        split = b if rows and rows_apart(self.batch_invariant, x.device) else 1   # ``by_row``
         for layer in self.decoder:
             if isinstance(layer, _MemBlock):
                 m = next(mem)                                      # [B, C, h, w]
                 seq = h.unflatten(0, (b, t))
-                past = torch.cat([m.unsqueeze(1), seq[:, :-1]], 1).flatten(0, 1)
-                m.copy_(seq[:, -1])
-                h = layer(h, past)
+                if isinstance(m, torch.Tensor):
+                    past = torch.cat([m.unsqueeze(1), seq[:, :-1]], 1).flatten(0, 1)
+                    m.copy_(seq[:, -1])
+                else:
+                    # Where torch.cat puts the memory, each row's own: the copies one row
+                    # makes alone, and no stacked copy of the states.
+                    past = torch.empty_like(seq)
+                    past[:, 1:] = seq[:, :-1]
+                    for r, row in enumerate(m):
+                        past[r, 0] = row[0]
+                        row.copy_(seq[r:r + 1, -1])
+                    past = past.flatten(0, 1)
+                h = by_row(layer, split, h, past)
             else:
-                h = layer(h)
+                h = by_row(layer, split, h)
                 if isinstance(layer, _TGrow):
                     t *= layer.stride
         return h.unflatten(0, (b, t))

@@ -1,4 +1,4 @@
-"""Streaming causal decode of Wan VAE latents, one session's state at a time.
+"""Streaming causal decode of Wan VAE latents: one state per session, sessions batched.
 
 The Wan 2.1 VAE decoder (``diffusers.AutoencoderKLWan``) is causal in time: every
 3-tap temporal convolution sees the current frames plus the last two frames of
@@ -30,13 +30,23 @@ API (the engine thread is the only caller; a session owns one state)::
     for frame in dec.frames(state, z_block):             # z_block [B, z_dim, T, 60, 104]
         send(frame)                                      # [B, 3, 480, 832], in [-1, 1]
     video = dec.decode(state, z_next)                    # [B, 3, T_out, 480, 832]
+    for rows, video in dec.frames_batch(states, z_rows): # sessions' one-row states, z_rows [R, ...]
+        send(rows, video)                                # [len(rows), 3, t, 480, 832]
+    videos = dec.decode_batch(states, z_rows)            # row r: [3, T_out, 480, 832]
     state.to_host(); state.to_device("cuda")             # swap, bit-exact
     state.reset()                                        # session reset: zeros again
     state.free()                                         # session close
 
 ``frames`` yields each output frame as soon as its latent frame is decoded, so
 the first frame of a block is out after one latent frame's work, not the
-block's. ``state.latent_frames`` counts the latent frames decoded so far.
+block's. ``frames_batch`` does the same for the rows of many sessions, each
+after its own state, all rows in one call per latent frame: every causal conv
+copies each row's cache into the batch's conv input and its last frames back,
+the copies one session alone makes, so a batch holds no stacked copy of the
+states and needs no memory beyond its activations (kv capacity counts each
+state once, as ``model_state_bytes``). ``rows_apart`` says when a row's kernels
+still run alone (CPU: bit for bit). ``state.latent_frames`` counts the latent
+frames decoded so far.
 ``cuda_graph=True`` replays the per-latent-frame step as a CUDA graph per state
 (captured on the state's second steady step, dropped when the state moves);
 ``channels_last=True`` runs the convolutions channels-last with the spatial
@@ -56,7 +66,7 @@ the LingBot-World and DreamZero VAE.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -151,15 +161,18 @@ class WanDecodeState:
 class StreamingWanDecoder:
     """Stateful block-by-block decode with a ``diffusers.AutoencoderKLWan``'s weights."""
 
-    def __init__(self, vae: nn.Module, *, cuda_graph: bool = False, channels_last: bool = False) -> None:
+    def __init__(self, vae: nn.Module, *, cuda_graph: bool = False, channels_last: bool = False,
+                 batch_invariant: bool | None = None) -> None:
         """``vae``: an ``AutoencoderKLWan`` (Wan 2.1 layout). ``channels_last`` converts its
-        decoder weights to channels-last in place (same values; other users of the module see it)."""
+        decoder weights to channels-last in place (same values; other users of the module see it).
+        ``batch_invariant``: how a batch of sessions' rows runs its kernels (``rows_apart``)."""
         config = vae.config
         if getattr(config, "is_residual", False) or getattr(config, "patch_size", None) is not None:
             raise ValueError("streaming decode supports the Wan 2.1 VAE layout only (is_residual=False, no patch_size)")
         self.vae = vae
         self.cuda_graph = cuda_graph
         self.channels_last = channels_last
+        self.batch_invariant = batch_invariant
         dec = vae.decoder
         self._upsamplers = [up.upsamplers[0] for up in dec.up_blocks if up.upsamplers is not None]
         #: Output frames per latent frame after a session's first (4 for Wan 2.1).
@@ -256,6 +269,60 @@ class StreamingWanDecoder:
         """Decode a whole block: ``[B, C, T_out, H, W]`` (see ``frames``)."""
         return torch.stack(list(self.frames(state, z)), dim=2)
 
+    def frames_batch(self, states: Sequence[WanDecodeState],
+                     z: torch.Tensor) -> Iterator[tuple[list[int], torch.Tensor]]:
+        """Decode row ``r`` of ``z`` [R, z_dim, T, h, w] after ``states[r]``'s past (each a
+        one-row state of its own session), all rows in one call per latent frame; yield
+        ``(rows, video [len(rows), C, t, H, W])`` as each latent frame is done.
+
+        A session's first latent frame makes 1 frame and skips the upsamplers' time convs,
+        every later one makes 4, so on that latent frame the rows at their first block run
+        as one call and the others as another (first rows first); every other latent frame
+        is one call for all rows. Each row equals its session decoded alone: bit for bit where
+        its convolutions and attention run apart (``rows_apart``: CPU), to float rounding where
+        all rows share them (CUDA; tests/models/world/test_batched_decode.py). Rows run eager
+        (``cuda_graph`` is for one row). One row is ``frames`` itself, one frame per yield, bit
+        for bit. Refuses (``ValueError``) before any state moves."""
+        check_rows(states, z, self.vae.post_quant_conv.in_channels)
+        if len(states) == 1:
+            return (([0], f.unsqueeze(2)) for f in self.frames(states[0], z))
+        return self._frames_batch(states, z)
+
+    @torch.no_grad()
+    def decode_batch(self, states: Sequence[WanDecodeState], z: torch.Tensor) -> list[torch.Tensor]:
+        """Decode a whole block of every row (``frames_batch``): row ``r``'s ``[C, T_out, H, W]``.
+        One row is ``decode`` itself."""
+        if len(states) == 1:
+            check_rows(states, z, self.vae.post_quant_conv.in_channels)
+            return [self.decode(states[0], z)[0]]
+        videos: list[list[torch.Tensor]] = [[] for _ in states]
+        for rows, video in self.frames_batch(states, z):
+            for k, r in enumerate(rows):
+                videos[r].append(video[k])
+        return [torch.cat(v, dim=1) for v in videos]
+
+    @torch.no_grad()
+    def _frames_batch(self, states: Sequence[WanDecodeState],
+                      z: torch.Tensor) -> Iterator[tuple[list[int], torch.Tensor]]:
+        apart = rows_apart(self.batch_invariant, z.device)
+        x = by_row(self.vae.post_quant_conv, len(states) if apart else 1, z)
+        for i in range(x.shape[2]):
+            step = x[:, :, i : i + 1]
+            first = [r for r, s in enumerate(states) if s.latent_frames == 0]
+            later = [r for r, s in enumerate(states) if s.latent_frames > 0]
+            for rows, is_first in ((first, True), (later, False)):
+                if not rows:
+                    continue
+                xs = step if len(rows) == len(states) else step[rows]
+                if len(rows) == 1:
+                    caches: list = states[rows[0]].caches
+                else:   # per conv, the rows' own cache tensors (``_conv_rows``)
+                    caches = list(zip(*(states[r].caches for r in rows)))
+                out = self._step(caches, xs, is_first, len(rows) if apart else 1)
+                for r in rows:
+                    states[r].latent_frames += 1
+                yield rows, out
+
     def _advance(self, state: WanDecodeState, x: torch.Tensor) -> torch.Tensor:
         first = state.latent_frames == 0
         use_graph = self.cuda_graph and not first and x.device.type == "cuda"
@@ -294,55 +361,116 @@ class StreamingWanDecoder:
     def _steady_step(self, caches: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return self._step(caches, x, False)
 
-    def _step(self, caches: list[torch.Tensor], x: torch.Tensor, first: bool) -> torch.Tensor:
+    def _step(self, caches: list, x: torch.Tensor, first: bool, split: int = 1) -> torch.Tensor:
+        # ``caches``: per causal conv a state's cache tensor, or a tuple of the rows' own
+        # (``_conv_rows``); ``split``: the row groups whose kernels run apart (``by_row``).
         dec = self.vae.decoder
         it = iter(caches)
-        x = self._conv(dec.conv_in, x, next(it))
+        x = self._conv(dec.conv_in, x, next(it), split)
         mid = dec.mid_block
-        x = self._resnet(mid.resnets[0], x, it)
+        x = self._resnet(mid.resnets[0], x, it, split)
         for attn, resnet in zip(mid.attentions, mid.resnets[1:]):
-            x = attn(x)
-            x = self._resnet(resnet, x, it)
+            x = by_row(attn, split, x)
+            x = self._resnet(resnet, x, it, split)
         for up in dec.up_blocks:
             for resnet in up.resnets:
-                x = self._resnet(resnet, x, it)
+                x = self._resnet(resnet, x, it, split)
             if up.upsamplers is not None:
-                x = self._upsample(up.upsamplers[0], x, it, first)
+                x = self._upsample(up.upsamplers[0], x, it, first, split)
         x = dec.nonlinearity(dec.norm_out(x))
-        x = self._conv(dec.conv_out, x, next(it))
+        x = self._conv(dec.conv_out, x, next(it), split)
         return torch.clamp(x, min=-1.0, max=1.0)
 
-    def _resnet(self, block: nn.Module, x: torch.Tensor, it: Iterator[torch.Tensor]) -> torch.Tensor:
-        h = block.conv_shortcut(x)
+    def _resnet(self, block: nn.Module, x: torch.Tensor, it: Iterator, split: int) -> torch.Tensor:
+        h = by_row(block.conv_shortcut, split, x)
         x = block.nonlinearity(block.norm1(x))
-        x = self._conv(block.conv1, x, next(it))
+        x = self._conv(block.conv1, x, next(it), split)
         x = block.nonlinearity(block.norm2(x))
         x = block.dropout(x)
-        x = self._conv(block.conv2, x, next(it))
+        x = self._conv(block.conv2, x, next(it), split)
         return x + h
 
-    def _upsample(self, r: nn.Module, x: torch.Tensor, it: Iterator[torch.Tensor], first: bool) -> torch.Tensor:
+    def _upsample(self, r: nn.Module, x: torch.Tensor, it: Iterator, first: bool, split: int) -> torch.Tensor:
         b, c, t, h, w = x.size()
         if r.mode == "upsample3d":
             cache = next(it)
             if not first:  # the first frame skips the time conv, its cache stays zero
-                x = self._conv(r.time_conv, x, cache)
+                x = self._conv(r.time_conv, x, cache, split)
                 x = x.reshape(b, 2, c, t, h, w)
                 x = torch.stack((x[:, 0, :, :, :, :], x[:, 1, :, :, :, :]), 3)
                 x = x.reshape(b, c, t * 2, h, w)
         t = x.shape[2]
         x = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        x = r.resample(x)
+        x = by_row(r.resample, split, x)   # [b * t, ...]: row-major, t frames a row
         return x.view(b, t, x.size(1), x.size(2), x.size(3)).permute(0, 2, 1, 3, 4)
 
-    def _conv(self, conv: nn.Conv3d, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def _conv(self, conv: nn.Conv3d, x: torch.Tensor, cache: torch.Tensor | tuple[torch.Tensor, ...],
+              split: int = 1) -> torch.Tensor:
+        if not isinstance(cache, torch.Tensor):
+            return self._conv_rows(conv, x, cache, split)
         inp = torch.cat([cache, x], dim=2)
         cache.copy_(inp[:, :, -CACHE_FRAMES:])
+        return self._conv_input(conv, inp)
+
+    def _conv_rows(self, conv: nn.Conv3d, x: torch.Tensor, caches: tuple[torch.Tensor, ...],
+                   split: int) -> torch.Tensor:
+        # Row r's past is session r's own cache: it is copied into the conv input where
+        # torch.cat puts it and the input's last frames back into it, the copies one row
+        # makes alone. No stacked copy of the states exists, so a batch needs no memory
+        # beyond its activations (capacity counts each state once, in model_state_bytes).
+        b, c, t, h, w = x.shape
+        fmt = torch.channels_last_3d if self.channels_last else torch.contiguous_format
+        inp = torch.empty((b, c, CACHE_FRAMES + t, h, w), dtype=x.dtype, device=x.device, memory_format=fmt)
+        inp[:, :, CACHE_FRAMES:] = x
+        for r, cache in enumerate(caches):
+            inp[r : r + 1, :, :CACHE_FRAMES] = cache
+            cache.copy_(inp[r : r + 1, :, -CACHE_FRAMES:])
+        return by_row(lambda part: self._conv_input(conv, part), split, inp)
+
+    def _conv_input(self, conv: nn.Conv3d, inp: torch.Tensor) -> torch.Tensor:
         pw, _, ph, _, _, _ = conv._padding  # (w, w, h, h, 2*t, 0): the time pad is the cache
         if self.channels_last:
             return F.conv3d(inp, conv.weight, conv.bias, conv.stride, (0, ph, pw), conv.dilation, conv.groups)
         # Explicit pad then an unpadded conv, as diffusers does, so float32 is bit-exact.
         return nn.Conv3d.forward(conv, F.pad(inp, (pw, pw, ph, ph, 0, 0)))
+
+
+def rows_apart(batch_invariant: bool | None, device: torch.device) -> bool:
+    """Whether a batch of sessions' rows runs each kernel whose rounding depends on the batch
+    size (convolutions, attention) once per row: ``batch_invariant``, or where that is None,
+    on CPU. There oneDNN picks a convolution by the batch size and rounds a row differently
+    in a batch than alone (torch 2.13), and a session's frames are bit for bit whatever shares
+    its batches (``models/world/base.py``); so a row is alone in every such call, the rest of
+    the work (states, norms, activations, the frames out) stays batched. On CUDA all rows run
+    in one call, each equal to the row alone to rounding (the same contract's CUDA clause)."""
+    return device.type == "cpu" if batch_invariant is None else batch_invariant
+
+
+def by_row(fn: Callable[..., torch.Tensor], split: int, *xs: torch.Tensor) -> torch.Tensor:
+    """``fn(*xs)``, or with ``split`` > 1 one call per row group (``xs`` split evenly along their
+    first dimension, row-major) concatenated: each group's result as that group alone gives it."""
+    if split == 1:
+        return fn(*xs)
+    return torch.cat([fn(*parts) for parts in zip(*(x.chunk(split) for x in xs))])
+
+
+def check_rows(states: Sequence[WanDecodeState], z: torch.Tensor, channels: int) -> None:
+    """Refuse (``ValueError``) a batch of sessions' rows that does not match its states: one
+    distinct one-row state per row of ``z`` [R, channels, T >= 1, h, w], all at ``z``'s latent
+    size and on one device. Nothing has moved when it refuses."""
+    if not states:
+        raise ValueError("no rows to decode")
+    if len({id(s) for s in states}) != len(states):
+        raise ValueError("a decode state appears twice in one batch")
+    if any(s.batch != 1 for s in states):
+        raise ValueError(f"batched decode takes one-row states, got batches {[s.batch for s in states]}")
+    hw = {s.latent_hw for s in states}
+    if (len(hw) != 1 or z.dim() != 5 or z.shape[0] != len(states) or z.shape[1] != channels or z.shape[2] < 1
+            or tuple(z.shape[3:]) != states[0].latent_hw):
+        raise ValueError(f"latents {tuple(z.shape)} do not match the states ({len(states)} rows, {channels} "
+                         f"channels, 1 or more frames, latent {sorted(hw)})")
+    if len({s.device for s in states}) != 1:
+        raise ValueError(f"decode states on several devices: {sorted({str(s.device) for s in states})}")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

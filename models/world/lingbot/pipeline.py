@@ -9,8 +9,9 @@ Per block of ``num_frames_per_block`` latent frames and each row (session)::
         x0 = x - s * flow                                 # flow prediction: x_s = (1-s) x0 + s eps
         x = (1 - s') x0 + s' * noise(seed, 4 * block + i + 1)   # s' = the next step's sigma
     transformer([x0, cond], 0, camera, update_cache=True) # the committing pass keeps the block's K/V
-    frames = decoder.frames(state, x0)                    # uint8, 9 frames then 12 per block,
-                                                          # each to the request's on_frame as it exists
+    frames = decoder.frames_batch(states, x0)             # uint8, 9 frames then 12 per block, all
+                                                          # rows in one call, each frame to the
+                                                          # request's on_frame as it exists
 
 That is the exact path (``steps=4``, ``reuse_kv=False``, the Wan VAE). Two shortcuts change
 it (``options.py``; the bench measures each one's deviation from it):
@@ -267,25 +268,11 @@ class LingBotPipeline(BlockPipeline[SessionState, SessionState]):
             return normal(seeds, first + i, (z, F, h, w))
 
         x0 = self._denoise(noise, cond, camera, kv, len(requests))
-        frames, pending = [], {}
-        for row, (r, s, cs) in enumerate(zip(requests, states, cam_states)):
-            z = self.block_decoder.prepare(x0[row:row + 1].float())
-            decoded.append(r.session_id)
-            if r.on_frame is None:
-                video = self.decoder.decode(self._decode_state(r.session_id), z)[0].float()   # [3, T, H, W]
-                pixels = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-                block = pixels.permute(1, 2, 3, 0)                                              # [T, H, W, 3]
-                frames.append(block if self.device_frames else block.cpu().numpy())
-            else:
-                pixels = []
-                # Frame by frame, so the first one is out after one latent frame's decode.
-                for i, frame in enumerate(self.decoder.frames(self._decode_state(r.session_id), z)):
-                    px = ((frame[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-                    px = px.permute(1, 2, 0).cpu().numpy()[None]                       # [1, H, W, 3]
-                    r.on_frame(i, px)
-                    pixels.append(px)
-                frames.append(np.concatenate(pixels))
-            pending[r.session_id] = replace(s, camera=cs, blocks=s.blocks + 1)
+        # All rows in one decode; frame by frame when a row streams (on_frame), so the first
+        # frames are out after one latent frame's decode.
+        frames = self._decode(requests, self.block_decoder.prepare(x0.float()), decoded)
+        pending = {r.session_id: replace(s, camera=cs, blocks=s.blocks + 1)
+                   for r, s, cs in zip(requests, states, cam_states)}
         return frames, pending
 
     def _denoise(self, noise: Callable[[int], torch.Tensor], cond: torch.Tensor, camera: torch.Tensor,

@@ -8,7 +8,8 @@ Per block (3 latent frames) of every row (session), all rows in one forward per 
         x = (1 - sigma') x0 + sigma' * noise(seed, draws * block + i + 1)
     flow(x0, t = 0)                                      # the committing pass: its K/V and action
                                                          # caches are what the session keeps
-    frames = decoder.frames(state, x0)                   # 9 frames for the first block, 12 after
+    frames = decoder.frames_batch(states, x0)            # 9 frames for the first block, 12 after;
+                                                         # every row in one call per latent frame
 
 (``denoise.py`` holds the schedule; ``attention.py`` how a pass attends.) Noise is
 ``models.world.noise.normal`` of the session's seed at a counter of the block and the draw
@@ -224,6 +225,9 @@ class MatrixGamePipeline(BlockPipeline[Session, tuple[Session, list[torch.Tensor
         assert isinstance(state, SessionState)
         return state
 
+    def _decode_state(self, session_id: str) -> Any:
+        return self._state(session_id).decode
+
     # -- one block -----------------------------------------------------------------------------
 
     def frames_in_block(self, session_id: str) -> int:
@@ -296,19 +300,9 @@ class MatrixGamePipeline(BlockPipeline[Session, tuple[Session, list[torch.Tensor
 
         x0 = denoise(flow, noise, R, self.variant.steps)
         actions = kept[0].keep()
-        frames, pending = [], {}
-        for row, (r, s) in enumerate(zip(requests, states)):
-            z = self._decoder_input(x0[row:row + 1])
-            decoded.append(r.session_id)
-            pixels = []
-            for i, frame in enumerate(self.decoder.frames(res[row].decode, z)):
-                px = ((frame[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-                px = px.permute(1, 2, 0).cpu().numpy()[None]                          # [1, H, W, 3]
-                if r.on_frame is not None:
-                    r.on_frame(i, px)
-                pixels.append(px)
-            block = np.concatenate(pixels)
-            frames.append(block)
+        frames = self._decode(requests, self._decoder_input(x0), decoded)   # all rows in one call
+        pending = {}
+        for row, (r, s, block) in enumerate(zip(requests, states, frames)):
             k_tail, m_tail = tails[row]
             pending[r.session_id] = (replace(s, blocks=s.blocks + 1, video_frames=s.video_frames + len(block),
                                              keyboard=k_tail, mouse=m_tail), actions[row])

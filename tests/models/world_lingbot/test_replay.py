@@ -80,3 +80,23 @@ def test_reset_swap_and_reopen_replay_the_session(components):
     pipe.close("b")
     pipe.open("a", "a red house", image=image(0), seed=5)              # e.g. after a drop
     assert same(blocks(pipe), want)
+
+
+def test_streamed_frames_in_a_batch_equal_the_session_alone(components):
+    """Rows with an on_frame decode frame by frame, all rows in one call per latent frame: each
+    row's streamed frames are its frames alone, bit for bit, a first block (9) beside a later (12)."""
+    one = pipeline(components, 1)
+    one.open("a", "a red house", image=image(0), seed=5)
+    want = blocks(one)
+    many = pipeline(components, 2)
+    many.open("b", "snow", seed=1)
+    many.generate([BlockRequest("b", keys=[{"j"}] * 3)])               # b is a block ahead
+    many.open("a", "a red house", image=image(0), seed=5)
+    for k, w in zip(KEYS, want):
+        sent = {"a": [], "b": []}
+        reqs = [BlockRequest(sid, keys=keys, on_frame=lambda i, px, sid=sid: sent[sid].append((i, px)))
+                for sid, keys in (("a", k), ("b", [{"j"}] * 3))]
+        out = many.generate(reqs)
+        assert [i for i, _ in sent["a"]] == list(range(len(w))) and len(sent["b"]) == 12
+        np.testing.assert_array_equal(np.concatenate([px for _, px in sent["a"]]), w)
+        np.testing.assert_array_equal(out[0], w)

@@ -281,3 +281,33 @@ def test_admission_counts_every_session_at_its_most_and_a_refusal_changes_nothin
     assert dropped == [] and p.residency.is_swapped("a") and p.admit("c") is not None
     p.close("b")
     assert p.admit("c") is None
+
+
+def test_a_batch_decodes_in_one_call_and_streams_every_rows_frames_first_frames_first(parts):
+    """Three sessions, one at its first block (9 frames) and two at later ones (12): one decoder
+    call for the batch; every row's frames go to its on_frame in order, a latent frame's frames
+    of every row before the next latent frame's, and they are the block ``generate`` returns."""
+    alone = {sid: run_alone(pipeline(parts), sid, seed, blocks)[-1]
+             for sid, seed, blocks in (("a", 1, 1), ("b", 2, 2), ("c", 3, 3))}
+    p = pipeline(parts)
+    for sid, seed in (("a", 1), ("b", 2), ("c", 3)):
+        p.open(sid, seed=seed)
+    p.generate([request(p, "c", 0), request(p, "b", 0)])
+    p.generate([request(p, "c", 1)])
+    calls, sent = [], []
+    real = p.decoder.frames_batch
+    p.decoder.frames_batch = lambda states, z: calls.append(len(states)) or real(states, z)
+    reqs = []
+    for sid, block in (("a", 0), ("b", 1), ("c", 2)):
+        r = request(p, sid, block)
+        reqs.append(BlockRequest(sid, r.keyboard, r.mouse, on_frame=lambda i, px, sid=sid: sent.append((sid, i, px))))
+    out = dict(zip("abc", p.generate(reqs)))
+    assert calls == [3]
+    for sid in "abc":
+        mine = [(i, px) for s, i, px in sent if s == sid]
+        assert [i for i, _ in mine] == list(range(len(out[sid])))
+        np.testing.assert_array_equal(np.concatenate([px for _, px in mine]), out[sid])
+        assert np.abs(out[sid].astype(int) - alone[sid].astype(int)).max() <= 1
+    # The latent frame each frame comes from (a first block: 1 frame, then 4 a latent frame).
+    latent = [(0 if i == 0 else (i - 1) // 4 + 1) if s == "a" else i // 4 for s, i, _ in sent]
+    assert latent == sorted(latent) and len(sent) == 9 + 12 + 12
