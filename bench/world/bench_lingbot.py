@@ -129,8 +129,9 @@ def memory(device: torch.device) -> dict[str, Any]:
 class TickClock:
     """Records every ``pipeline.run`` (one tick of a batch) on the engine thread.
 
-    Wraps the pipeline's ``run`` and its decoder's ``frames`` (instance attributes, so
-    ``LingBotWorld.generate`` and ``decode`` go through them): per tick the wall time,
+    Wraps the pipeline's ``run`` and its decoder's ``frames_batch`` / ``decode_batch``
+    (instance attributes: the pipeline decodes every row of a tick through one of them, a
+    frame sink or not, TAEHV or the Wan VAE): per tick the wall time,
     the swap seconds and bytes kv residency spent making the batch resident, the
     transformer passes (block start to the first decode, less the swap), the VAE
     decode (with the per-frame hand-off), the time to its first frame, and the
@@ -142,9 +143,9 @@ class TickClock:
         self.device = device
         self._cur: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        self._frames_calls = 0
-        run, frames, residency = pipeline.run, pipeline.decoder.frames, pipeline.residency
-        decode = pipeline.decoder.decode
+        self._decoding = False
+        run, residency = pipeline.run, pipeline.residency
+        frames, decode = pipeline.decoder.frames_batch, pipeline.decoder.decode_batch
 
         def timed_run(requests):
             sync(device)
@@ -177,42 +178,47 @@ class TickClock:
                 with self._lock:
                     self.ticks.append(cur)
 
-        def timed_decode(state, z):
-            # A decoder whose ``decode`` does not go through ``frames`` (TAEHV) is timed here; one
-            # that does (the Wan VAE) is timed by ``timed_frames``, with its first frame.
-            cur, calls = self._cur, self._frames_calls
+        def timed_decode(states, z):      # a whole block of every row (no frame sink)
+            cur = self._cur
             sync(device)
             t = time.perf_counter()
-            out = decode(state, z)
+            self._decoding = True          # a decode_batch that goes through frames_batch: timed here
+            try:
+                out = decode(states, z)
+            finally:
+                self._decoding = False
             sync(device)
-            if cur is not None and self._frames_calls == calls:
+            if cur is not None:
                 if cur["decode_start"] is None:
                     cur["decode_start"] = t
                 cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
+                cur["output_frames"] = cur.get("output_frames", 0) + sum(v.shape[1] for v in out)
             return out
 
-        def timed_frames(state, z):
-            self._frames_calls += 1
+        def timed_frames(states, z):      # latent frame by latent frame, every row (a frame sink)
+            if self._decoding:
+                yield from frames(states, z)
+                return
             cur = self._cur
             sync(device)
             t = time.perf_counter()
             if cur is not None and cur["decode_start"] is None:
                 cur["decode_start"] = t
             n = 0
-            for frame in frames(state, z):
+            for rows, video in frames(states, z):
                 if cur is not None and cur["first_frame_ms"] is None:
                     sync(device)
                     cur["first_frame_ms"] = 1e3 * (time.perf_counter() - t)
-                n += 1
-                yield frame
+                n += video.shape[0] * video.shape[2]
+                yield rows, video
             sync(device)
             if cur is not None:
                 cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
                 cur["output_frames"] = cur.get("output_frames", 0) + n
 
         pipeline.run = timed_run
-        pipeline.decoder.frames = timed_frames
-        pipeline.decoder.decode = timed_decode
+        pipeline.decoder.frames_batch = timed_frames
+        pipeline.decoder.decode_batch = timed_decode
 
     def since(self, n: int) -> list[dict[str, Any]]:
         with self._lock:
