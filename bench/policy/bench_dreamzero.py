@@ -64,8 +64,6 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -77,14 +75,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from bench.machine import cpu_name, package_version
+from bench.machine import GIB, device_memory, environment
 from bench.policy.dreamzero_robots import droid_obs, drive, session_id
 from bench.report import emit
+from bench.timing import mean, med, p99, sync
 from kv import session_bytes
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("arithmetic", "bare", "memory", "served", "robots")
-GIB = 1 << 30
 START = time.perf_counter()
 PATH = "/v1/realtime/robot/openpi"
 SCHEDULES = ("exact", "step_cache")
@@ -99,54 +97,15 @@ def log(msg: str) -> None:
     print(f"[bench_dreamzero {time.perf_counter() - START:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def med(xs: list[float]) -> float | None:
-    return round(statistics.median(xs), 3) if xs else None
-
-
-def mean(xs: list[float]) -> float | None:
-    return round(statistics.fmean(xs), 3) if xs else None
-
-
 def sig(x: float, digits: int = 4) -> float:
     """``x`` to ``digits`` significant digits (rates on a CPU run are tiny, on a GPU large)."""
     return float(f"{x:.{digits}g}")
 
 
-def p99(xs: list[float]) -> float | None:
-    """The 99th percentile by nearest rank (with few samples: the largest)."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)], 3)
-
-
 # ------------------------------------------------------------------ environment
-def environment(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "host_memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
-        "versions": {name: package_version(name) for name in
-                     ("torch", "diffusers", "transformers", "numpy", "uvicorn", "starlette", "websockets",
-                      "openpi-client", "triton")}}
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / GIB, 1), sm_count=p.multi_processor_count,
-                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
-    return env
-
-
-def device_memory(device: torch.device) -> dict[str, int]:
-    if device.type != "cuda":
-        return {}
-    free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_bytes": torch.cuda.memory_allocated(device), "device_used_bytes": total - free,
-            "device_free_bytes": free, "peak_allocated_bytes": torch.cuda.max_memory_allocated(device)}
+# The packages whose versions a run records.
+PACKAGES = ("torch", "diffusers", "transformers", "numpy", "uvicorn", "starlette", "websockets", "openpi-client",
+            "triton")
 
 
 def parameter_bytes(module: Any) -> int:
@@ -875,7 +834,7 @@ def main() -> None:
         "benchmark": "DreamZero-DROID at full size: FLOPs and roofline, one robot bare and served, N robots at once, "
                      "memory per session (issue 48)",
         "command": " ".join(["python3", "-m", "bench.policy.bench_dreamzero", *sys.argv[1:]]),
-        "env": environment(device), "device": str(device), "tiny": args.tiny, "budget_s": args.budget_s,
+        "env": environment(device, PACKAGES), "device": str(device), "tiny": args.tiny, "budget_s": args.budget_s,
         "skipped": {}, "errors": {},
     }
 

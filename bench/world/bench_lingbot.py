@@ -58,7 +58,6 @@ import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -67,7 +66,10 @@ import numpy as np
 import torch
 
 from bench.report import emit
-from bench.world.harness import GIB, BenchArguments, Sections, WorldStream, first_image, machine, med, serving, sync
+from bench.machine import GIB, machine
+from bench.timing import med, sync
+from bench.world import harness
+from bench.world.harness import BenchArguments, Sections, WorldStream, first_image, serving
 from bench.world.lingbot_ab import DEFAULT_VARIANTS
 from realtime.server.inventory import on_spent_thread
 
@@ -126,107 +128,20 @@ def memory(device: torch.device) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ per-tick phases
-class TickClock:
-    """Records every ``pipeline.run`` (one tick of a batch) on the engine thread.
+class TickClock(harness.TickClock):
+    """The shared per-tick clock (``bench.world.harness.TickClock``) with what kv residency did
+    during the tick (the swaps, their bytes and seconds, the host bytes held, the resident and
+    open sessions) and the transformer passes: block start to the first decode, less the swap."""
 
-    Wraps the pipeline's ``run`` and its decoder's ``frames_batch`` / ``decode_batch``
-    (instance attributes: the pipeline decodes every row of a tick through one of them, a
-    frame sink or not, TAEHV or the Wan VAE): per tick the wall time,
-    the swap seconds and bytes kv residency spent making the batch resident, the
-    transformer passes (block start to the first decode, less the swap), the VAE
-    decode (with the per-frame hand-off), the time to its first frame, and the
-    device's allocated high-water mark during the tick.
-    """
-
-    def __init__(self, pipeline: Any, device: torch.device) -> None:
-        self.ticks: list[dict[str, Any]] = []
-        self.device = device
-        self._cur: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-        self._decoding = False
-        run, residency = pipeline.run, pipeline.residency
-        frames, decode = pipeline.decoder.frames_batch, pipeline.decoder.decode_batch
-
-        def timed_run(requests):
-            sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            m0 = residency.metrics()
-            cur = {"sessions": [r.session_id for r in requests], "t0": time.perf_counter(),
-                   "decode_ms": 0.0, "decode_start": None, "first_frame_ms": None}
-            self._cur = cur
-            try:
-                return run(requests)
-            finally:
-                sync(device)
-                t1 = time.perf_counter()
-                m1 = residency.metrics()
-                swap_s = (m1["swap_in_seconds"] - m0["swap_in_seconds"]) + (m1["swap_out_seconds"] - m0["swap_out_seconds"])
-                start = cur.pop("t0")
-                ds = cur.pop("decode_start") or t1
-                cur.update(t_start=start, t_end=t1, total_ms=1e3 * (t1 - start),
-                           swap_ms=1e3 * swap_s, transformer_ms=1e3 * (ds - start - swap_s),
-                           swap_ins=m1["swap_ins"] - m0["swap_ins"], swap_outs=m1["swap_outs"] - m0["swap_outs"],
-                           swap_in_bytes=m1["swap_in_bytes"] - m0["swap_in_bytes"],
-                           swap_out_bytes=m1["swap_out_bytes"] - m0["swap_out_bytes"],
-                           swap_in_s=m1["swap_in_seconds"] - m0["swap_in_seconds"],
-                           swap_out_s=m1["swap_out_seconds"] - m0["swap_out_seconds"],
-                           host_bytes=m1["host_bytes"], resident=m1["resident_sessions"],
-                           open_sessions=len(pipeline.sessions))
-                if device.type == "cuda":
-                    cur["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-                with self._lock:
-                    self.ticks.append(cur)
-
-        def timed_decode(states, z):      # a whole block of every row (no frame sink)
-            cur = self._cur
-            sync(device)
-            t = time.perf_counter()
-            self._decoding = True          # a decode_batch that goes through frames_batch: timed here
-            try:
-                out = decode(states, z)
-            finally:
-                self._decoding = False
-            sync(device)
-            if cur is not None:
-                if cur["decode_start"] is None:
-                    cur["decode_start"] = t
-                cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
-                cur["output_frames"] = cur.get("output_frames", 0) + sum(v.shape[1] for v in out)
-            return out
-
-        def timed_frames(states, z):      # latent frame by latent frame, every row (a frame sink)
-            if self._decoding:
-                yield from frames(states, z)
-                return
-            cur = self._cur
-            sync(device)
-            t = time.perf_counter()
-            if cur is not None and cur["decode_start"] is None:
-                cur["decode_start"] = t
-            n = 0
-            for rows, video in frames(states, z):
-                if cur is not None and cur["first_frame_ms"] is None:
-                    sync(device)
-                    cur["first_frame_ms"] = 1e3 * (time.perf_counter() - t)
-                n += video.shape[0] * video.shape[2]
-                yield rows, video
-            sync(device)
-            if cur is not None:
-                cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
-                cur["output_frames"] = cur.get("output_frames", 0) + n
-
-        pipeline.run = timed_run
-        pipeline.decoder.frames_batch = timed_frames
-        pipeline.decoder.decode_batch = timed_decode
-
-    def since(self, n: int) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.ticks[n:])
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.ticks)
+    def finish(self, tick: dict[str, Any], m0: dict[str, Any], m1: dict[str, Any], decode_start: float) -> None:
+        tick.update(transformer_ms=1e3 * (decode_start - tick["t_start"]) - tick["swap_ms"],
+                    swap_ins=m1["swap_ins"] - m0["swap_ins"], swap_outs=m1["swap_outs"] - m0["swap_outs"],
+                    swap_in_bytes=m1["swap_in_bytes"] - m0["swap_in_bytes"],
+                    swap_out_bytes=m1["swap_out_bytes"] - m0["swap_out_bytes"],
+                    swap_in_s=m1["swap_in_seconds"] - m0["swap_in_seconds"],
+                    swap_out_s=m1["swap_out_seconds"] - m0["swap_out_seconds"],
+                    host_bytes=m1["host_bytes"], resident=m1["resident_sessions"],
+                    open_sessions=len(self.pipeline.sessions))
 
 
 def phase_summary(ticks: list[dict[str, Any]]) -> dict[str, Any]:

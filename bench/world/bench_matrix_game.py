@@ -52,15 +52,15 @@ import math
 import multiprocessing as mp
 import statistics
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
-from bench.machine import cpu_name, package_version
-from bench.world.harness import GIB, BenchArguments, Sections, WorldStream, first_image, machine, med, serving, sync
+from bench.machine import GIB, device_memory, environment
+from bench.timing import med, p99, sync
+from bench.world.harness import BenchArguments, Sections, TickClock, WorldStream, first_image, serving
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("bare", "served", "ttff", "kv")
@@ -74,27 +74,8 @@ def log(msg: str) -> None:
     print(f"[bench_matrix_game {time.perf_counter() - START:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def p99(xs: list[float]) -> float | None:
-    """The 99th percentile by nearest rank (with few samples: the largest)."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)], 3)
-
-
-# ------------------------------------------------------------------ environment
-def environment(device: torch.device) -> dict[str, Any]:
-    return {**machine(device), "cpu": cpu_name(),
-            "versions": {name: package_version(name) for name in
-                         ("torch", "diffusers", "numpy", "uvicorn", "starlette", "websockets", "triton")}}
-
-
-def device_memory(device: torch.device) -> dict[str, int]:
-    if device.type != "cuda":
-        return {}
-    free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_bytes": torch.cuda.memory_allocated(device), "device_used_bytes": total - free,
-            "device_free_bytes": free, "peak_allocated_bytes": torch.cuda.max_memory_allocated(device)}
+# The packages whose versions a run records.
+PACKAGES = ("torch", "diffusers", "numpy", "uvicorn", "starlette", "websockets", "triton")
 
 
 # ------------------------------------------------------------------ build
@@ -238,79 +219,12 @@ def transformer_flops(adapter: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ per-tick clock
-class Clock:
-    """Wraps the pipeline's ``run`` and its decoder's ``frames_batch`` / ``decode_batch`` (instance
-    attributes: every row of a tick in one call): per tick the wall time, the rows, the decode seconds and
-    the GPU allocated high-water mark; transformer time = tick - decode - swap."""
+class Clock(TickClock):
+    """The shared per-tick clock (``bench.world.harness.TickClock``); transformer time = tick -
+    decode - swap."""
 
-    def __init__(self, pipeline: Any, device: torch.device) -> None:
-        self.ticks: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._cur: dict[str, Any] | None = None
-        self._decoding = False
-        run, residency = pipeline.run, pipeline.residency
-        frames, decode = pipeline.decoder.frames_batch, pipeline.decoder.decode_batch
-
-        def timed_run(requests):
-            sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            m0 = residency.metrics()
-            cur = {"rows": len(requests), "sessions": [r.session_id for r in requests], "decode_s": 0.0}
-            self._cur = cur
-            t0 = time.perf_counter()
-            try:
-                return run(requests)
-            finally:
-                sync(device)
-                total = time.perf_counter() - t0
-                m1 = residency.metrics()
-                swap = sum(m1[k] - m0[k] for k in ("swap_in_seconds", "swap_out_seconds"))
-                cur.update(total_ms=1e3 * total, decode_ms=1e3 * cur.pop("decode_s"), swap_ms=1e3 * swap)
-                cur["transformer_ms"] = cur["total_ms"] - cur["decode_ms"] - cur["swap_ms"]
-                if device.type == "cuda":
-                    cur["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-                self._cur = None
-                with self._lock:
-                    self.ticks.append(cur)
-
-        def timed_frames(states, z):      # the pipeline's batched decode, frame by frame
-            if self._decoding:
-                yield from frames(states, z)
-                return
-            cur = self._cur
-            sync(device)
-            t = time.perf_counter()
-            yield from frames(states, z)
-            sync(device)
-            if cur is not None:
-                cur["decode_s"] += time.perf_counter() - t
-
-        def timed_decode(states, z):      # the pipeline's batched decode, whole blocks
-            cur = self._cur
-            sync(device)
-            t = time.perf_counter()
-            self._decoding = True          # a decode_batch that goes through frames_batch: timed here
-            try:
-                out = decode(states, z)
-            finally:
-                self._decoding = False
-            sync(device)
-            if cur is not None:
-                cur["decode_s"] += time.perf_counter() - t
-            return out
-
-        pipeline.run = timed_run
-        pipeline.decoder.frames_batch = timed_frames
-        pipeline.decoder.decode_batch = timed_decode
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.ticks)
-
-    def since(self, n: int) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self.ticks[n:])
+    def finish(self, tick: dict[str, Any], m0: dict[str, Any], m1: dict[str, Any], decode_start: float) -> None:
+        tick["transformer_ms"] = tick["total_ms"] - tick["decode_ms"] - tick["swap_ms"]
 
 
 # ------------------------------------------------------------------ bare
@@ -760,7 +674,7 @@ def main() -> None:
         "benchmark": "Matrix-Game 2.0 at full size: N sessions batched vs one at a time, served world.v1 players, "
                      "key press to first frame, KV bytes and capacity (issue 49)",
         "command": " ".join(["python3", "-m", "bench.world.bench_matrix_game", *sys.argv[1:]]),
-        "env": environment(device), "device": str(device), "tiny": args.tiny, "decoder": args.decoder,
+        "env": environment(device, PACKAGES), "device": str(device), "tiny": args.tiny, "decoder": args.decoder,
         "budget_s": args.budget_s, "skipped": {}, "errors": {},
     }
     run = Sections(result, args.out, args.only, args.budget_s, START, log)

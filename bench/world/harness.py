@@ -1,5 +1,5 @@
-"""What the block-world benches (``bench_lingbot``, ``bench_matrix_game``) share: device timing,
-a run of sections under a time budget, the model served on loopback, and a world.v1 session
+"""What the block-world benches (``bench_lingbot``, ``bench_matrix_game``) share: the per-tick
+clock, a run of sections under a time budget, the model served on loopback, and a world.v1 session
 whose reader timestamps what arrives.
 
 A run's JSON is rewritten when each section ends, so a run cut short (the machine's lease, a
@@ -14,9 +14,7 @@ import argparse
 import asyncio
 import io
 import json
-import os
-import platform
-import statistics
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -26,30 +24,7 @@ import numpy as np
 import torch
 
 from bench.report import emit
-
-
-GIB = 1 << 30
-
-
-def machine(device: torch.device) -> dict[str, Any]:
-    """The host (Python, platform, CPUs, memory) and, on CUDA, the device the run measured."""
-    env: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-        "host_memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)}
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / GIB, 1), sm_count=p.multi_processor_count,
-                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
-    return env
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def med(xs: list[float]) -> float | None:
-    return round(statistics.median(xs), 3) if xs else None
+from bench.timing import sync
 
 
 def first_image(height: int, width: int) -> bytes:
@@ -60,6 +35,107 @@ def first_image(height: int, width: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(rgb).save(buf, "PNG")
     return buf.getvalue()
+
+
+class TickClock:
+    """Records every ``pipeline.run`` (one tick of a batch) on the engine thread.
+
+    Wraps the pipeline's ``run`` and its decoder's ``frames_batch`` / ``decode_batch`` (instance
+    attributes: the pipeline decodes every row of a tick through one of them, frame by frame or a
+    whole block). Per tick: the ``sessions`` and ``rows``, its start and end (``t_start``,
+    ``t_end``, perf-counter seconds) and wall time, the decode (``decode_ms``; a ``decode_batch``
+    that goes through ``frames_batch`` is timed once, by the outer call), the time to its first
+    decoded frame (frame by frame only), the ``output_frames``, the seconds kv residency spent
+    swapping, and on CUDA the device's allocated high-water mark. ``finish`` adds what a bench
+    derives from them.
+    """
+
+    def __init__(self, pipeline: Any, device: torch.device) -> None:
+        self.ticks: list[dict[str, Any]] = []
+        self.pipeline, self.device = pipeline, device
+        self._cur: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._decoding = False
+        self._run, self._frames, self._decode = pipeline.run, pipeline.decoder.frames_batch, pipeline.decoder.decode_batch
+        pipeline.run = self._timed_run
+        pipeline.decoder.frames_batch = self._timed_frames
+        pipeline.decoder.decode_batch = self._timed_decode
+
+    def finish(self, tick: dict[str, Any], m0: dict[str, Any], m1: dict[str, Any], decode_start: float) -> None:
+        """Add a bench's own figures to ``tick``: ``m0`` / ``m1`` are the residency metrics before
+        and after it, ``decode_start`` when its decode began (its end when it decoded nothing)."""
+
+    def since(self, n: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.ticks[n:])
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.ticks)
+
+    def _timed_run(self, requests: Any) -> Any:
+        device, residency = self.device, self.pipeline.residency
+        sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        m0 = residency.metrics()
+        cur: dict[str, Any] = {"rows": len(requests), "sessions": [r.session_id for r in requests],
+                               "decode_ms": 0.0, "decode_start": None, "first_frame_ms": None}
+        self._cur = cur
+        start = time.perf_counter()
+        try:
+            return self._run(requests)
+        finally:
+            sync(device)
+            t1 = time.perf_counter()
+            m1 = residency.metrics()
+            swap_s = sum(m1[k] - m0[k] for k in ("swap_in_seconds", "swap_out_seconds"))
+            ds = cur.pop("decode_start") or t1
+            cur.update(t_start=start, t_end=t1, total_ms=1e3 * (t1 - start), swap_ms=1e3 * swap_s)
+            if device.type == "cuda":
+                cur["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+            self.finish(cur, m0, m1, ds)
+            self._cur = None
+            with self._lock:
+                self.ticks.append(cur)
+
+    def _timed_decode(self, states: Any, z: Any) -> Any:      # a whole block of every row
+        cur, device = self._cur, self.device
+        sync(device)
+        t = time.perf_counter()
+        self._decoding = True          # a decode_batch that goes through frames_batch: timed here
+        try:
+            out = self._decode(states, z)
+        finally:
+            self._decoding = False
+        sync(device)
+        if cur is not None:
+            if cur["decode_start"] is None:
+                cur["decode_start"] = t
+            cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
+            cur["output_frames"] = cur.get("output_frames", 0) + sum(v.shape[1] for v in out)
+        return out
+
+    def _timed_frames(self, states: Any, z: Any) -> Iterator[Any]:      # latent frame by latent frame
+        if self._decoding:
+            yield from self._frames(states, z)
+            return
+        cur, device = self._cur, self.device
+        sync(device)
+        t = time.perf_counter()
+        if cur is not None and cur["decode_start"] is None:
+            cur["decode_start"] = t
+        n = 0
+        for rows, video in self._frames(states, z):
+            if cur is not None and cur["first_frame_ms"] is None:
+                sync(device)
+                cur["first_frame_ms"] = 1e3 * (time.perf_counter() - t)
+            n += video.shape[0] * video.shape[2]
+            yield rows, video
+        sync(device)
+        if cur is not None:
+            cur["decode_ms"] += 1e3 * (time.perf_counter() - t)
+            cur["output_frames"] = cur.get("output_frames", 0) + n
 
 
 class BenchArguments(argparse.ArgumentParser):

@@ -4,35 +4,17 @@ KV bytes and capacity) and writes real numbers; a spent time budget skips every 
 
 from __future__ import annotations
 
-import json
-import math
-import sys
+from functools import partial
 
 import pytest
 import torch
 
-from realtime.server.inventory import on_spent_thread
-
-
-def real(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+from tests.bench.conftest import real
 
 
 @pytest.fixture
-def run_bench(tmp_path, monkeypatch):
-    threads = torch.get_num_threads()
-
-    def run(*flags: str) -> dict:
-        from bench.world.bench_matrix_game import main
-
-        out = tmp_path / "mg.json"
-        monkeypatch.setattr(sys, "argv", ["bench_matrix_game", "--tiny", "--device", "cpu", "--threads", "1",
-                                          "--out", str(out), *flags])
-        on_spent_thread(main)
-        return json.loads(out.read_text())
-
-    yield run
-    torch.set_num_threads(threads)
+def run_bench(run_tiny):
+    return partial(run_tiny, "bench.world.bench_matrix_game")
 
 
 def test_every_section_runs_on_the_tiny_sizes_and_writes_real_numbers(run_bench):
