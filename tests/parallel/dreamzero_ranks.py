@@ -2,8 +2,8 @@
 
 ``python -m tests.parallel.dreamzero_ranks CHECKPOINT TOKENIZER OUT`` runs it as the rank the
 environment names (as torchrun sets it) on two policies, one per split (``heads``: Ulysses,
-``cfg``: the CFG split; one checkpoint load, one group, since a start costs more than the
-calls on the 2-core CI machine; a second load of the tiny checkpoint is 0.1 s), the way the server does: rank 0 drives each policy through
+``cfg``: the CFG split; ``dreamzero_splits``; one checkpoint load, one group, since a start
+costs more than the calls on the 2-core CI machine; a second load of the tiny checkpoint is 0.1 s), the way the server does: rank 0 drives each policy through
 ``Mirrored`` (every state-changing call sent to rank 1 first, over the rendezvous's store),
 rank 1 ``follow``s. Each rank saves what it recorded to ``OUT/rank<R>.pt``, split by split;
 ``scenario`` runs it in the calling process.
@@ -20,7 +20,6 @@ window restarts every other call)::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,18 +28,13 @@ from kv import session_bytes
 from models.base import ModelError
 from models.policy.base import PolicyWork
 from models.policy.dreamzero.adapter import DreamZeroPolicy
-from models.policy.dreamzero.checkpoint import load_checkpoint
 from tests.models.policy_dreamzero.test_adapter import observation
-
-SPLITS = ("heads", "cfg")
+from tests.parallel.dreamzero_splits import load_policy, on_ranks
 
 
 def policy_of(checkpoint: str, tokenizer: str, split: Any = None, name: str = "dreamzero") -> DreamZeroPolicy:
     """The scenario's policy: one resident session, room on the host for one more."""
-    from transformers import T5TokenizerFast
-
-    tok = T5TokenizerFast.from_pretrained(tokenizer, local_files_only=True)
-    policy = DreamZeroPolicy(load_checkpoint(checkpoint), tok, sessions=1, split=split, name=name)
+    policy = load_policy(checkpoint, tokenizer, 1, split, name)
     policy.residency.host_budget_bytes = session_bytes(policy.geometry)
     return policy
 
@@ -88,33 +82,19 @@ def scenario(policy: DreamZeroPolicy, drive: Any = None) -> dict[str, Any]:
     return out
 
 
+def follower(policies: dict[str, DreamZeroPolicy]) -> dict[str, Any]:
+    """Rank 1's sessions, pool and swaps after following rank 0, split by split."""
+    result = {}
+    for how, policy in policies.items():
+        m = policy.residency.metrics()
+        result[how] = {"sessions": sorted(policy._sessions), "free_blocks": m["free_blocks"],
+                       "total_blocks": m["total_blocks"], "swaps": (m["swap_outs"], m["swap_ins"])}
+    return result
+
+
 def main(checkpoint: str, tokenizer: str, out: str) -> int:
-    import torch.distributed as dist
-
-    from models.world.parallel.cfg import CfgSplit
-    from models.world.parallel.ulysses import Ulysses
-    from realtime.engine import Mirrored, follow, init_group
-
-    torch.set_num_threads(1)
-    group = init_group("cpu")
-    try:
-        # Both ranks build both policies first: a build meets the other rank's in a collective.
-        policies = {"heads": policy_of(checkpoint, tokenizer, Ulysses.from_default_group(), "heads"),
-                    "cfg": policy_of(checkpoint, tokenizer, CfgSplit.from_default_group(), "cfg")}
-        if group.rank == 0:
-            result = {how: scenario(policies[how], drive=lambda policy: Mirrored(policy, group)) for how in SPLITS}
-            group.stop()
-        else:
-            follow(group, policies)
-            result = {}
-            for how, policy in policies.items():
-                m = policy.residency.metrics()
-                result[how] = {"sessions": sorted(policy._sessions), "free_blocks": m["free_blocks"],
-                               "total_blocks": m["total_blocks"], "swaps": (m["swap_outs"], m["swap_ins"])}
-        torch.save(result, Path(out) / f"rank{group.rank}.pt")
-    finally:
-        dist.destroy_process_group()
-    return 0
+    return on_ranks(lambda split, name: policy_of(checkpoint, tokenizer, split, name),
+                    lambda policy, drive: scenario(policy, drive), out, follower)
 
 
 if __name__ == "__main__":

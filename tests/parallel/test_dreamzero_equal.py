@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.parallel.dreamzero_ranks import SPLITS, policy_of, scenario
+from tests.parallel.dreamzero_ranks import policy_of, scenario
+from tests.parallel.dreamzero_splits import SPLITS
 from tests.parallel.ranks import run_ranks
 
 ATOL = 1e-4

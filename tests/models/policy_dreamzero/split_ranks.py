@@ -2,7 +2,7 @@
 
 ``python -m tests.models.policy_dreamzero.split_ranks CHECKPOINT TOKENIZER OUT`` runs ``scenario`` as
 the rank the environment names (as torchrun sets it) on two policies, one per split (``heads``:
-Ulysses, ``cfg``: the CFG split), driven the way the server drives them: rank 0 through
+Ulysses, ``cfg``: the CFG split; ``tests.parallel.dreamzero_splits``), driven the way the server drives them: rank 0 through
 ``Mirrored``, rank 1 ``follow``s. Rank 0 saves each split's actions to ``OUT/rank0.pt``.
 
 The scenario: three robots started one call apart, every engine call one batch; at TINY's
@@ -18,26 +18,21 @@ mixes restarting and continuing robots at different window positions::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from models.policy.base import PolicyWork
 from models.policy.dreamzero.adapter import DreamZeroPolicy
-from models.policy.dreamzero.checkpoint import load_checkpoint
 from tests.models.policy_dreamzero.test_adapter import observation
+from tests.parallel.dreamzero_splits import load_policy, on_ranks
 
-SPLITS = ("heads", "cfg")
 SEEDS = {"x": 7, "y": 8, "z": 9}
 CALLS = 4
 
 
 def policy_of(checkpoint: str, tokenizer: str, split: Any = None, name: str = "dreamzero") -> DreamZeroPolicy:
-    from transformers import T5TokenizerFast
-
-    tok = T5TokenizerFast.from_pretrained(tokenizer, local_files_only=True)
-    return DreamZeroPolicy(load_checkpoint(checkpoint), tok, sessions=len(SEEDS), split=split, name=name)
+    return load_policy(checkpoint, tokenizer, len(SEEDS), split, name)
 
 
 def scenario(adapter: Any) -> dict[str, list[torch.Tensor]]:
@@ -53,26 +48,8 @@ def scenario(adapter: Any) -> dict[str, list[torch.Tensor]]:
 
 
 def main(checkpoint: str, tokenizer: str, out: str) -> int:
-    import torch.distributed as dist
-
-    from models.world.parallel.cfg import CfgSplit
-    from models.world.parallel.ulysses import Ulysses
-    from realtime.engine import Mirrored, follow, init_group
-
-    torch.set_num_threads(1)
-    group = init_group("cpu")
-    try:
-        policies = {"heads": policy_of(checkpoint, tokenizer, Ulysses.from_default_group(), "heads"),
-                    "cfg": policy_of(checkpoint, tokenizer, CfgSplit.from_default_group(), "cfg")}
-        if group.rank == 0:
-            result = {how: scenario(Mirrored(policies[how], group)) for how in SPLITS}
-            group.stop()
-            torch.save(result, Path(out) / "rank0.pt")
-        else:
-            follow(group, policies)
-    finally:
-        dist.destroy_process_group()
-    return 0
+    return on_ranks(lambda split, name: policy_of(checkpoint, tokenizer, split, name),
+                    lambda policy, drive: scenario(drive(policy)), out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import torch
 
 from models.policy.dreamzero.config import TINY_DROID
 from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write_tiny_tokenizer
-from tests.models.policy_dreamzero.split_ranks import SPLITS, policy_of, scenario
+from tests.models.policy_dreamzero.split_ranks import policy_of, scenario
+from tests.parallel.dreamzero_splits import SPLITS
 from tests.parallel.ranks import run_ranks
 
 ATOL = 1e-4
