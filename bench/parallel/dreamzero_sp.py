@@ -85,19 +85,6 @@ def probe(folders: tuple[str, str]) -> dict[str, Any]:
             "heads_split": sp is not None, "cfg_split": sp is not None and cfg_option_taken(folders[1])}
 
 
-def observation(seed: int, call: int) -> dict[str, Any]:
-    """Call ``call`` of an episode as DreamZero's DROID client sends it: one frame a camera
-    first, then the last 4."""
-    from models.policy.dreamzero.observation import METADATA
-
-    rng = np.random.default_rng([seed, call])
-    shape = (180, 320, 3) if call == 0 else (4, 180, 320, 3)
-    obs: dict[str, Any] = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
-    obs.update({"observation/joint_position": rng.uniform(-1, 1, 7),
-                "observation/gripper_position": rng.uniform(0, 1, 1), "prompt": "put the cup in the sink"})
-    return obs
-
-
 @dataclass(frozen=True)
 class Variant:
     """One way to serve the policy: its name, rank count and the entry's extra options."""
@@ -120,6 +107,8 @@ def variants(found: dict[str, Any]) -> list[Variant]:
 def measure(args: argparse.Namespace, folders: tuple[str, str], v: Variant) -> dict[str, Any]:
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
+    from models.policy.dreamzero.observation import droid_observation
+
     policy = f"dreamzero={folders[0]}?tokenizer={folders[1]}{v.options}"
     serve_args = ["--sequence-parallel", str(v.ranks)]
     row: dict[str, Any] = {"variant": v.name, "ranks": v.ranks,
@@ -140,7 +129,7 @@ def measure(args: argparse.Namespace, folders: tuple[str, str], v: Variant) -> d
             rtt, infer = [], []
             for call in range(args.warmup + args.calls):
                 t = time.perf_counter()
-                reply = robot.infer(observation(7, call))
+                reply = robot.infer(droid_observation(7, call))
                 if call >= args.warmup:
                     rtt.append(1e3 * (time.perf_counter() - t))
                     infer.append(float(reply["policy_timing"]["infer_ms"]))

@@ -302,3 +302,25 @@ def validate_observation(obs: Mapping[str, Any]) -> DroidObservation:
         raise ProtocolError(f"observation must be a map, got {type(obs).__name__}")
     checked = _wire_check(obs, METADATA)
     return DroidObservation.from_wire(checked, _session_id(obs.get("session_id"), "session_id"))
+
+
+# --------------------------------------------------------------------------- a client's observation
+# Frames a camera carries after the first call: upstream's DROID client sends the last 4.
+CLIENT_FRAMES = 4
+
+
+def droid_observation(seed: int, call: int, session_id: str | None = None,
+                      prompt: str = "put the cup in the sink") -> dict[str, Any]:
+    """Call ``call`` of episode ``seed`` as DreamZero's DROID client sends it, with random contents
+    drawn from ``[seed, call]`` (for tests and benches): every camera uint8 [180, 320, 3] on the first
+    call, then its last ``CLIENT_FRAMES``; 7 joint positions in [-1, 1), the gripper in [0, 1), the
+    ``session_id`` when given, and the prompt."""
+    rng = np.random.default_rng([seed, call])
+    frame = (*IMAGE_RESOLUTION, 3)
+    shape = frame if call == 0 else (CLIENT_FRAMES, *frame)
+    obs: dict[str, Any] = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
+    obs.update({"observation/joint_position": rng.uniform(-1, 1, JOINTS),
+                "observation/gripper_position": rng.uniform(0, 1, 1), "prompt": prompt})
+    if session_id is not None:
+        obs["session_id"] = session_id
+    return obs

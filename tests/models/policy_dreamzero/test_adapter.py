@@ -15,7 +15,7 @@ from models.policy.base import PolicyWork
 from models.policy.dreamzero import load_policy
 from models.policy.dreamzero.adapter import EVICTED_REASON, RECLAIMED_REASON
 from models.policy.dreamzero.config import TINY_DROID
-from models.policy.dreamzero.observation import METADATA
+from models.policy.dreamzero.observation import METADATA, droid_observation
 from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write_tiny_tokenizer
 from protocols.openpi import validate_observation
 from protocols.roboarena import JOINT_POSITION
@@ -33,13 +33,9 @@ def policy(folders):
 
 
 def observation(seed: int, call: int, prompt: str = "wipe the table", **over):
-    """Call ``call`` of an episode ``seed``: one frame a camera on the first call, then 4."""
-    rng = np.random.default_rng([seed, call])
-    shape = (180, 320, 3) if call == 0 else (4, 180, 320, 3)
-    msg = {k: rng.integers(0, 256, shape, dtype=np.uint8) for k in METADATA.image_keys}
-    msg.update({"observation/joint_position": rng.uniform(-1, 1, 7),
-                "observation/gripper_position": rng.uniform(0, 1, 1), "prompt": prompt, **over})
-    return validate_observation(msg, METADATA)
+    """Call ``call`` of an episode ``seed`` (``droid_observation``), ``over`` in place of its
+    fields, checked as the OpenPI layer checks it."""
+    return validate_observation({**droid_observation(seed, call, prompt=prompt), **over}, METADATA)
 
 
 def step(policy, calls: dict[str, tuple[int, int]], commit: bool = True) -> dict[str, np.ndarray]:
