@@ -77,7 +77,7 @@ import torch
 
 from bench.machine import GIB, device_memory, environment
 from bench.policy.dreamzero_robots import droid_obs, drive, session_id
-from bench.report import emit
+from bench.sections import Sections
 from bench.timing import mean, med, p99, sync
 from kv import session_bytes
 from realtime.server.inventory import on_spent_thread
@@ -829,7 +829,6 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    want = set(args.only).__contains__
     result: dict[str, Any] = {
         "benchmark": "DreamZero-DROID at full size: FLOPs and roofline, one robot bare and served, N robots at once, "
                      "memory per session (issue 48)",
@@ -838,27 +837,8 @@ def main() -> None:
         "skipped": {}, "errors": {},
     }
 
-    def save() -> None:
-        result["elapsed_s"] = round(time.perf_counter() - START, 1)
-        emit(result, args.out, echo=False)
-
-    def budget_ok(name: str) -> bool:
-        if time.perf_counter() - START > args.budget_s:
-            result["skipped"][name] = f"time budget ({args.budget_s:.0f} s) spent"
-            log(f"{name}: skipped (budget)")
-            return False
-        return True
-
-    def section(name: str, fn: Callable[[], Any]) -> None:
-        if not want(name) or not budget_ok(name):
-            return
-        log(f"{name} ...")
-        try:
-            result[name] = fn()
-        except Exception as e:  # keep the other sections' figures
-            traceback.print_exc()
-            result["errors"][name] = f"{type(e).__name__}: {e}"
-        save()
+    run = Sections(result, args.out, args.only, args.budget_s, START, log)
+    save, budget_ok, section, want = run.save, run.budget_ok, run.section, run.want
 
     log("building the policy ...")
     policy, info = build(args, device)

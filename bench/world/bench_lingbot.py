@@ -69,7 +69,8 @@ from bench.report import emit
 from bench.machine import GIB, machine
 from bench.timing import med, sync
 from bench.world import harness
-from bench.world.harness import BenchArguments, Sections, WorldStream, first_image, serving
+from bench.sections import Sections
+from bench.world.harness import BenchArguments, WorldStream, first_image, serving
 from bench.world.lingbot_ab import DEFAULT_VARIANTS
 from realtime.server.inventory import on_spent_thread
 

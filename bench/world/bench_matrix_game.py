@@ -60,7 +60,8 @@ import torch
 
 from bench.machine import GIB, device_memory, environment
 from bench.timing import med, p99, sync
-from bench.world.harness import BenchArguments, Sections, TickClock, WorldStream, first_image, serving
+from bench.sections import Sections
+from bench.world.harness import BenchArguments, TickClock, WorldStream, first_image, serving
 from realtime.server.inventory import on_spent_thread
 
 SECTIONS = ("bare", "served", "ttff", "kv")
