@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 from clients.world import WorldClient
+from models.policy.dreamzero.observation import droid_observation
 from realtime.engine import EXIT_GROUP_FAILED
 from realtime.server.server import free_port
-from tests.e2e.test_dreamzero_served import droid_obs, reference
+from tests.e2e.test_dreamzero_served import reference
 from tests.parallel.ranks import ROOT
 from tests.support.process import wait_until_ready
 from tests.support.roboarena_client import RoboArenaClient
@@ -108,14 +109,14 @@ def test_a_robot_runs_over_both_ranks(server, dreamzero_folders):
     assert [(m["sequence_parallel"], m["split"]) for m in models if m["id"] == "dreamzero"] == [(2, "heads")]
     want = reference(dreamzero_folders, 4, 3)
     robot = RoboArenaClient(f"ws://127.0.0.1:{port}/")
-    got = [robot.infer(droid_obs(4, call, "robot"))["actions"] for call in range(2)]
+    got = [robot.infer(droid_observation(4, call, "robot"))["actions"] for call in range(2)]
     robot.close()   # the episode is detached on both ranks (mirrored) and kept for a reconnect
     again = RoboArenaClient(f"ws://127.0.0.1:{port}/")
-    got.append(again.infer(droid_obs(4, 2, "robot"))["actions"])
+    got.append(again.infer(droid_observation(4, 2, "robot"))["actions"])
     for a, b in zip(got, want):   # tests/parallel/test_dreamzero_equal.py's tolerance
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
     assert isinstance(again.reset({"session_id": "robot"}), bytes)   # reset on both ranks
-    np.testing.assert_allclose(again.infer(droid_obs(4, 0, "robot"))["actions"], want[0], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(again.infer(droid_observation(4, 0, "robot"))["actions"], want[0], rtol=0, atol=1e-4)
     again.close()
     assert proc.poll() is None and alive(worker)
     assert httpx.get(f"http://127.0.0.1:{port}/healthz").text == "OK"
