@@ -31,8 +31,12 @@ def folders(dreamzero_folders):
 
 @pytest.fixture(scope="module")
 def single(folders):
-    torch.set_num_threads(1)
-    return scenario(policy_of(*folders))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the ranks run (the sums in the same order); put back for the next tests
+    try:
+        return scenario(policy_of(*folders))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_one_process_scenario(single):

@@ -25,8 +25,12 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(folders):
-    torch.set_num_threads(1)
-    return scenario(policy_of(*folders))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the ranks run (the sums in the same order); put back for the next tests
+    try:
+        return scenario(policy_of(*folders))
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
