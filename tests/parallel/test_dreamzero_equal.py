@@ -19,6 +19,7 @@ import torch
 from tests.parallel.dreamzero_ranks import policy_of, scenario
 from tests.parallel.dreamzero_splits import SPLITS
 from tests.parallel.ranks import run_ranks
+from tests.support.threads import torch_threads
 
 ATOL = 1e-4
 PAGES_ATOL = 1e-5
@@ -31,12 +32,8 @@ def folders(dreamzero_folders):
 
 @pytest.fixture(scope="module")
 def single(folders):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)   # as the ranks run (the sums in the same order); put back for the next tests
-    try:
+    with torch_threads(1):   # as the ranks run (the sums in the same order)
         return scenario(policy_of(*folders))
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_one_process_scenario(single):

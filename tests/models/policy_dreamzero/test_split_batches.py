@@ -13,6 +13,7 @@ from models.policy.dreamzero.tiny_checkpoint import write_tiny_checkpoint, write
 from tests.models.policy_dreamzero.split_ranks import policy_of, scenario
 from tests.parallel.dreamzero_splits import SPLITS
 from tests.parallel.ranks import run_ranks
+from tests.support.threads import torch_threads
 
 ATOL = 1e-4
 
@@ -25,12 +26,8 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(folders):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)   # as the ranks run (the sums in the same order); put back for the next tests
-    try:
+    with torch_threads(1):   # as the ranks run (the sums in the same order)
         return scenario(policy_of(*folders))
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
